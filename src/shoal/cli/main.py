@@ -1,0 +1,71 @@
+"""Entry point of the ``shoal`` command: registers the subcommands and turns errors into messages.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``; the parser it adds sets
+``func`` to a callable taking the parsed namespace and returning an exit status. ``shoal run`` takes
+its arguments raw (they are torchrun's) and is dispatched before argparse sees them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from shoal.errors import ShoalError
+
+# Subcommands whose arguments are handed over untouched (they have parsers of their own).
+_RAW_SUBCOMMANDS = {"run"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from shoal.cli import env as env_cmd
+    from shoal.cli import run as run_cmd
+    from shoal.cli import train as train_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="shoal",
+        description="Take a PyTorch training job from one device to many machines without a rewrite.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n"
+            "  shoal train digits --nproc 2          # train the bundled digits workload on 2 workers\n"
+            "  shoal run --nproc 4 train.py --lr 0.1  # torchrun, done right\n"
+            "  shoal env                             # what launcher/rank/world size shoal sees here\n"
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"shoal {_version()}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (train_cmd, run_cmd, env_cmd):
+        module.register(subparsers)
+    return parser
+
+
+def _version() -> str:
+    from shoal import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in _RAW_SUBCOMMANDS:
+            from shoal.cli import run as run_cmd
+
+            return run_cmd.main_raw(argv[1:])
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except ShoalError as err:
+        print(err.format(), file=sys.stderr, flush=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("shoal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,30 @@
+"""The one error type users see.
+
+Every failure shoal can explain is raised as :class:`ShoalError` with a one-line message naming the
+problem and a hint saying what to do. The CLI prints it as two lines (``shoal: error: ...`` and
+``HINT: ...``) and exits non-zero, without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ShoalError(Exception):
+    """A problem with the user's input or environment that shoal can explain.
+
+    Args:
+        message: one line naming the problem (what, and which value/file/endpoint).
+        hint: one line saying how to fix it.
+        exit_code: the process exit status the CLI uses.
+    """
+
+    def __init__(self, message: str, hint: str = "", *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.exit_code = exit_code
+
+    def format(self) -> str:
+        text = f"shoal: error: {self.message}"
+        if self.hint:
+            text += f"\nHINT: {self.hint}"
+        return text

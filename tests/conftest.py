@@ -1,0 +1,67 @@
+"""Shared fixtures: a guard against leaked environment variables, paths, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+MNIST_GZ = SHARED / "data" / "mnist"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_leaks():
+    """Fail any test that leaves os.environ changed (and restore it so others are unaffected)."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    if after != before:
+        added = sorted(set(after) - set(before))
+        removed = sorted(set(before) - set(after))
+        changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(f"test leaked environment changes: added={added} removed={removed} changed={changed}")
+
+
+def shoal_cmd(*args: str) -> list[str]:
+    """The command line that runs the installed ``shoal`` with this interpreter."""
+    return [sys.executable, "-m", "shoal", *args]
+
+
+def run_shoal(*args: str, timeout: float = 180, env: dict | None = None, cwd: str | Path | None = None):
+    """Run ``shoal ARGS`` in a subprocess; return the CompletedProcess (text, both streams captured)."""
+    full_env = dict(os.environ)
+    full_env.pop("SHOAL_ENV", None)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        shoal_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
+    )
+
+
+@pytest.fixture
+def shoal():
+    return run_shoal
+
+
+@pytest.fixture(scope="session")
+def mnist_root(tmp_path_factory) -> Path:
+    """Real MNIST decompressed in the layout torchvision expects (``root/MNIST/raw/...``)."""
+    import gzip
+    import shutil
+
+    if not MNIST_GZ.is_dir():
+        pytest.skip(f"real MNIST not found at {MNIST_GZ}")
+    root = tmp_path_factory.mktemp("mnist")
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for gz in MNIST_GZ.glob("*-ubyte.gz"):
+        with gzip.open(gz, "rb") as src, open(raw / gz.name[:-3], "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return root
