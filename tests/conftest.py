@@ -9,22 +9,33 @@ from pathlib import Path
 
 import pytest
 
+# Importing torchvision sets TORCHINDUCTOR_CACHE_DIR in os.environ; import it once, up front, so the
+# leak guard below only reports what the code under test changes.
+import torchvision  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MNIST_GZ = SHARED / "data" / "mnist"
 
 
+def _environ() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTEST_CURRENT_TEST", None)  # pytest's own bookkeeping
+    return env
+
+
 @pytest.fixture(autouse=True)
 def _no_env_leaks():
     """Fail any test that leaves os.environ changed (and restore it so others are unaffected)."""
-    before = dict(os.environ)
+    before = _environ()
     yield
-    after = dict(os.environ)
+    after = _environ()
     if after != before:
         added = sorted(set(after) - set(before))
         removed = sorted(set(before) - set(after))
         changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
-        os.environ.clear()
+        for key in added:
+            del os.environ[key]
         os.environ.update(before)
         pytest.fail(f"test leaked environment changes: added={added} removed={removed} changed={changed}")
 

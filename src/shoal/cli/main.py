@@ -46,8 +46,28 @@ def _version() -> str:
     return __version__
 
 
+def strip_local_rank_flag(argv: list[str]) -> list[str]:
+    """``argv`` without the ``--local-rank N`` that the legacy ``torch.distributed.launch`` prepends.
+
+    The flag is for the worker, not for shoal's parser; environment detection reads it from
+    ``sys.argv``, which keeps it.
+    """
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--local-rank", "--local_rank"):
+            skip = True
+        elif not arg.startswith(("--local-rank=", "--local_rank=")):
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in _RAW_SUBCOMMANDS:
+        argv = strip_local_rank_flag(argv)
     try:
         if argv and argv[0] in _RAW_SUBCOMMANDS:
             from shoal.cli import run as run_cmd

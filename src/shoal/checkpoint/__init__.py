@@ -1,0 +1,1 @@
+"""Atomic, durable storage of training state (checkpoints, the saved model, run metadata)."""

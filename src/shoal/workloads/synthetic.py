@@ -1,0 +1,47 @@
+"""synthetic: random images through any torchvision ResNet, to measure throughput (no data needed)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shoal.errors import ShoalError
+from shoal.train.config import TrainConfig
+from shoal.workloads.base import Workload, WorkloadData
+
+ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+NUM_CLASSES = 10
+DEFAULT_SAMPLES = 1024
+
+
+class Synthetic(Workload):
+    name = "synthetic"
+    summary = "random 3xSxS inputs through a torchvision ResNet (--arch, --image-size); reports samples/s"
+    defaults = {"epochs": 1, "batch_size": 32, "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0}
+
+    def prepare(self, cfg: TrainConfig) -> None:
+        _check_arch(cfg.arch)
+
+    def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:
+        samples = cfg.samples or DEFAULT_SAMPLES
+        test_samples = max(1, samples // 8)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        shape = (3, cfg.image_size, cfg.image_size)
+
+        def make(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            images = torch.randn((n, *shape), generator=generator)
+            labels = torch.randint(0, NUM_CLASSES, (n,), generator=generator)
+            return images.to(device), labels.to(device)
+
+        return WorkloadData(train=make(samples), test=make(test_samples), num_classes=NUM_CLASSES)
+
+    def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
+        import torchvision.models
+
+        _check_arch(cfg.arch)
+        return getattr(torchvision.models, cfg.arch)(num_classes=num_classes)
+
+
+def _check_arch(arch: str) -> None:
+    if arch not in ARCHS:
+        raise ShoalError(f"unknown architecture {arch!r}", f"choose --arch from: {', '.join(ARCHS)}")

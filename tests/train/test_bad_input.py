@@ -1,0 +1,67 @@
+"""Bad input: a one-line error with a HINT, non-zero exit, quickly, nothing written or damaged."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import run_shoal
+
+
+def _assert_clean_error(result, *needles):
+    assert result.returncode != 0
+    err = result.stderr
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-2].startswith("shoal: error: "), err
+    assert lines[-1].startswith("HINT: "), err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["train", "imagenet"], ["unknown workload 'imagenet'", "digits"]),
+        (["train", "synthetic", "--arch", "resnet7"], ["unknown architecture 'resnet7'", "resnet18"]),
+        (["train", "digits", "--nproc", "0"], ["--nproc must be at least 1"]),
+        (["train", "digits", "--batch-size", "0"], ["--batch-size must be at least 1"]),
+        (["train", "digits", "--device", "cuda"], ["CUDA is not available"]),
+        (["train", "digits", "--amp", "fp8"], ["--amp 'fp8' is not one of"]),
+        (["train", "mnist"], ["needs a data directory", "--data"]),
+    ],
+)
+def test_bad_input_is_one_line_with_hint(args, needles, tmp_path):
+    started = time.monotonic()
+    result = run_shoal(*args, "--out", str(tmp_path / "out"), timeout=60)
+    _assert_clean_error(result, *needles)
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_missing_dataset_names_files_and_download(tmp_path):
+    result = run_shoal("train", "mnist", "--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "o"))
+    _assert_clean_error(result, "train-images-idx3-ubyte", "--download")
+    result = run_shoal("train", "cifar10", "--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "o"))
+    _assert_clean_error(result, "data_batch_1", "--download")
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_unwritable_output_directory(tmp_path, nproc):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run_shoal("train", "digits", "--nproc", nproc, "--epochs", "1", "--out", str(blocker / "run"))
+    _assert_clean_error(result, "not writable", "--out")
+    assert blocker.read_text() == "not a directory"
+
+
+def test_existing_run_is_not_overwritten(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"old": true}')
+    (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    result = run_shoal("train", "digits", "--epochs", "1", "--out", str(out))
+    _assert_clean_error(result, "already holds a run")
+    assert (out / "config.json").read_text() == '{"old": true}'
+    assert (out / "metrics.jsonl").read_text() == '{"epoch": 1}\n'
