@@ -1,0 +1,38 @@
+"""``shoal run``: launch a script as N workers per node, a drop-in for torchrun.
+
+The arguments are torchrun's (parsed by torch's own parser in :mod:`shoal.launch.run`), so
+:func:`shoal.cli.main.main` hands them over raw to :func:`main_raw`; :func:`register` only adds the
+subcommand to ``shoal --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from shoal.launch.run import DESCRIPTION, EXAMPLES
+
+HELP = "launch a script as N workers per node (torchrun, done right)"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``run`` to ``shoal --help``; ``shoal run --help`` shows torchrun's flags and shoal's."""
+    parser = subparsers.add_parser(
+        "run",
+        help=HELP,
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="[torchrun flags] SCRIPT [ARGS...]")
+    parser.set_defaults(func=lambda args: main_raw(args.argv))
+
+
+def main_raw(argv: list[str]) -> int:
+    """Run ``shoal run ARGV`` (everything after ``run``); return the exit status.
+
+    Raises :class:`shoal.errors.ShoalError` for problems the user can fix; the caller prints it.
+    """
+    from shoal.launch.run import run
+
+    return run(list(argv))

@@ -1,0 +1,278 @@
+"""Turn torch's ``ChildFailedError`` into the failing rank's own traceback and a one-line summary.
+
+torch's elastic agent reports a failed worker as a :class:`ChildFailedError` whose text is a table
+with ``traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html``
+unless the worker wrapped its entrypoint in ``@record`` (unmodified scripts don't). This module
+finds the traceback wherever it is:
+
+1. the worker's error file (``failure.message`` is then a dict with ``py_callstack``): scripts using
+   ``@record``, and every *function* entrypoint, which torch wraps in ``record`` itself;
+2. otherwise the worker's stderr log (``shoal run`` tees every worker's stderr into the log dir,
+   see :mod:`shoal.launch.run`; torch's ``--redirects``/``--tee`` write the same file), from which
+   the last ``Traceback`` block is cut out (torch prefixes each of its lines with ``[rankN]: ``);
+3. otherwise the last lines of that log, or torch's own message (e.g. which signal killed it).
+
+Which rank failed *first* matters: when rank 1 raises, rank 0 usually dies a moment later in a
+collective ("Connection closed by peer"), or is stopped by the agent with SIGTERM, and all of them
+land in the failure report. torch orders failures by a timestamp with one-second resolution
+(``time.time()`` when the agent noticed, unless there is an error file), so ties are the rule.
+Here workers that died of SIGTERM (how the agent stops the survivors) come last, and among the
+others the one whose error file or stderr log was last written earliest is the root cause.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # torch is imported lazily: this module is imported by CLI code paths too
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+_TB_HEADER = "Traceback (most recent call last):"
+_CHAIN_LINES = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+# Lines that are log records rather than part of an exception message: c10/glog
+# ("[rank0]:[W1122 01:09:59.359 ...]", "W1122 01:09:59.359000 ..."), Python warnings, torch elastic.
+_LOG_LINE = re.compile(r"^(\[rank\d+\]:)?\[?[IWEF]\d{4} |^\[[IWEF] |^\S+:\d+: \w*Warning: ")
+_MAX_MESSAGE_LINES = 30
+_TAIL_LINES = 20
+_NOT_AVAILABLE = "<N/A>"
+
+
+def extract_last_traceback(text: str) -> str | None:
+    """Return the last Python traceback in ``text`` (a worker's stderr), or None if there is none.
+
+    The block runs from ``Traceback (most recent call last):`` through the exception line and any
+    continuation lines of a multi-line message; a chain of exceptions ("During handling of the above
+    exception ..." / "The above exception was the direct cause ...") is kept whole. Lines carrying a
+    common prefix before the header (e.g. torchrun's tee prefix ``[default1]:``) are matched by that
+    prefix, which is stripped; lines of other ranks interleaved with them are skipped.
+    """
+    lines = text.splitlines()
+    for start in range(len(lines) - 1, -1, -1):
+        pos = lines[start].find(_TB_HEADER)
+        if pos != -1 and lines[start][pos:].rstrip() == _TB_HEADER:
+            break
+    else:
+        return None
+    prefix = lines[start][:pos]
+    own = [line[len(prefix):] for line in lines if line.startswith(prefix)] if prefix else lines
+    last = max(i for i, line in enumerate(own) if line.rstrip() == _TB_HEADER)
+    first = _chain_start(own, last)
+
+    end = last + 1
+    while end < len(own) and own[end][:1] in (" ", "\t"):  # the frames
+        end += 1
+    if end < len(own) and own[end].strip():  # the exception line and a multi-line message
+        end += 1
+        extra = 0
+        while (
+            end < len(own)
+            and extra < _MAX_MESSAGE_LINES
+            and own[end].strip()
+            and not _LOG_LINE.match(own[end])
+            and own[end].rstrip() != _TB_HEADER
+        ):
+            end += 1
+            extra += 1
+    return "\n".join(own[first:end]).rstrip() or None
+
+
+def _chain_start(lines: list[str], header: int) -> int:
+    """Walk back from a traceback header over "During handling ..." links to the chain's first."""
+    while True:
+        i = header - 1
+        while i >= 0 and not lines[i].strip():
+            i -= 1
+        if i < 0 or lines[i].strip() not in _CHAIN_LINES:
+            return header
+        earlier = [j for j in range(i) if lines[j].rstrip() == _TB_HEADER]
+        if not earlier:
+            return header
+        header = earlier[-1]
+
+
+def exception_line(traceback_text: str) -> str:
+    """The ``Type: message`` line of the last exception in a traceback block."""
+    lines = traceback_text.splitlines()
+    last_header = max((i for i, ln in enumerate(lines) if ln.rstrip() == _TB_HEADER), default=-1)
+    for line in lines[last_header + 1:]:
+        if line.strip() and line[:1] not in (" ", "\t"):
+            return line.strip()
+    return lines[-1].strip() if lines else ""
+
+
+def find_stderr_log(log_dir: str, local_rank: int) -> str | None:
+    """The newest ``stderr.log`` of ``local_rank`` under a torch elastic log dir, if any.
+
+    torch's ``DefaultLogsSpecs`` writes ``<log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/
+    stderr.log``; a reused log dir holds several runs, so the most recently modified file wins.
+    """
+    pattern = os.path.join(glob.escape(log_dir), "*", "attempt_*", str(local_rank), "stderr.log")
+    paths = glob.glob(pattern)
+    return max(paths, key=os.path.getmtime) if paths else None
+
+
+@dataclass
+class FailureReport:
+    """What went wrong with the root-cause worker of a failed job, ready to print."""
+
+    rank: int
+    local_rank: int
+    exitcode: int
+    """The worker's exit status; negative: killed by that signal (``subprocess`` convention)."""
+    traceback: str | None = None
+    """The worker's own Python traceback, if one was found."""
+    stderr_tail: str | None = None
+    """The last lines of its stderr, when there was no traceback to show."""
+    message: str = ""
+    """One line: the exception (``ValueError: boom``), or what torch knows (a signal)."""
+    log_path: str | None = None
+    """Where the worker's stderr was written, if that file is kept after the run."""
+    other_ranks: list[int] = field(default_factory=list)
+    """Other ranks of this node that failed on their own, after it (usually a consequence)."""
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    @property
+    def exit_code(self) -> int:
+        """The launcher's exit status: the worker's, 128+N for signal N (as a shell reports it)."""
+        if self.exitcode < 0:
+            return 128 - self.exitcode
+        return self.exitcode or 1
+
+    def format(self) -> str:
+        """Header, the traceback (or last stderr lines), then a ``shoal: error:`` summary line."""
+        who = f"rank {self.rank} (local rank {self.local_rank})"
+        if self.signal_name:
+            how = f"was killed by {self.signal_name} ({-self.exitcode})"
+        else:
+            how = f"failed with exit code {self.exitcode}"
+        out = []
+        if self.traceback:
+            out += [f"shoal: {who} {how}; its traceback:", self.traceback]
+        elif self.stderr_tail:
+            out += [f"shoal: {who} {how}; the last lines of its stderr:", self.stderr_tail]
+        else:
+            out += [f"shoal: {who} {how}; it left no traceback."]
+        what = self.message or f"exit code {self.exitcode}"
+        if self.signal_name == "SIGKILL":
+            what += " (often the out-of-memory killer: see `dmesg`)"
+        summary = f"shoal: error: rank {self.rank} failed: {what}"
+        if self.other_ranks:
+            others = ", ".join(str(r) for r in self.other_ranks)
+            plural = "s" if len(self.other_ranks) > 1 else ""
+            summary += f"; rank{plural} {others} failed too"
+        out.append(summary)
+        if self.log_path:
+            out.append(f"shoal: worker logs: {os.path.dirname(os.path.dirname(self.log_path))}")
+        return "\n".join(out)
+
+
+def describe_child_failure(
+    err: ChildFailedError,
+    log_dir: str | None = None,
+    *,
+    stderr_logs: Mapping[int, str] | None = None,
+    keep_logs: bool = False,
+) -> FailureReport:
+    """Find the root-cause failure in ``err`` and its traceback.
+
+    Args:
+        err: what ``elastic_launch(...)(...)`` raised.
+        log_dir: the elastic log dir (``LaunchConfig.logs_specs``' ``log_dir``) to search for
+            ``stderr.log`` files when ``stderr_logs`` doesn't name them.
+        stderr_logs: local rank -> path of its stderr log (e.g. ``LogsDest.stderrs`` of the last
+            attempt); empty paths (stderr went to the console) are ignored.
+        keep_logs: the logs outlive this run (the user chose the log dir), so name their place.
+    """
+    paths: dict[int, str] = {}
+    for rank, failure in err.failures.items():
+        path = (stderr_logs or {}).get(failure.local_rank) or None
+        if path is None and log_dir:
+            path = find_stderr_log(log_dir, failure.local_rank)
+        if path and os.path.isfile(path):
+            paths[rank] = path
+
+    order = {rank: i for i, rank in enumerate(err.failures)}  # as the agent noticed them
+
+    def stopped(rank: int) -> bool:
+        return err.failures[rank].exitcode == -signal.SIGTERM
+
+    ranks = sorted(
+        err.failures,
+        key=lambda r: (stopped(r), _failure_time(err.failures[r], paths.get(r)), order[r]),
+    )
+    rank, failure = ranks[0], err.failures[ranks[0]]
+    report = FailureReport(
+        rank=rank,
+        local_rank=failure.local_rank,
+        exitcode=failure.exitcode,
+        other_ranks=sorted(r for r in ranks[1:] if not stopped(r)),
+        log_path=paths.get(rank) if keep_logs else None,
+    )
+
+    recorded = failure.message if isinstance(failure.message, dict) else None
+    if recorded:  # an error file: @record, or a function entrypoint
+        report.traceback = (recorded.get("extraInfo") or {}).get("py_callstack") or None
+        report.message = str(recorded.get("message") or "")
+        if report.traceback:
+            report.traceback = report.traceback.rstrip()
+    elif isinstance(failure.message, str) and failure.error_file not in ("", _NOT_AVAILABLE):
+        report.message = failure.message  # an error file in the newer plain-string format
+    if not report.traceback and rank in paths:
+        text = _read_text(paths[rank])
+        report.traceback = extract_last_traceback(text)
+        if not report.traceback:
+            tail = [ln for ln in text.splitlines() if ln.strip()][-_TAIL_LINES:]
+            report.stderr_tail = "\n".join(tail) or None
+    if report.traceback and not report.message:
+        report.message = exception_line(report.traceback)
+    if not report.message and failure.exitcode < 0:
+        report.message = f"killed by {report.signal_name}"
+    return report
+
+
+def format_child_failure(
+    err: ChildFailedError,
+    log_dir: str | None = None,
+    *,
+    stderr_logs: Mapping[int, str] | None = None,
+    keep_logs: bool = False,
+) -> str:
+    """The text to print for a failed job: see :func:`describe_child_failure` and
+    :meth:`FailureReport.format`."""
+    return describe_child_failure(
+        err, log_dir, stderr_logs=stderr_logs, keep_logs=keep_logs
+    ).format()
+
+
+def _failure_time(failure: ProcessFailure, stderr_log: str | None) -> float:
+    """When the worker failed, as precisely as known (see the module docstring)."""
+    times = []
+    for path in (failure.error_file, stderr_log):
+        if path and path != _NOT_AVAILABLE and os.path.isfile(path):
+            times.append(os.path.getmtime(path))
+    return min(times) if times else float(failure.timestamp)
+
+
+def _read_text(path: str, limit: int = 1 << 20) -> str:
+    """The last ``limit`` bytes of a log (a traceback is at the end; logs can be huge)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - limit))
+        return f.read().decode("utf-8", errors="replace")

@@ -1,0 +1,172 @@
+"""Traceback extraction and ChildFailedError reports, on real ProcessFailure objects and log files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from shoal.launch.failures import (
+    describe_child_failure,
+    exception_line,
+    extract_last_traceback,
+    find_stderr_log,
+    format_child_failure,
+)
+
+TB = """\
+Traceback (most recent call last):
+  File "/x/train.py", line 25, in <module>
+    check(rank)
+  File "/x/train.py", line 22, in check
+    raise ValueError(f"boom at rank {rank}")
+    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+ValueError: boom at rank 1"""
+
+
+def test_plain_traceback_between_other_output():
+    text = "loading data\nepoch 1 loss 0.3\n" + TB + "\n"
+    assert extract_last_traceback(text) == TB
+    assert exception_line(TB) == "ValueError: boom at rank 1"
+
+
+def test_no_traceback():
+    assert extract_last_traceback("") is None
+    assert extract_last_traceback("epoch 1\nSegmentation fault\n") is None
+
+
+def test_last_of_several_and_trailing_log_lines_dropped():
+    first = TB.replace("boom", "earlier")
+    text = (
+        first + "\nretrying\n" + TB + "\n"
+        "[rank1]:[W1122 01:13:06.964 ProcessGroupGloo.cpp:1] Warning: destroy_process_group() was not called\n"
+        "W1122 01:13:06.964000 5465 torch/distributed/run.py:982] something else\n"
+    )
+    assert extract_last_traceback(text) == TB
+
+
+def test_prefixed_lines_of_one_rank_among_others():
+    # torch prefixes a worker's uncaught traceback with "[rankN]: "; torchrun's tee adds
+    # "[default1]:"; another rank's lines may be interleaved.
+    lines = []
+    for i, line in enumerate(TB.splitlines()):
+        lines.append(f"[default1]:[rank1]: {line}")
+        lines.append(f"[default0]:[rank0]: still training, step {i}")
+    got = extract_last_traceback("\n".join(lines))
+    assert got == TB
+
+
+def test_multi_line_message_kept():
+    tb = TB.replace(
+        "ValueError: boom at rank 1",
+        "RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s): \"fc.weight\".",
+    )
+    assert extract_last_traceback(tb + "\n\nbye\n") == tb
+    assert exception_line(tb) == "RuntimeError: Error(s) in loading state_dict for Net:"
+
+
+def test_exception_chain_kept_whole():
+    chain = (
+        TB
+        + "\n\nDuring handling of the above exception, another exception occurred:\n\n"
+        + TB.replace("ValueError: boom at rank 1", "KeyError: 'lr'")
+    )
+    assert extract_last_traceback("noise\n" + chain + "\n") == chain
+    assert exception_line(chain) == "KeyError: 'lr'"
+
+
+# --- reports from ChildFailedError -------------------------------------------------------
+
+
+def _log(tmp_path, local_rank: int, text: str, mtime: float | None = None) -> str:
+    d = tmp_path / "run_abc" / "attempt_0" / str(local_rank)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "stderr.log"
+    path.write_text(text)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return str(path)
+
+
+def _failure(local_rank: int, exitcode: int, error_file: str = "/nonexistent/error.json"):
+    return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode, error_file=error_file)
+
+
+def test_root_cause_from_stderr_logs_not_the_consequence(tmp_path):
+    now = time.time()
+    _log(tmp_path, 0, "Traceback (most recent call last):\n  File \"x\"\nRuntimeError: Connection closed by peer\n", now)
+    _log(tmp_path, 1, "step 1\n" + TB + "\n", now - 0.05)  # rank 1 wrote its traceback first
+    err = ChildFailedError("train.py", {0: _failure(0, 1), 1: _failure(1, 1)})
+    report = describe_child_failure(err, str(tmp_path))
+    assert (report.rank, report.local_rank, report.exit_code) == (1, 1, 1)
+    assert report.traceback == TB
+    assert report.message == "ValueError: boom at rank 1"
+    assert report.other_ranks == [0]
+    text = report.format()
+    assert text.splitlines()[0] == "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:"
+    assert TB in text
+    assert text.splitlines()[-1].startswith("shoal: error: rank 1 failed: ValueError: boom at rank 1; rank 0 failed too")
+    assert str(tmp_path) not in text  # logs are not kept: don't point at them
+
+
+def test_ranks_stopped_by_the_agent_are_not_the_root_cause(tmp_path):
+    paths = {0: _log(tmp_path, 0, "", time.time() - 10), 1: _log(tmp_path, 1, TB + "\n")}
+    # The agent's SIGTERM to a worker that was idle (its log untouched for long) comes last.
+    err = ChildFailedError("train.py", {1: _failure(1, 1), 0: _failure(0, -signal.SIGTERM)})
+    report = describe_child_failure(err, stderr_logs=paths, keep_logs=True)
+    assert report.rank == 1 and report.other_ranks == []
+    assert "shoal: worker logs: " + str(tmp_path / "run_abc" / "attempt_0") in report.format()
+
+
+def test_killed_by_signal(tmp_path):
+    _log(tmp_path, 0, "epoch 1\nepoch 2\n")
+    err = ChildFailedError("train.py", {3: _failure(0, -signal.SIGKILL)})
+    report = describe_child_failure(err, str(tmp_path))
+    assert report.exit_code == 128 + 9 and report.signal_name == "SIGKILL"
+    text = report.format()
+    assert "rank 3 (local rank 0) was killed by SIGKILL (9); the last lines of its stderr:" in text
+    assert "epoch 2" in text
+    assert "out-of-memory" in text.splitlines()[-1]
+
+
+def test_no_logs_at_all():
+    err = ChildFailedError("train.py", {0: _failure(0, 3)})
+    text = format_child_failure(err)
+    assert text.splitlines() == [
+        "shoal: rank 0 (local rank 0) failed with exit code 3; it left no traceback.",
+        "shoal: error: rank 0 failed: exit code 3",
+    ]
+    assert describe_child_failure(err).exit_code == 3
+
+
+def test_error_file_of_a_function_entrypoint(tmp_path):
+    # What torch's @record (and every function entrypoint) writes: no stderr log needed.
+    error_file = tmp_path / "error.json"
+    error_file.write_text(
+        json.dumps(
+            {"message": {"message": "ValueError: boom at rank 1",
+                         "extraInfo": {"py_callstack": TB + "\n", "timestamp": str(int(time.time()))}}}
+        )
+    )
+    err = ChildFailedError("train_fn", {1: _failure(1, 1, str(error_file))})
+    report = describe_child_failure(err)
+    assert report.traceback == TB and report.message == "ValueError: boom at rank 1"
+
+
+def test_find_stderr_log_picks_the_newest(tmp_path):
+    old = _log(tmp_path, 1, "old", time.time() - 100)
+    newer_dir = tmp_path / "run_def" / "attempt_2" / "1"
+    newer_dir.mkdir(parents=True)
+    (newer_dir / "stderr.log").write_text("new")
+    assert find_stderr_log(str(tmp_path), 1) == str(newer_dir / "stderr.log") != old
+    assert find_stderr_log(str(tmp_path), 7) is None
+
+
+@pytest.mark.parametrize("code,expected", [(1, 1), (2, 2), (-15, 143), (-11, 139)])
+def test_exit_codes(code, expected):
+    err = ChildFailedError("x", {0: _failure(0, code)})
+    assert describe_child_failure(err).exit_code == expected

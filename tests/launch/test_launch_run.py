@@ -1,0 +1,295 @@
+"""``shoal run``: real worker processes over gloo on CPU, started by torch's elastic agent.
+
+Multi-process tests cost about 6 s each on 2 cores (every process imports torch); checks of bad
+input run in-process where they fail before anything is launched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_shoal, shoal_cmd
+from shoal.cli.main import main
+from shoal.errors import ShoalError
+from shoal.launch import run as launch_run
+
+SCRIPTS = Path(__file__).parent / "scripts"
+ALLREDUCE = str(SCRIPTS / "allreduce.py")
+FAIL = str(SCRIPTS / "fail_rank1.py")
+STARTUP = re.compile(
+    r"^shoal run: (\d+) workers? on this node, rendezvous (\S+):(\d+)( \(free port picked\))?, "
+    r"OMP_NUM_THREADS=(\d+)( \(yours\))?$",
+    re.M,
+)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _results(out: Path, n: int) -> list[dict]:
+    found = sorted(out.glob("rank*.json"))
+    assert len(found) == n, f"expected {n} result files, got {[p.name for p in found]}"
+    results = [json.loads(p.read_text()) for p in found]
+    assert sorted(r["rank"] for r in results) == list(range(n))
+    return results
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _assert_no_worker_left(pid_dir: Path, n: int) -> None:
+    pids = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
+    assert len(pids) == n
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "worker processes left running"
+
+
+def _env(tmp_path: Path, **extra: str) -> dict:
+    """A private TMPDIR (to check shoal's temporary log dir is removed) and no OMP_NUM_THREADS."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp), **extra}
+    return env
+
+
+def _clean_env(env: dict) -> dict:
+    full = dict(os.environ)
+    full.pop("OMP_NUM_THREADS", None)
+    full.pop("SHOAL_ENV", None)
+    full.update(env)
+    return full
+
+
+def _run(*args: str, tmp_path: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        shoal_cmd("run", *args), capture_output=True, text=True, timeout=timeout,
+        env=_clean_env(_env(tmp_path, **env)),
+    )
+
+
+# --- real launches -----------------------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+def test_two_jobs_at_once_each_get_a_free_port(tmp_path):
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        out.mkdir()
+    env = _clean_env(_env(tmp_path))
+    spellings = [["--nproc", "2"], ["--nproc_per_node=2"]]
+    procs = [
+        subprocess.Popen(
+            shoal_cmd("run", *flags, ALLREDUCE, str(out)), env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for flags, out in zip(spellings, outs)
+    ]
+    errs = [p.communicate(timeout=180)[1].decode() for p in procs]
+    threads = max(1, _cores() // 2)
+    ports = []
+    for proc, err, out in zip(procs, errs, outs):
+        assert proc.returncode == 0, err
+        results = _results(out, 2)
+        assert {r["sum"] for r in results} == {3.0}
+        assert {r["world_size"] for r in results} == {2}
+        assert sorted(r["local_rank"] for r in results) == [0, 1]
+        assert {r["omp_num_threads"] for r in results} == {str(threads)}
+        assert {r["torch_threads"] for r in results} == {threads}
+        line = STARTUP.search(err)
+        assert line, err
+        assert line.group(1) == "2" and line.group(4) and line.group(5) == str(threads)
+        assert {r["master_port"] for r in results} == {line.group(3)}
+        assert "Setting OMP_NUM_THREADS" not in err  # torchrun's warning
+        # The worker's stderr reaches the console byte for byte while it is also logged.
+        assert "\nstep 1/2\rstep 2/2\r\n" in err
+        ports.append(line.group(3))
+    assert ports[0] != ports[1]
+    assert not list((tmp_path / "tmp").iterdir()), "temporary log dir left behind"
+
+
+@pytest.mark.multiprocess
+def test_three_workers_on_an_explicit_port_with_the_users_thread_count(tmp_path):
+    from shoal.launch.ports import find_free_port
+
+    out = tmp_path / "out"
+    out.mkdir()
+    port = find_free_port()
+    proc = _run(
+        "--nproc-per-node", "3", f"--master_port={port}", ALLREDUCE, str(out), tmp_path=tmp_path,
+        OMP_NUM_THREADS="5",
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = _results(out, 3)
+    assert {r["sum"] for r in results} == {6.0}
+    assert {r["master_port"] for r in results} == {str(port)}
+    assert {r["omp_num_threads"] for r in results} == {"5"}
+    line = STARTUP.search(proc.stderr)
+    assert line and line.group(1) == "3" and line.group(3) == str(port), proc.stderr
+    assert not line.group(4) and line.group(5) == "5" and line.group(6)
+
+
+@pytest.mark.multiprocess
+def test_failing_rank_shows_its_own_traceback_and_no_worker_survives(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    # stderr to a file this time (as with `shoal run ... 2> log`): the traceback is still found.
+    log = tmp_path / "stderr.txt"
+    start = time.monotonic()
+    with open(log, "w") as stderr:
+        proc = subprocess.run(
+            shoal_cmd("run", "--nproc", "2", FAIL, str(pids), "raise"), stdout=subprocess.DEVNULL,
+            stderr=stderr, env=_clean_env(_env(tmp_path)), timeout=120,
+        )
+    elapsed = time.monotonic() - start
+    err = log.read_text()
+    assert proc.returncode == 1, err
+    assert "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:\n" in err
+    report = err[err.index("shoal: rank 1 (local rank 1)"):].splitlines()
+    assert report[1] == "Traceback (most recent call last):"
+    assert 'raise ValueError(f"boom at rank {value}")' in "\n".join(report)
+    assert "ValueError: boom at rank 1" in report
+    assert report[-1] == "shoal: error: rank 1 failed: ValueError: boom at rank 1"
+    _assert_no_worker_left(pids, 2)
+    assert elapsed < 60  # rank 0 sleeps 120 s: the agent stopped it
+    assert not list((tmp_path / "tmp").iterdir()), "temporary log dir left behind"
+
+
+@pytest.mark.multiprocess
+def test_worker_killed_by_a_signal(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = _run("--nproc", "2", FAIL, str(pids), "sigkill", tmp_path=tmp_path)
+    assert proc.returncode == 128 + 9, proc.stderr
+    assert "shoal: rank 1 (local rank 1) was killed by SIGKILL (9)" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    # rank 0 died of the broken connection right after: a consequence, not the root cause
+    assert last.startswith("shoal: error: rank 1 failed: killed by SIGKILL"), proc.stderr
+    _assert_no_worker_left(pids, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_die_with_the_launcher(tmp_path, sig):
+    # SIGTERM: the agent stops the workers. SIGKILL: nothing runs in the launcher any more; the
+    # kernel kills the workers (PR_SET_PDEATHSIG).
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen(
+        shoal_cmd("run", "--nproc", "2", str(SCRIPTS / "sleep_forever.py"), str(pids)),
+        env=_clean_env(_env(tmp_path)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(pids.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)  # both pid files complete
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == (128 + sig if sig == signal.SIGTERM else -sig), err
+    _assert_no_worker_left(pids, 2)
+    if sig == signal.SIGTERM:
+        assert "shoal run: stopped by SIGTERM" in err
+        assert not list((tmp_path / "tmp").iterdir()), "temporary log dir left behind"
+
+
+# --- bad input: fails before anything is launched ---------------------------------------------
+
+
+def test_port_in_use_is_a_quick_one_line_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        start = time.monotonic()
+        proc = _run("--nproc", "2", "--master-port", str(port), ALLREDUCE, str(tmp_path), tmp_path=tmp_path)
+        elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        f"shoal: error: port {port} is already in use on this machine",
+        "HINT: pick another --master-port, or omit it to get a free one",
+    ]
+    assert elapsed < 30  # no rendezvous timeout: only the time to import torch
+
+
+def _main_run(capsys, *args: str) -> tuple[int, str]:
+    code = main(["run", *args])
+    return code, capsys.readouterr().err
+
+
+def test_script_not_found(capsys, tmp_path):
+    missing = str(tmp_path / "nope.py")
+    code, err = _main_run(capsys, "--nproc", "2", missing)
+    assert code == 2
+    assert f"shoal: error: script not found: {missing}" in err
+    assert "HINT: " in err and "-m" in err
+
+
+@pytest.mark.parametrize("flags", [["--nproc", "0"], ["--nproc_per_node=0"], ["--nproc", "-1"]])
+def test_nproc_below_one(capsys, flags):
+    code, err = _main_run(capsys, *flags, ALLREDUCE)
+    assert code == 2
+    assert "shoal: error: --nproc-per-node must be at least 1" in err and "HINT: " in err
+
+
+def test_nproc_and_nproc_per_node_disagree(capsys):
+    code, err = _main_run(capsys, "--nproc", "2", "--nproc-per-node", "3", ALLREDUCE)
+    assert code == 2 and "disagree" in err
+
+
+def test_unknown_flag_is_torchruns_parser_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--no-such-flag", ALLREDUCE])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: shoal run" in err and "--no-such-flag" in err and "Traceback" not in err
+
+
+def test_modules_are_not_checked_programs_are():
+    parse = launch_run.build_parser().parse_args
+    launch_run._check_script(parse(["-m", "no.such.module"]))  # the worker reports it
+    launch_run._check_script(parse(["--no-python", "true"]))  # found on PATH
+    with pytest.raises(ShoalError, match="program not found: no-such-program"):
+        launch_run._check_script(parse(["--no-python", "no-such-program"]))
+    with pytest.raises(ShoalError, match="script not found: no_such_script.py"):
+        launch_run._check_script(parse(["no_such_script.py"]))
+
+
+def test_help_shows_torchruns_flags_shoals_and_examples(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for text in ("usage: shoal run", "--nproc N", "--nproc-per-node", "--nproc_per_node",
+                 "--master-port", "--rdzv-endpoint", "--standalone", "examples:"):
+        assert text in out
+
+
+def test_listed_in_shoal_help():
+    proc = run_shoal("--help", timeout=60)
+    assert proc.returncode == 0 and re.search(r"^\s+run\s+launch a script", proc.stdout, re.M)
+
+
+def test_run_leaves_os_environ_alone(monkeypatch):
+    # run() sets OMP_NUM_THREADS for the workers only; it is called in-process by other launchers.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with launch_run._launch_environ({"OMP_NUM_THREADS": "7"}):
+        assert os.environ["OMP_NUM_THREADS"] == "7"
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM"  # what torch's launcher writes
+    assert "OMP_NUM_THREADS" not in os.environ and "TORCHELASTIC_SIGNALS_TO_HANDLE" not in os.environ
