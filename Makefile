@@ -21,6 +21,7 @@ demo: $(STAMP)
 
 ## The whole test suite (CPU, real multi-process runs over gloo).
 test: $(STAMP)
+	bash scripts/install-system-deps.sh
 	$(BIN)/python -m pytest
 
 clean:

@@ -25,6 +25,7 @@ from shoal.launch import run as launch_run
 SCRIPTS = Path(__file__).parent / "scripts"
 ALLREDUCE = str(SCRIPTS / "allreduce.py")
 FAIL = str(SCRIPTS / "fail_rank1.py")
+STEPS = str(Path(__file__).parents[1] / "cluster" / "scripts" / "steps.py")
 STARTUP = re.compile(
     r"^shoal run: (\d+) workers? on this node, rendezvous (\S+):(\d+)( \(free port picked\))?, "
     r"OMP_NUM_THREADS=(\d+)( \(yours\))?$",
@@ -209,6 +210,19 @@ def test_workers_die_with_the_launcher(tmp_path, sig):
         assert not list((tmp_path / "tmp").iterdir()), "temporary log dir left behind"
 
 
+@pytest.mark.multiprocess
+def test_a_killed_worker_is_restarted_with_max_restarts(tmp_path):
+    # The restarted group gets a fresh store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE): with torch's
+    # shared one, the new workers read the dead ones' gloo addresses (pytorch#135712).
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _run("--nproc", "2", "--max-restarts", "1", STEPS, str(out), "--die-rank", "1", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "shoal run: restarting the workers (restart 1 of 1)" in proc.stderr
+    results = _results(out, 2)
+    assert {r["attempt"] for r in results} == {1} and {r["sum"] for r in results} == {12.0}
+
+
 # --- bad input: fails before anything is launched ---------------------------------------------
 
 
@@ -277,7 +291,7 @@ def test_help_shows_torchruns_flags_shoals_and_examples(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     for text in ("usage: shoal run", "--nproc N", "--nproc-per-node", "--nproc_per_node",
-                 "--master-port", "--rdzv-endpoint", "--standalone", "examples:"):
+                 "--master-port", "--rdzv-endpoint", "--standalone", "--join-timeout", "examples:"):
         assert text in out
 
 

@@ -56,12 +56,22 @@ def test_unwritable_output_directory(tmp_path, nproc):
     assert blocker.read_text() == "not a directory"
 
 
+def test_run_killed_before_its_first_epoch_starts_over(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"old": true}')
+    result = run_shoal("train", "digits", "--epochs", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "starting from the beginning" in result.stdout
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
 def test_existing_run_is_not_overwritten(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.json").write_text('{"old": true}')
     (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
     result = run_shoal("train", "digits", "--epochs", "1", "--out", str(out))
-    _assert_clean_error(result, "already holds a run")
+    _assert_clean_error(result, "already holds a previous run")
     assert (out / "config.json").read_text() == '{"old": true}'
     assert (out / "metrics.jsonl").read_text() == '{"epoch": 1}\n'

@@ -18,7 +18,10 @@ _RAW_SUBCOMMANDS = {"run"}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from shoal.cli import bench as bench_cmd
+    from shoal.cli import demo as demo_cmd
     from shoal.cli import env as env_cmd
+    from shoal.cli import launch as launch_cmd
     from shoal.cli import run as run_cmd
     from shoal.cli import train as train_cmd
 
@@ -35,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"shoal {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (train_cmd, run_cmd, env_cmd):
+    for module in (train_cmd, run_cmd, launch_cmd, env_cmd, demo_cmd, bench_cmd):
         module.register(subparsers)
     return parser
 
@@ -47,21 +50,21 @@ def _version() -> str:
 
 
 def strip_local_rank_flag(argv: list[str]) -> list[str]:
-    """``argv`` without the ``--local-rank N`` that the legacy ``torch.distributed.launch`` prepends.
+    """``argv`` without the ``--local-rank N`` that the legacy ``torch.distributed.launch`` puts in
+    front of the subcommand (``python -m shoal --local-rank=0 env``).
 
-    The flag is for the worker, not for shoal's parser; environment detection reads it from
-    ``sys.argv``, which keeps it.
+    Only leading occurrences go: the same flag inside a user's command (after ``shoal launch --``)
+    is theirs. Environment detection reads the flag from ``sys.argv``, which keeps it.
     """
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--local-rank", "--local_rank"):
-            skip = True
-        elif not arg.startswith(("--local-rank=", "--local_rank=")):
-            out.append(arg)
-    return out
+    argv = list(argv)
+    while argv:
+        if argv[0] in ("--local-rank", "--local_rank"):
+            del argv[:2]
+        elif argv[0].startswith(("--local-rank=", "--local_rank=")):
+            del argv[0]
+        else:
+            break
+    return argv
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from shoal.errors import ShoalError
 
@@ -16,6 +17,9 @@ examples:
   shoal train synthetic --arch resnet50 --image-size 64 --samples 512
   torchrun --nproc-per-node 4 -m shoal train digits   # under any launcher: no --nproc
   srun -n 8 shoal train mnist --data /shared/data     # Slurm, one task per process
+  shoal train cifar10 --data ~/data --out runs/c10 --checkpoint-every 500steps --keep 2
+  shoal train cifar10 --data ~/data --out runs/c10    # again: resumes from the newest checkpoint
+  shoal train digits --nproc 2 --max-restarts 3       # a crashed worker: restart, resume, go on
 """
 
 
@@ -54,6 +58,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-batch-size", type=int, help="per-process evaluation batch (default 4 x batch)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: when stderr is a terminal)")
+    ck = p.add_argument_group("checkpoints and resume")
+    ck.add_argument("--checkpoint-every", default="1", metavar="N",
+                    help="checkpoint every N epochs (2, 2epochs) or steps (500steps); 0: only at the end")
+    ck.add_argument("--checkpoint-dir", help="where checkpoints go (default OUT/checkpoints)")
+    ck.add_argument("--keep", type=int, default=3, help="keep the newest K checkpoints (default 3)")
+    ck.add_argument("--resume", default="auto", metavar="auto|never|PATH",
+                    help="auto: continue from the newest valid checkpoint in the output directory (default)")
+    ck.add_argument("--preempt-grace", type=float, default=25.0, metavar="S",
+                    help="after SIGTERM/SIGUSR1: checkpoint and exit within S seconds (default 25)")
+    ck.add_argument("--max-restarts", type=int, default=0,
+                    help="restart the local workers up to K times after a failure; they resume (default 0)")
+    from shoal.launch.rendezvous import add_rendezvous_arguments
+
+    add_rendezvous_arguments(p)  # --nnodes, --node-rank, --master-addr, ...: docs/MULTINODE.md
     p.set_defaults(func=run)
 
 
@@ -67,6 +85,8 @@ def config_from_args(args: argparse.Namespace):
         out=args.out, device=args.device, backend=args.backend, amp=args.amp, grad_accum=args.grad_accum,
         nproc=args.nproc, arch=args.arch, image_size=args.image_size, samples=args.samples,
         eval_batch_size=args.eval_batch_size, progress=args.progress,
+        checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, keep=args.keep,
+        resume=args.resume, preempt_grace=args.preempt_grace, max_restarts=args.max_restarts,
     )
 
 
@@ -83,25 +103,40 @@ def run(args: argparse.Namespace) -> int:
             f"started by {env.scheme}",
             "drop --nproc: the launcher already starts one process per rank",
         )
+    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
+        raise ShoalError(f"--resume {cfg.resume}: no such checkpoint file", "pass --resume auto, never, or a ckpt-*.pt file")
+    from shoal.launch.rendezvous import options_from_args
+
+    rendezvous = options_from_args(args)  # None: this machine only
+    if env.world_size > 1 and rendezvous is not None:
+        raise ShoalError(f"rendezvous flags given, but {env.scheme} already started this process as "
+                         f"rank {env.rank} of {env.world_size}", "drop --nnodes/--master-addr/--rdzv-*")
     get_workload(cfg.workload).prepare(cfg)  # data present (or downloaded) before workers start
-    if cfg.nproc == 1 or env.world_size > 1:
+    if (cfg.nproc == 1 and rendezvous is None) or env.world_size > 1:
         from shoal.train.entry import run_worker
 
         run_worker(cfg)
         return 0
-    return _launch_workers(cfg)
+    return _launch_workers(cfg, rendezvous)
 
 
-def _launch_workers(cfg) -> int:
+def _launch_workers(cfg, rendezvous=None) -> int:
     from shoal.dist.device import choose_device
     from shoal.launch.local import launch_local
-    from shoal.train.entry import run_worker
+    from shoal.train.entry import run_local_worker
     from shoal.train.outputs import default_out_dir, prepare_out_dir
 
     # Check here what would otherwise fail N times over in the workers.
     choose_device(cfg.device, 0, cfg.nproc)
     if cfg.out is None:
+        if rendezvous is not None and rendezvous.min_max_nodes[1] > 1:
+            # A name made up per attempt would change on every restart, and a restarted group
+            # must find the checkpoints of the one before.
+            raise ShoalError(
+                "a multi-node shoal train needs --out",
+                "pass --out DIR on storage every node can see (checkpoints and resume live there)",
+            )
         cfg.out = default_out_dir(cfg.workload)
     prepare_out_dir(cfg.out)
-    launch_local(run_worker, (cfg,), cfg.nproc)
+    launch_local(run_local_worker, (cfg,), cfg.nproc, max_restarts=cfg.max_restarts, rendezvous=rendezvous)
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
@@ -106,6 +107,24 @@ class Context:
         from shoal.train.evaluate import evaluate
 
         return evaluate(model, loader, loss_fn=loss_fn)
+
+    def checkpointer(self, directory: str, *, every: str | int | None = None, keep: int = 3):
+        """A :class:`~shoal.checkpoint.manager.CheckpointManager` for ``directory``.
+
+        ``every``: ``N``/``Nepochs`` or ``Nsteps`` for :meth:`~CheckpointManager.maybe_save`;
+        ``keep``: how many of the newest checkpoints stay. Saves are atomic; ``resume()`` loads the
+        newest valid one, skipping corrupt files.
+        """
+        from shoal.checkpoint.manager import CheckpointManager
+
+        return CheckpointManager(directory, every=every, keep=keep)
+
+    def preemption(self, grace_s: float = 25.0):
+        """A context manager whose ``requested()`` (call once per step on every rank) returns the
+        signal number once any rank got SIGTERM or SIGUSR1: checkpoint, then exit."""
+        from shoal.train.preemption import PreemptionWatch
+
+        return PreemptionWatch(grace_s=grace_s)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""
@@ -207,6 +226,7 @@ def join_process_group(info: EnvInfo, backend: str, *, init_timeout: float, time
         init_method = "env://"
     else:
         init_method = f"tcp://{_bracket(info.main_address)}:{info.main_port}"
+    _choose_socket_interface(info, backend)
     try:
         dist.init_process_group(
             backend,
@@ -222,6 +242,12 @@ def join_process_group(info: EnvInfo, backend: str, *, init_timeout: float, time
                 f"rank 0 could not listen on {endpoint}: the port is already in use",
                 "choose another MASTER_PORT (or let `shoal run` pick a free one)",
             ) from None
+        if "connectFullMesh" in str(err) or "GLOO_SOCKET_IFNAME" in str(err):
+            raise ShoalError(
+                f"rank {info.rank} of {info.world_size} reached the store at {endpoint} but not its peers: {text[:160]}",
+                "gloo advertised an address the other nodes cannot reach (often 127.0.0.1 from /etc/hosts): "
+                "set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME on GPUs) to the interface that routes between nodes",
+            ) from None
         if "timeout" in text.lower() or "timed out" in text.lower():
             raise ShoalError(
                 f"rank {info.rank} of {info.world_size} timed out after {init_timeout:.0f} s joining the "
@@ -236,6 +262,25 @@ def join_process_group(info: EnvInfo, backend: str, *, init_timeout: float, time
     # The short timeout was for joining; collectives get the longer one.
     if hasattr(dist, "set_timeout"):
         dist.set_timeout(timedelta(seconds=timeout))
+
+
+def _choose_socket_interface(info: EnvInfo, backend: str) -> None:
+    """Across nodes, make gloo/NCCL use the interface that routes to the main address.
+
+    Where the host name resolves to 127.0.0.1 (common in /etc/hosts), gloo would advertise
+    loopback to the other nodes and the job would fail in connectFullMesh. Launchers that start
+    the ranks directly (mpirun, srun, pods) do not set the variable; `shoal run` does already.
+    """
+    var = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    if info.num_nodes <= 1 or var in os.environ:
+        return
+    from shoal.launch.network import route_to
+
+    route = route_to(info.main_address)
+    if route.ifname and not route.loopback:
+        os.environ[var] = route.ifname
+        if info.rank == 0 or info.local_rank == 0:
+            print(f"shoal: node {info.node_rank}: {var}={route.ifname} ({route.why})", file=sys.stderr, flush=True)
 
 
 def configure_threads(threads: int | None, local_world_size: int) -> int:

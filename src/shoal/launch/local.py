@@ -7,13 +7,50 @@ a function as entrypoint so the workers need no command line of their own.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from shoal.errors import ShoalError
+
+if TYPE_CHECKING:
+    from shoal.launch.rendezvous import RendezvousOptions, RendezvousPlan
+
+
+# Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see shoal.train.preemption).
+_PREEMPTED_CODES = {128 + signal.SIGTERM, 128 + signal.SIGUSR1}
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@contextlib.contextmanager
+def _fresh_store_per_attempt() -> Iterator[None]:
+    """Give every restart attempt its own store (unless the user decided otherwise).
+
+    By default torch's c10d rendezvous lets the workers share the agent's store across restarts,
+    and a restarted rank can then read the previous attempt's keys (the old rank 0's gloo
+    address) and time out connecting to it: pytorch/pytorch#135712. Seen here with
+    ``--max-restarts 1`` after a SIGKILLed worker.
+    """
+    name = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 class WorkersFailed(ShoalError):
@@ -30,13 +67,20 @@ def launch_local(
     *,
     max_restarts: int = 0,
     start_method: str = "spawn",
+    rendezvous: RendezvousOptions | None = None,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` in ``nproc`` worker processes on this machine and wait for them.
 
-    Returns ``{local_rank: return value}``. A failed worker raises :class:`WorkersFailed` carrying
-    the failing rank's own traceback; the other workers are stopped by the agent first.
+    Returns ``{rank: return value}`` for this node's workers. A failed worker raises
+    :class:`WorkersFailed` carrying the failing rank's own traceback; the other workers are stopped
+    by the agent first.
+
+    ``rendezvous``: this node is one of several (see :mod:`shoal.launch.rendezvous`): the workers
+    join the others through that rendezvous, with the interface, address and timeouts shoal picks
+    (printed at start); one that cannot complete raises a ShoalError saying why.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -59,11 +103,79 @@ def launch_local(
         start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
+    plan = None
     try:
-        return elastic_launch(config, entrypoint)(*args)
+        if rendezvous is not None:
+            plan = _join_nodes(config, rendezvous)
+        with _fresh_store_per_attempt(), _worker_environ(plan):
+            return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
+        codes = {failure.exitcode for failure in err.failures.values()}
+        if codes and codes <= _PREEMPTED_CODES:
+            # Every worker stopped for a preemption signal: they said so (and where the
+            # checkpoint went) themselves; a traceback report would only bury that.
+            code = max(codes)
+            raise WorkersFailed(f"shoal: workers stopped by {_signal_name(code - 128)}", exit_code=code) from None
         report = describe_child_failure(err, log_dir)
         raise WorkersFailed(report.format(), exit_code=report.exit_code) from None
+    except SignalException as err:
+        # This launcher got the signal (e.g. Kubernetes or Slurm stopping the job): the agent has
+        # forwarded it to the workers, which checkpoint and exit.
+        raise WorkersFailed(
+            f"shoal: stopped by {_signal_name(int(err.sigval))}; the workers checkpointed on the way out",
+            exit_code=128 + int(err.sigval),
+        ) from None
+    except Exception as err:
+        from shoal.launch.rendezvous import explain_failure, is_rendezvous_failure
+
+        if plan is not None and is_rendezvous_failure(err):
+            raise explain_failure(err, plan) from None
+        raise
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
         sys.stdout.flush()
+
+
+def _join_nodes(config: Any, rendezvous: RendezvousOptions) -> RendezvousPlan:
+    """Turn the single-node ``config`` into this node's part of a multi-node launch.
+
+    Checks what can be checked before anything starts (addresses, route, the store's port) and
+    prints what was chosen.
+    """
+    from shoal.launch.rendezvous import check_store_port, plan_rendezvous, register_backends
+    from shoal.launch.run import _recording_logs_specs
+
+    plan = plan_rendezvous(rendezvous)
+    check_store_port(plan)
+    config.min_nodes, config.max_nodes = plan.min_nodes, plan.max_nodes
+    config.run_id = rendezvous.run_id
+    config.rdzv_endpoint = plan.endpoint
+    plan.configure(config)
+    register_backends()
+    print("\n".join(plan.lines("shoal", config.nproc_per_node)), file=sys.stderr, flush=True)
+    starts = []
+
+    def on_start(env: dict[str, str]) -> None:  # local rank 0's environment, at each (re)start
+        first, last = int(env["RANK"]), int(env["RANK"]) + config.nproc_per_node - 1
+        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        why = f"restart {restart} of {config.max_restarts}: " if restart else (
+            "the other nodes changed: " if starts else "")
+        starts.append(restart)
+        print(f"shoal: {why}rendezvous done; starting {ranks} of {env['WORLD_SIZE']}", file=sys.stderr,
+              flush=True)
+
+    config.logs_specs = _recording_logs_specs(config.logs_specs, tee=False, on_start=on_start)
+    return plan
+
+
+@contextlib.contextmanager
+def _worker_environ(plan: RendezvousPlan | None) -> Iterator[None]:
+    """Export the plan's variables (socket interfaces, join timeout) to the workers, then restore."""
+    extra = {k: v for k, v in (plan.environ if plan else {}).items() if k not in os.environ}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key in extra:
+            os.environ.pop(key, None)

@@ -30,6 +30,10 @@ from typing import Any, Callable, Iterable, Iterator
 from shoal.errors import ShoalError
 from shoal.launch.failures import describe_child_failure
 from shoal.launch.ports import check_port_free
+from shoal.launch.rendezvous import (
+    DEFAULT_JOIN_TIMEOUT_S, RESTART_ENVIRON, RendezvousOptions, RendezvousPlan, explain_failure,
+    is_rendezvous_failure, parse_conf, plan_rendezvous, process_started, register_backends,
+)
 
 DESCRIPTION = """\
 Launch SCRIPT as N worker processes per node: a drop-in for torchrun (every torchrun flag works, in
@@ -37,7 +41,10 @@ both spellings), run by torch's own elastic agent. What shoal adds:
   - one node and no --master-port/--rdzv-endpoint: a free port is picked (jobs never collide);
   - a given port that is already taken on this machine is an immediate error;
   - OMP_NUM_THREADS, unless set, = usable cores // workers per node (torchrun: always 1);
-  - when a worker fails, its own traceback is shown and shoal exits with its exit code."""
+  - when a worker fails, its own traceback is shown and shoal exits with its exit code;
+  - across nodes: the interface and address that route to the master are found and used
+    (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, --local-addr, c10d is_host) unless you set them,
+    and every node gives up after --join-timeout with the reason."""
 
 EXAMPLES = """\
 examples:
@@ -47,6 +54,10 @@ examples:
   shoal run --nproc 2 --log-dir logs train.py    # keep every worker's stdout/stderr logs
   # two nodes, static rendezvous (run on each node with its --node-rank):
   shoal run --nnodes 2 --node-rank 0 --nproc 4 --master-addr 10.0.0.1 --master-port 29500 train.py
+  # two to four nodes, c10d (the same line on every node; 10.0.0.1 hosts the store):
+  shoal run --nnodes 2:4 --nproc 4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 \
+      --max-restarts 3 train.py
+  shoal run --nproc 2 -m shoal demo all-reduce   # check that collectives work
 """
 
 # Default rendezvous ports of torch: static (--master-port) and c10d (--rdzv-endpoint without one).
@@ -70,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="short for --nproc-per-node N (workers on this node: an integer, or auto/cpu/gpu)",
     )
+    group.add_argument(
+        "--join-timeout",
+        type=float,
+        default=DEFAULT_JOIN_TIMEOUT_S,
+        metavar="S",
+        help="several nodes: fail when they have not all arrived after S seconds "
+        f"(default {DEFAULT_JOIN_TIMEOUT_S:g})",
+    )
     return parser
 
 
@@ -82,6 +101,10 @@ class _Plan:
     free_port: bool
     omp_threads: str
     omp_from_user: bool
+    rendezvous: RendezvousPlan | None = None
+    """Several nodes: the network and rendezvous decisions (see :mod:`shoal.launch.rendezvous`)."""
+    starts: int = 0
+    """How many times the workers were started so far."""
 
 
 def run(argv: list[str]) -> int:
@@ -98,11 +121,15 @@ def run(argv: list[str]) -> int:
     max_nodes = _max_nodes(args.nnodes)
     _check_script(args)
     free_port = _choose_rendezvous(args, max_nodes)
-    _check_port(args, max_nodes)
+    rendezvous = _plan_rendezvous(args, max_nodes)
+    _check_port(args, max_nodes, rendezvous)
 
     omp_from_user = "OMP_NUM_THREADS" in os.environ
     omp = os.environ["OMP_NUM_THREADS"] if omp_from_user else str(_threads_per_worker(nproc))
-    plan = _Plan(nproc, max_nodes, free_port, omp, omp_from_user)
+    plan = _Plan(nproc, max_nodes, free_port, omp, omp_from_user, rendezvous)
+    extra_env = {"OMP_NUM_THREADS": omp, **(rendezvous.environ if rendezvous else {})}
+    if args.max_restarts > 0 and args.rdzv_backend == "c10d":
+        extra_env.update(RESTART_ENVIRON)  # fresh worker store per restart (pytorch#135712)
 
     user_log_dir = bool(args.log_dir)
     if not user_log_dir:
@@ -110,7 +137,7 @@ def run(argv: list[str]) -> int:
         # long as the run unless the user asked for a log dir.
         args.log_dir = tempfile.mkdtemp(prefix="shoal-run-")
     try:
-        with _launch_environ({"OMP_NUM_THREADS": omp}):
+        with _launch_environ(extra_env):
             return _launch(args, plan, keep_logs=user_log_dir)
     finally:
         if not user_log_dir:
@@ -128,6 +155,9 @@ def _launch(args: argparse.Namespace, plan: _Plan, *, keep_logs: bool) -> int:
         config, cmd, cmd_args = config_from_args(args)
     except (AssertionError, ValueError, RuntimeError) as err:
         raise ShoalError(f"invalid launch options: {err}", "see `shoal run --help`") from None
+    if plan.rendezvous is not None:
+        plan.rendezvous.configure(config)
+        register_backends()
     if plan.max_nodes != 1:  # single node: announced once the port is known (at worker start)
         print(_startup_line(plan, args, env=None), file=sys.stderr, flush=True)
     cmd, cmd_args, shimmed = _wrap_in_shim(cmd, cmd_args)
@@ -149,7 +179,11 @@ def _launch(args: argparse.Namespace, plan: _Plan, *, keep_logs: bool) -> int:
         # The agent already stopped the workers (SIGTERM, then SIGKILL after a grace period).
         print(f"shoal run: stopped by {err.sigval.name}; workers stopped", file=sys.stderr)
         return 128 + int(err.sigval)
-    except (RendezvousError, TimeoutError, _dist_error()) as err:
+    except Exception as err:
+        if plan.rendezvous is not None and is_rendezvous_failure(err):
+            raise explain_failure(err, plan.rendezvous) from None  # endpoint, arrivals, a hint
+        if not isinstance(err, (RendezvousError, TimeoutError, _dist_error())):
+            raise
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ShoalError(
             f"rendezvous at {endpoint} failed: {first_line}",
@@ -265,11 +299,14 @@ def _choose_rendezvous(args: argparse.Namespace, max_nodes: int) -> bool:
     return False
 
 
-def _check_port(args: argparse.Namespace, max_nodes: int) -> None:
+def _check_port(
+    args: argparse.Namespace, max_nodes: int, rendezvous: RendezvousPlan | None = None
+) -> None:
     """Fail fast if the port this node will serve the rendezvous store on is taken.
 
     The store is served here on a single node, on node rank 0 of a static rendezvous, and where a
-    c10d rendezvous is told ``is_host=1``. Left unchecked, a taken port means a timeout after
+    c10d rendezvous is told ``is_host=1`` (by the user, or by :func:`_plan_rendezvous` on the node
+    that owns the endpoint's address). Left unchecked, a taken port means a timeout after
     minutes (static) or, worse, joining another job's c10d store (torch falls back to being a
     client when it cannot bind).
     """
@@ -277,7 +314,9 @@ def _check_port(args: argparse.Namespace, max_nodes: int) -> None:
     from torch.distributed.run import get_rdzv_endpoint
 
     static = args.rdzv_backend == "static"
-    if static:
+    if rendezvous is not None:
+        hosts_store = rendezvous.hosts_store
+    elif static:
         hosts_store = max_nodes == 1 or args.node_rank == 0
     elif args.rdzv_backend == "c10d":
         conf = dict(kv.split("=", 1) for kv in args.rdzv_conf.split(",") if "=" in kv)
@@ -303,6 +342,29 @@ def _check_port(args: argparse.Namespace, max_nodes: int) -> None:
     else:
         hint = f"pick {pick} that is free on this node, and give every node the same one"
     check_port_free(port, hint=hint)
+
+
+def _plan_rendezvous(args: argparse.Namespace, max_nodes: int) -> RendezvousPlan | None:
+    """Several nodes over static or c10d: pick interface, address, store host and timeouts.
+
+    The choices go into torch's own arguments only where the user left them open (``--local-addr``,
+    ``--rdzv-conf`` keys); see :func:`shoal.launch.rendezvous.plan_rendezvous`.
+    """
+    if args.join_timeout <= 0:
+        raise ShoalError(f"--join-timeout must be positive, got {args.join_timeout:g}",
+                         "pass seconds, e.g. --join-timeout 60")
+    if max_nodes == 1 or args.rdzv_backend not in ("static", "c10d"):
+        return None
+    opts = RendezvousOptions(
+        nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+        master_port=args.master_port, backend=args.rdzv_backend, endpoint=args.rdzv_endpoint or None,
+        run_id=args.rdzv_id, join_timeout=args.join_timeout, conf=parse_conf(args.rdzv_conf),
+        local_addr=args.local_addr,
+    )
+    plan = plan_rendezvous(opts, started=process_started())
+    if args.rdzv_backend == "c10d" and not args.rdzv_endpoint:
+        args.rdzv_endpoint = opts.endpoint  # from --master-addr/--master-port
+    return plan
 
 
 # --- workers' environment and logs -----------------------------------------------------------
@@ -477,8 +539,15 @@ def _on_start(plan: _Plan, args: argparse.Namespace, env: dict[str, str]) -> Non
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if restart:
         line = f"shoal run: restarting the workers (restart {restart} of {args.max_restarts})"
+    elif plan.starts:
+        # Another node failed and restarted, or joined (elastic): torch restarts every node's
+        # workers, without counting it against this node's --max-restarts.
+        line = "shoal run: the other nodes changed (one restarted or joined); " + _startup_line(
+            plan, args, env
+        ).removeprefix("shoal run: ")
     else:
         line = _startup_line(plan, args, env)
+    plan.starts += 1
     print(line, file=sys.stderr, flush=True)
 
 
@@ -490,6 +559,8 @@ def _startup_line(plan: _Plan, args: argparse.Namespace, env: dict[str, str] | N
         addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if env else args.rdzv_endpoint
         how = " (free port picked)" if plan.free_port else ""
         return f"shoal run: {workers} on this node, rendezvous {addr}{how}, {threads}"
+    if env is None and plan.rendezvous is not None:
+        return "\n".join(plan.rendezvous.lines("shoal run", plan.nproc, extra=f", {threads}"))
     if env is None:
         from torch.distributed.run import get_rdzv_endpoint
 

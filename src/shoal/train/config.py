@@ -62,6 +62,18 @@ class TrainConfig:
     """Per-process batch size for evaluation (default: 4 x batch_size)."""
     progress: bool | None = None
     """Show a progress bar on rank 0 (default: when stderr is a terminal)."""
+    checkpoint_every: str = "1"
+    """Checkpoint cadence: N (epochs), Nepochs or Nsteps; 0/off: never."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go (default <out>/checkpoints)."""
+    keep: int = 3
+    """Keep the newest K checkpoints."""
+    resume: str = "auto"
+    """auto (newest valid checkpoint in the checkpoint dir, if any), never, or a checkpoint file."""
+    preempt_grace: float = 25.0
+    """Seconds after SIGTERM/SIGUSR1 within which the preemption checkpoint must be written."""
+    max_restarts: int = 0
+    """Times torch's elastic agent restarts the local workers after a failure (--nproc runs)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Filled in at start: detected environment and world size, for config.json."""
 
@@ -81,6 +93,14 @@ class TrainConfig:
             raise ShoalError(f"--lr must be positive, got {self.lr}", "pass a learning rate such as --lr 0.05")
         if self.warmup_epochs < 0:
             raise ShoalError(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}", "pass 0 to disable warm-up")
+        _positive("--keep", self.keep)
+        if self.max_restarts < 0:
+            raise ShoalError(f"--max-restarts must be >= 0, got {self.max_restarts}", "pass --max-restarts 0 or more")
+        if self.preempt_grace <= 0:
+            raise ShoalError(f"--preempt-grace must be positive, got {self.preempt_grace}", "pass seconds, e.g. 25")
+        from shoal.checkpoint.cadence import Cadence
+
+        Cadence.parse(self.checkpoint_every)  # raises a ShoalError with a hint if malformed
         _choice("--lr-scaling", self.lr_scaling, LR_SCALING)
         _choice("--amp", self.amp, AMP_MODES)
         _choice("--device", self.device, DEVICES)

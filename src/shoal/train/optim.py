@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
 
 def scaled_lr(base_lr: float, scaling: str, world_size: int) -> float:
@@ -28,15 +28,29 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, 
     return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0) -> LambdaLR:
-    """Linear warm-up from ~0 over ``warmup_steps``, then cosine decay to zero at ``total_steps``."""
-    total_steps = max(1, total_steps)
-    warmup_steps = min(max(0, warmup_steps), total_steps - 1)
+@dataclass(frozen=True)
+class LRSchedule:
+    """Linear warm-up over ``warmup_epochs``, then cosine decay to zero at ``epochs``.
 
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    A function of training *progress* (epochs done, fractional), not of the step count: a run
+    resumed with another world size (so another number of steps per epoch) continues on the same
+    curve, and it has no state to checkpoint.
+    """
 
-    return LambdaLR(optimizer, factor)
+    peak_lr: float
+    epochs: int
+    warmup_epochs: float = 0.0
+
+    def at(self, progress: float) -> float:
+        """The learning rate after ``progress`` epochs of training."""
+        if progress < self.warmup_epochs:
+            return self.peak_lr * (progress + 1e-3) / (self.warmup_epochs + 1e-3)
+        span = max(self.epochs - self.warmup_epochs, 1e-9)
+        fraction = min(1.0, (progress - self.warmup_epochs) / span)
+        return self.peak_lr * 0.5 * (1.0 + math.cos(math.pi * fraction))
+
+    def apply(self, optimizer: torch.optim.Optimizer, progress: float) -> float:
+        lr = self.at(progress)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr

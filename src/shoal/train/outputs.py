@@ -1,8 +1,9 @@
 """The run directory: where it is, checking it can be written, and what rank 0 writes into it.
 
 Layout: ``config.json`` (resolved configuration, environment, world size), ``metrics.jsonl`` (one
-object per epoch), ``accuracies.json`` (per-epoch test accuracies) and ``model.pt`` (the unwrapped
-model's plain state dict). Every file is replaced atomically, so a crash never leaves half a file.
+object per epoch), ``accuracies.json`` (per-epoch test accuracies), ``model.pt`` (the unwrapped
+model's plain state dict, written at the end) and ``checkpoints/``. Every file but the append-only
+metrics log is replaced atomically, so a crash never leaves half a file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from typing import Any
 from shoal.checkpoint.storage import atomic_torch_save, atomic_write_text
 from shoal.errors import ShoalError
 
-RUN_MARKER = "config.json"
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+ACCURACIES = "accuracies.json"
+MODEL = "model.pt"
 
 
 def default_out_dir(workload: str, now: float | None = None) -> str:
@@ -24,8 +28,8 @@ def default_out_dir(workload: str, now: float | None = None) -> str:
     return os.path.join("runs", f"{workload}-{stamp}")
 
 
-def prepare_out_dir(path: str) -> Path:
-    """Create ``path`` if needed and check it can be written; refuse to clobber a finished run."""
+def prepare_out_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and check that it can be written."""
     out = Path(path).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -37,12 +41,14 @@ def prepare_out_dir(path: str) -> Path:
             f"output directory {out} is not writable: {err.strerror or err}",
             "pass --out DIR with a directory you can write to",
         ) from None
-    if (out / RUN_MARKER).exists():
-        raise ShoalError(
-            f"output directory {out} already holds a run ({RUN_MARKER} exists); it was left untouched",
-            "pass a new --out DIR, or delete the old run first",
-        )
     return out
+
+
+def refuse_existing_run(out: Path, why: str) -> None:
+    raise ShoalError(
+        f"output directory {out} already holds a {why} run; it was left untouched",
+        "pass a new --out DIR, or delete the old run first",
+    )
 
 
 class RunOutputs:
@@ -52,17 +58,45 @@ class RunOutputs:
         self.directory = Path(directory)
         self.accuracies: list[float] = []
 
+    @property
+    def started(self) -> bool:
+        return (self.directory / CONFIG).exists()
+
+    @property
+    def finished(self) -> bool:
+        return (self.directory / MODEL).exists()
+
     def write_config(self, config: dict[str, Any]) -> None:
-        atomic_write_text(self.directory / RUN_MARKER, json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+        atomic_write_text(self.directory / CONFIG, json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+
+    def logged_epochs(self) -> list[dict[str, Any]]:
+        """The epoch records in metrics.jsonl (a torn last line from a crash is skipped)."""
+        records = []
+        path = self.directory / METRICS
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return records
+
+    def keep_epochs(self, last_epoch: int) -> None:
+        """On resume: keep the metrics of epochs up to ``last_epoch``; later ones will be redone."""
+        records = [r for r in self.logged_epochs() if r.get("epoch", 0) <= last_epoch]
+        atomic_write_text(self.directory / METRICS, "".join(json.dumps(r) + "\n" for r in records))
+        self.accuracies = [r["test_accuracy"] for r in records]
+        atomic_write_text(self.directory / ACCURACIES, json.dumps(self.accuracies) + "\n")
 
     def log_epoch(self, record: dict[str, Any]) -> None:
-        # Appending one line is atomic enough for a log: a torn last line is the only possible damage.
-        with open(self.directory / "metrics.jsonl", "a") as f:
+        # Appending one line is atomic enough for a log: a torn last line is the only possible
+        # damage, and keep_epochs() drops it on resume.
+        with open(self.directory / METRICS, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
         self.accuracies.append(record["test_accuracy"])
-        atomic_write_text(self.directory / "accuracies.json", json.dumps(self.accuracies) + "\n")
+        atomic_write_text(self.directory / ACCURACIES, json.dumps(self.accuracies) + "\n")
 
     def save_model(self, state_dict: dict[str, Any]) -> Path:
-        return atomic_torch_save(state_dict, self.directory / "model.pt")
+        return atomic_torch_save(state_dict, self.directory / MODEL)

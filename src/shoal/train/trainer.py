@@ -1,4 +1,10 @@
-"""The training loop of ``shoal train``: reads like a table of contents; each part owns its timing."""
+"""The training loop of ``shoal train``: reads like a table of contents; each part owns its timing.
+
+Exact resume: everything that decides the rest of the run is checkpointed (model, optimizer, AMP
+scaler, the data position inside the epoch, the partial epoch sums, every rank's RNG states) and
+the learning rate is a function of training progress, so a run resumed from a checkpoint, under
+the same or another world size, continues exactly where it stopped.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -13,14 +20,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import shoal
+from shoal.checkpoint.manager import CheckpointManager, restore
 from shoal.dist.collectives import all_reduce_sum, broadcast_object
 from shoal.dist.context import Context
 from shoal.dist.wrap import model_state_dict
 from shoal.errors import ShoalError
 from shoal.train.config import TrainConfig
 from shoal.train.evaluate import evaluate
-from shoal.train.optim import build_optimizer, scaled_lr, warmup_cosine
-from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir
+from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
+from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
+from shoal.train.preemption import Preempted, PreemptionWatch
 from shoal.workloads import get_workload
 
 
@@ -59,6 +68,48 @@ def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(**changes) if changes else cfg
 
 
+class EpochTally:
+    """The running sums of the current epoch (checkpointed, so a resumed epoch reports whole)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.count = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.samples = 0  # global, real (non-padding) samples
+        self.train_s = 0.0
+
+    def consolidate(self) -> None:
+        """Sum the per-rank loss sums onto rank 0 (collective), so rank 0's state is the total."""
+        totals = all_reduce_sum(torch.stack([self.loss_sum, self.count]))
+        keep = shoal.dist.collectives.rank() == 0
+        self.loss_sum, self.count = (totals[0], totals[1]) if keep else (torch.zeros_like(totals[0]), torch.zeros_like(totals[1]))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loss_sum": self.loss_sum.cpu(), "count": self.count.cpu(), "samples": self.samples, "train_s": self.train_s}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rank0 = shoal.dist.collectives.rank() == 0
+        self.loss_sum = state["loss_sum"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
+        self.count = state["count"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
+        self.samples, self.train_s = int(state["samples"]), float(state["train_s"])
+
+
+class _GeneratorState:
+    """Adapts a torch.Generator to the state_dict protocol (per-rank augmentation RNG)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["state"])
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run one training job in this process (one rank of it); return the last epoch's metrics."""
     cfg = resolve_defaults(cfg)
@@ -67,53 +118,208 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         if cfg.amp == "fp16" and ctx.device.type != "cuda":
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
-        outputs = _outputs(cfg, ctx)
+        outputs, checkpoints = _open_run(cfg, ctx)
         data = workload.load(cfg, ctx.device, rank=ctx.rank)
         model = ctx.wrap(workload.build_model(cfg, data.num_classes))
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform)
         test_loader = ctx.eval_loader(data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform)
         plan = _plan(cfg, ctx, len(train_loader))
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
-        schedule = warmup_cosine(optimizer, plan.steps_per_epoch * plan.epochs, round(cfg.warmup_epochs * plan.steps_per_epoch))
-        step = Step(model, optimizer, schedule, cfg.amp, ctx.device)
-        _announce(cfg, ctx, plan, outputs)
+        schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
+        step = Step(model, optimizer, cfg.amp, ctx.device)
+        tally = EpochTally(ctx.device)
+        state: dict[str, Any] = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader, "tally": tally}
+        per_rank = {"augment": _GeneratorState(data.generator)} if data.generator is not None else {}
+        run = _Run(cfg, ctx, plan, outputs, checkpoints, state, per_rank)
+        run.resume()
+        _announce(cfg, ctx, plan, outputs, run)
         record: dict[str, Any] = {}
-        for epoch in range(1, plan.epochs + 1):
-            started = time.perf_counter()
-            train_loss, samples = _train_epoch(step, train_loader, cfg, epoch, plan, ctx, len(data.train[0]))
-            train_s = time.perf_counter() - started
-            scores = evaluate(model, test_loader, autocast=step.autocast)
-            record = {
-                "epoch": epoch,
-                "train_loss": train_loss,
-                "test_loss": scores["loss"],
-                "test_accuracy": scores["accuracy"],
-                "samples_per_s": samples / train_s if train_s > 0 else float("nan"),
-                "epoch_s": time.perf_counter() - started,
-                "samples_seen": samples,
-                "world_size": ctx.world_size,
-                "global_batch_size": plan.global_batch_size,
-                "lr": optimizer.param_groups[0]["lr"],
-            }
-            if outputs:
-                outputs.log_epoch(record)
-            ctx.print(
-                f"epoch {epoch}/{plan.epochs}  train_loss {train_loss:.4f}  test_loss {scores['loss']:.4f}  "
-                f"test_acc {scores['accuracy']:.4f}  {record['samples_per_s']:,.0f} samples/s  {record['epoch_s']:.2f} s"
-            )
-        if outputs:
+        with PreemptionWatch(grace_s=cfg.preempt_grace) as preemption:
+            while run.epoch <= plan.epochs:
+                if not run.epoch_trained:
+                    _train_epoch(run, step, train_loader, schedule, preemption)
+                record = _finish_epoch(run, model, test_loader, step)
+                run.next_epoch()
+        if not run.trained_now:
+            ctx.print(f"shoal: the run in {cfg.out} is already complete ({plan.epochs} epochs): nothing to do")
+        if outputs and (run.trained_now or not outputs.finished):
             path = outputs.save_model(model_state_dict(model))
             ctx.print(f"saved {path} and metrics in {outputs.directory}")
         return record
+    except Preempted as err:
+        err.quiet = not ctx.is_main  # the same message from every rank: print it once
+        raise
     finally:
         ctx.shutdown()
+
+
+class _Run:
+    """Where the run stands (epoch, step, whether the epoch's training part is done) and its I/O."""
+
+    def __init__(self, cfg, ctx, plan, outputs, checkpoints, state, per_rank) -> None:
+        self.cfg, self.ctx, self.plan = cfg, ctx, plan
+        self.outputs: RunOutputs | None = outputs
+        self.checkpoints: CheckpointManager = checkpoints
+        self.state, self.per_rank = state, per_rank
+        self.epoch, self.global_step = 1, 0
+        self.epoch_trained = False  # the epoch's training pass is done, its evaluation is not
+        self.resumed_from: Path | None = None
+        self.trained_now = False
+
+    @property
+    def loader(self):
+        return self.state["loader"]
+
+    @property
+    def tally(self) -> EpochTally:
+        return self.state["tally"]
+
+    def resume(self) -> None:
+        cfg = self.cfg
+        if cfg.resume == "never":
+            checkpoint = None
+        elif cfg.resume == "auto":
+            checkpoint = self.checkpoints.load_latest()
+        else:
+            checkpoint = self.checkpoints.load(cfg.resume)
+        started = broadcast_object(self.outputs.started if self.outputs else None)
+        if checkpoint is None:
+            if started and cfg.resume == "never":
+                refuse_existing_run(Path(cfg.out), "previous")
+            if started and self.outputs:
+                # Without a checkpoint to resume from, only a run that logged nothing yet (killed
+                # in its first epoch) may be started over: anything else would lose results.
+                if self.outputs.finished or self.outputs.logged_epochs():
+                    refuse_existing_run(Path(cfg.out), "finished" if self.outputs.finished else "previous")
+                self.ctx.print(f"shoal: {cfg.out} has no checkpoint yet: starting from the beginning")
+            return
+        restore(checkpoint, self.state, per_rank=self.per_rank)
+        extra = checkpoint.extra
+        self.epoch, self.global_step = int(extra["epoch"]), checkpoint.step
+        self.epoch_trained = bool(extra["epoch_trained"])
+        if extra.get("epoch_logged"):
+            self.epoch, self.epoch_trained = self.epoch + 1, False
+            self.tally.reset()
+        self.resumed_from = checkpoint.path
+        if self.outputs:
+            self.outputs.keep_epochs(self.epoch - 1)
+
+    def save(self, *, epoch_end: bool, force: bool = False) -> Path | None:
+        """Checkpoint now if the cadence says so (or ``force``): collective, on every rank."""
+        cadence = self.checkpoints.every
+        # Step cadences save inside the epoch, epoch cadences at its end (after evaluation).
+        due = epoch_end == (cadence.unit == "epoch") and cadence.due(
+            step=self.global_step, epoch=self.epoch, epoch_end=epoch_end
+        )
+        if not (force or due):
+            return None
+        self.tally.consolidate()
+        extra = {"epoch": self.epoch, "epoch_trained": self.epoch_trained, "epoch_logged": epoch_end}
+        if self.outputs is not None:
+            extra["config"] = self.cfg.to_dict()
+        return self.checkpoints.save(
+            epoch=self.epoch, step=self.global_step, objects=self.state, extra=extra, per_rank=self.per_rank
+        )
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.epoch_trained = False
+        self.tally.reset()
+
+
+def _train_epoch(run: _Run, step: "Step", loader: Any, schedule: LRSchedule, preemption: PreemptionWatch) -> None:
+    """This rank's pass over the rest of the epoch's shard, checkpointing on the cadence."""
+    ctx, cfg, tally = run.ctx, run.cfg, run.tally
+    step.model.train()
+    sampler = loader.sampler
+    num_samples = sampler.num_samples
+    batches = len(loader)
+    accum = cfg.grad_accum
+    bar = _progress(cfg, ctx, batches, run.epoch, run.plan.epochs)
+    postfix_every = max(1, batches // 10)
+    remaining = sampler.num_remaining if not sampler.epoch_done else num_samples
+    position = num_samples - remaining  # global samples of this epoch before the next step
+    started = time.perf_counter()
+    for index, (inputs, targets) in enumerate(loader):
+        window_start = index - index % accum
+        window = min(accum, batches - window_start)  # the last window of an epoch may be shorter
+        last = index == window_start + window - 1
+        loss = step.micro_batch(inputs, targets, weight=1.0 / window, sync=last)
+        tally.loss_sum += loss.double() * targets.shape[0]
+        tally.count += targets.shape[0]
+        if bar is not None:
+            bar.update(1)
+            if index % postfix_every == 0:  # the only host sync of the step, and only now and then
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+        if not last:
+            continue
+        schedule.apply(step.optimizer, run.epoch - 1 + position / num_samples)
+        step.apply()
+        run.global_step += 1
+        tally.samples += remaining - sampler.num_remaining
+        remaining = sampler.num_remaining
+        position = num_samples - remaining
+        run.epoch_trained = sampler.epoch_done and index == batches - 1
+        signum = preemption.requested()
+        if signum or run.checkpoints.every.unit == "step":
+            tally.train_s += time.perf_counter() - started
+            started = time.perf_counter()
+            path = run.save(epoch_end=False, force=bool(signum))
+            if signum:
+                raise _preempted(run, signum, path)
+    if bar is not None:
+        bar.close()
+    tally.train_s += time.perf_counter() - started
+    run.epoch_trained = True
+    run.trained_now = True
+
+
+def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: "Step") -> dict[str, Any]:
+    """Evaluate, log the epoch's metrics, and checkpoint on the epoch cadence."""
+    ctx, tally = run.ctx, run.tally
+    started = time.perf_counter()
+    scores = evaluate(model, test_loader, autocast=step.autocast)
+    loss_total, count = all_reduce_sum(torch.stack([tally.loss_sum, tally.count])).tolist()
+    train_s = tally.train_s
+    record = {
+        "epoch": run.epoch,
+        "train_loss": loss_total / max(count, 1),
+        "test_loss": scores["loss"],
+        "test_accuracy": scores["accuracy"],
+        "samples_per_s": tally.samples / train_s if train_s > 0 else float("nan"),
+        "epoch_s": train_s + time.perf_counter() - started,
+        "samples_seen": tally.samples,
+        "world_size": ctx.world_size,
+        "global_batch_size": run.plan.global_batch_size,
+        "lr": step.optimizer.param_groups[0]["lr"],
+    }
+    if run.outputs:
+        run.outputs.log_epoch(record)
+    ctx.print(
+        f"epoch {run.epoch}/{run.plan.epochs}  train_loss {record['train_loss']:.4f}  test_loss {scores['loss']:.4f}  "
+        f"test_acc {scores['accuracy']:.4f}  {record['samples_per_s']:,.0f} samples/s  {record['epoch_s']:.2f} s"
+    )
+    run.save(epoch_end=True, force=run.epoch == run.plan.epochs and run.checkpoints.every.every > 0)
+    return record
+
+
+def _preempted(run: _Run, signum: int, path: Path | None) -> Preempted:
+    import signal
+
+    name = signal.Signals(signum).name
+    where = f" to {path}" if path else ""
+    return Preempted(
+        f"preempted by {name} in epoch {run.epoch} after step {run.global_step}; checkpoint saved{where}",
+        f"run the same command again to resume (--resume auto finds the newest checkpoint in {run.cfg.out})",
+        exit_code=128 + signum,
+    )
 
 
 class Step:
     """One optimizer step over ``grad_accum`` micro-batches, with AMP and DDP's no_sync handled."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, amp: str, device: torch.device) -> None:
-        self.model, self.optimizer, self.schedule = model, optimizer, schedule
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, amp: str, device: torch.device) -> None:
+        self.model, self.optimizer = model, optimizer
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
         self.autocast: Callable[[], Any] | None = (
             (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else None
@@ -134,39 +340,6 @@ class Step:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.schedule.step()
-
-
-def _train_epoch(
-    step: Step, loader: Any, cfg: TrainConfig, epoch: int, plan: Plan, ctx: Context, epoch_size: int
-) -> tuple[float, int]:
-    """One pass over this rank's shard; returns (mean train loss over all ranks, global samples)."""
-    step.model.train()
-    batches = len(loader)
-    accum = cfg.grad_accum
-    loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
-    count = torch.zeros((), dtype=torch.float64, device=ctx.device)
-    bar = _progress(cfg, ctx, batches, epoch, plan.epochs)
-    postfix_every = max(1, batches // 10)
-    for index, (inputs, targets) in enumerate(loader):
-        window_start = index - index % accum
-        window = min(accum, batches - window_start)  # the last window of an epoch may be shorter
-        last = index == window_start + window - 1
-        loss = step.micro_batch(inputs, targets, weight=1.0 / window, sync=last)
-        if last:
-            step.apply()
-        loss_sum += loss.double() * targets.shape[0]
-        count += targets.shape[0]
-        if bar is not None:
-            bar.update(1)
-            if index % postfix_every == 0:  # the only host sync of the step, and only now and then
-                bar.set_postfix(loss=f"{loss.item():.4f}")
-    if bar is not None:
-        bar.close()
-    loss_total, samples = all_reduce_sum(torch.stack([loss_sum, count])).tolist()
-    # Padding (to give every rank the same number of steps) repeats a few samples; they are not
-    # counted as seen.
-    return loss_total / max(samples, 1), min(int(samples), epoch_size)
 
 
 def _plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> Plan:
@@ -182,20 +355,22 @@ def _plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> Plan:
     )
 
 
-def _outputs(cfg: TrainConfig, ctx: Context) -> RunOutputs | None:
-    """Rank 0's writer; the directory name is decided on rank 0 and shared so all ranks agree."""
-    out = cfg.out
-    if out is None:
-        out = broadcast_object(default_out_dir(cfg.workload) if ctx.is_main else None)
-        cfg.out = out
-    if not ctx.is_main:
-        return None
-    return RunOutputs(prepare_out_dir(out))
+def _open_run(cfg: TrainConfig, ctx: Context) -> tuple[RunOutputs | None, CheckpointManager]:
+    """The run directory (named on rank 0 and shared so all ranks agree) and its checkpoints."""
+    if cfg.out is None:
+        cfg.out = broadcast_object(default_out_dir(cfg.workload) if ctx.is_main else None)
+    outputs = RunOutputs(prepare_out_dir(cfg.out)) if ctx.is_main else None
+    directory = cfg.checkpoint_dir or str(Path(cfg.out) / "checkpoints")
+    return outputs, CheckpointManager(Path(directory), every=cfg.checkpoint_every, keep=cfg.keep)
 
 
-def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | None) -> None:
+def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | None, run: _Run) -> None:
     ctx.print(f"shoal train {cfg.workload}: {ctx.describe()}")
     ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
+    ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep})")
+    if run.resumed_from is not None:
+        where = "training" if not run.epoch_trained else "evaluation"
+        ctx.print(f"  resuming from {run.resumed_from}: epoch {run.epoch}, step {run.global_step} ({where})")
     if outputs:
         env = ctx.environment
         config = cfg.to_dict()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
+from shoal.errors import ShoalError
 from shoal.train.config import TrainConfig
 
 BatchTransform = Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
@@ -26,6 +28,8 @@ class WorkloadData:
     num_classes: int
     train_transform: BatchTransform | None = None
     test_transform: BatchTransform | None = None
+    generator: torch.Generator | None = None
+    """The RNG the transforms draw from (e.g. augmentation), checkpointed per rank."""
 
 
 class Workload:
@@ -45,3 +49,35 @@ class Workload:
 
     def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:  # pragma: no cover
         raise NotImplementedError
+
+
+def data_root(cfg: TrainConfig, layout: str) -> Path:
+    """``--data`` as a path; a missing ``--data`` is an error saying which ``layout`` is expected."""
+    if not cfg.data:
+        raise ShoalError(
+            f"the {cfg.workload} workload needs a data directory",
+            f"pass --data DIR (with {layout}), and --download to fetch it there",
+        )
+    return Path(cfg.data).expanduser()
+
+
+def check_or_download(
+    cfg: TrainConfig, *, title: str, where: Path, missing: list[str], download: Callable[[], None], put_hint: str
+) -> None:
+    """Nothing missing: done. Missing and ``--download``: run ``download`` (errors explained).
+    Missing otherwise: an error naming the missing files, ``put_hint`` and ``--download``."""
+    if not missing:
+        return
+    if cfg.download:
+        try:
+            download()
+        except Exception as err:  # network errors come in many types
+            raise ShoalError(
+                f"downloading {title} into {cfg.data} failed: {str(err).splitlines()[0]}",
+                f"check the network, or {put_hint} and drop --download",
+            ) from None
+        return
+    raise ShoalError(
+        f"{title} not found in {where}: missing {', '.join(missing)}",
+        f"{put_hint} and pass --data DIR, or add --download to fetch it",
+    )

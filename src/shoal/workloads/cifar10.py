@@ -7,14 +7,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from shoal.errors import ShoalError
 from shoal.train.config import TrainConfig
-from shoal.workloads.base import Workload, WorkloadData
+from shoal.workloads.base import Workload, WorkloadData, check_or_download, data_root
 
 BATCH_DIR = "cifar-10-batches-py"
 FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
+LAYOUT = "DIR/cifar-10-batches-py"
 
 
 class CIFAR10(Workload):
@@ -24,29 +24,20 @@ class CIFAR10(Workload):
                 "warmup_epochs": 1.0}
 
     def prepare(self, cfg: TrainConfig) -> None:
-        root = _data_root(cfg)
+        root = data_root(cfg, LAYOUT)
         missing = [name for name in FILES if not (root / BATCH_DIR / name).is_file()]
-        if not missing:
-            return
-        if cfg.download:
+        def download() -> None:
             from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
 
-            try:
-                TorchvisionCIFAR10(str(root), train=True, download=True)
-            except Exception as err:  # network errors come in many types
-                raise ShoalError(
-                    f"downloading CIFAR-10 into {root} failed: {str(err).splitlines()[0]}",
-                    "check the network, or unpack cifar-10-python.tar.gz into DIR and drop --download",
-                ) from None
-            return
-        raise ShoalError(
-            f"CIFAR-10 not found in {root / BATCH_DIR}: missing {', '.join(missing)}",
-            "unpack cifar-10-python.tar.gz into DIR (giving DIR/cifar-10-batches-py) and pass --data DIR, "
-            "or add --download to fetch it",
+            TorchvisionCIFAR10(str(root), train=True, download=True)
+
+        check_or_download(
+            cfg, title="CIFAR-10", where=root / BATCH_DIR, missing=missing, download=download,
+            put_hint="unpack cifar-10-python.tar.gz into DIR (giving DIR/cifar-10-batches-py)",
         )
 
     def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:
-        root = str(_data_root(cfg))
+        root = str(data_root(cfg, LAYOUT))
         train, test = _read_split(root, train=True), _read_split(root, train=False)
         mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
         std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
@@ -66,6 +57,7 @@ class CIFAR10(Workload):
             num_classes=10,
             train_transform=augment,
             test_transform=normalise,
+            generator=generator,
         )
 
     def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
@@ -131,12 +123,3 @@ def _read_split(root: str, train: bool):
 def _to_tensor(data, device: torch.device) -> torch.Tensor:
     """N x 32 x 32 x 3 uint8 (numpy) -> N x 3 x 32 x 32 uint8 tensor; kept uint8 (4x less memory)."""
     return torch.as_tensor(data).permute(0, 3, 1, 2).contiguous().to(device)
-
-
-def _data_root(cfg: TrainConfig) -> Path:
-    if not cfg.data:
-        raise ShoalError(
-            "the cifar10 workload needs a data directory",
-            "pass --data DIR (with DIR/cifar-10-batches-py), and --download to fetch it there",
-        )
-    return Path(cfg.data).expanduser()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from shoal.errors import ShoalError
 from shoal.train.config import TrainConfig
-from shoal.workloads.base import Workload, WorkloadData
+from shoal.workloads.base import Workload, WorkloadData, check_or_download, data_root
 
 RAW_FILES = (
     "train-images-idx3-ubyte",
@@ -18,6 +15,7 @@ RAW_FILES = (
     "t10k-labels-idx1-ubyte",
 )
 MEAN, STD = 0.1307, 0.3081  # the canonical MNIST statistics
+LAYOUT = "the files in DIR/MNIST/raw"
 
 
 class MNIST(Workload):
@@ -26,7 +24,7 @@ class MNIST(Workload):
     defaults = {"epochs": 4, "batch_size": 64, "lr": 2e-3, "optimizer": "adamw", "weight_decay": 1e-4}
 
     def prepare(self, cfg: TrainConfig) -> None:
-        root = _data_root(cfg)
+        root = data_root(cfg, LAYOUT)
         raw = root / "MNIST" / "raw"
         missing = [name for name in RAW_FILES if not (raw / name).is_file()]
         if not missing:
@@ -40,28 +38,21 @@ class MNIST(Workload):
             for name in gz_present:
                 extract_archive(str(raw / f"{name}.gz"), str(raw))
             return
-        if cfg.download:
+        def download() -> None:
             from torchvision.datasets import MNIST as TorchvisionMNIST
 
-            try:
-                TorchvisionMNIST(str(root), train=True, download=True)
-                TorchvisionMNIST(str(root), train=False, download=True)
-            except Exception as err:  # network errors come in many types
-                raise ShoalError(
-                    f"downloading MNIST into {root} failed: {str(err).splitlines()[0]}",
-                    "check the network, or copy the four MNIST files into DIR/MNIST/raw and drop --download",
-                ) from None
-            return
-        raise ShoalError(
-            f"MNIST not found in {raw}: missing {', '.join(missing)}",
-            "put the four MNIST files (optionally .gz) in DIR/MNIST/raw and pass --data DIR, "
-            "or add --download to fetch them",
+            TorchvisionMNIST(str(root), train=True, download=True)
+            TorchvisionMNIST(str(root), train=False, download=True)
+
+        check_or_download(
+            cfg, title="MNIST", where=raw, missing=missing, download=download,
+            put_hint="put the four MNIST files (optionally .gz) in DIR/MNIST/raw",
         )
 
     def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:
         from torchvision.datasets import MNIST as TorchvisionMNIST
 
-        root = str(_data_root(cfg))
+        root = str(data_root(cfg, LAYOUT))
         train = TorchvisionMNIST(root, train=True, download=False)
         test = TorchvisionMNIST(root, train=False, download=False)
         return WorkloadData(
@@ -81,12 +72,3 @@ class MNIST(Workload):
 def _normalise(images: torch.Tensor) -> torch.Tensor:
     """uint8 N x 28 x 28 -> standardised float N x 1 x 28 x 28, once, up front."""
     return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1).contiguous()
-
-
-def _data_root(cfg: TrainConfig) -> Path:
-    if not cfg.data:
-        raise ShoalError(
-            "the mnist workload needs a data directory",
-            "pass --data DIR (files in DIR/MNIST/raw), and --download to fetch them there",
-        )
-    return Path(cfg.data).expanduser()

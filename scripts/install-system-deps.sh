@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# System packages the cluster tests use: Open MPI (mpirun), Slurm (slurmctld, slurmd, srun, sbatch)
+# with munge, and iproute2 (`ip`, for the network-namespace "nodes").
+#
+# Idempotent and fast when everything is there: apt-get runs only for what is missing. Without root
+# or without apt-get it says what it skips and exits 0; the tests that need those programs then skip
+# with a reason. If apt-get itself fails it says so and exits 1. `make test` runs it before pytest.
+# Versions seen on Debian 12: Open MPI 4.1.4, Slurm 22.05, munge 0.5.15.
+#
+# Usage: scripts/install-system-deps.sh        (SHOAL_SKIP_SYSTEM_DEPS=1 skips it entirely)
+set -euo pipefail
+
+if [[ "${SHOAL_SKIP_SYSTEM_DEPS:-}" == 1 ]]; then
+    echo "install-system-deps: SHOAL_SKIP_SYSTEM_DEPS=1: skipped"
+    exit 0
+fi
+
+# program -> package providing it (the packages are installed with --no-install-recommends).
+declare -A PACKAGE_OF=(
+    [mpirun]=openmpi-bin
+    [slurmctld]=slurmctld
+    [slurmd]=slurmd
+    [srun]=slurm-client
+    [sbatch]=slurm-client
+    [scontrol]=slurm-client
+    [munged]=munge
+    [ip]=iproute2
+)
+
+have() { command -v "$1" >/dev/null 2>&1 || [[ -x "/usr/sbin/$1" || -x "/sbin/$1" ]]; }
+
+missing=()
+for program in mpirun slurmctld slurmd srun sbatch scontrol munged ip; do
+    if ! have "$program"; then
+        package=${PACKAGE_OF[$program]}
+        [[ " ${missing[*]-} " == *" $package "* ]] || missing+=("$package")
+    fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    echo "install-system-deps: Open MPI, Slurm, munge and iproute2 already installed"
+    exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+    echo "install-system-deps: not root: skipped installing ${missing[*]} (the tests needing them will skip)"
+    exit 0
+fi
+if ! have apt-get; then
+    echo "install-system-deps: no apt-get: skipped installing ${missing[*]} (the tests needing them will skip)"
+    exit 0
+fi
+
+echo "install-system-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# No systemd here: the packages' service start-up is refused or fails harmlessly; the tests start
+# the daemons they need by hand, with their own configuration.
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    echo "install-system-deps: apt-get could not install ${missing[*]}" >&2
+    echo "HINT: fix apt (network, sources), or run the tests without them: SHOAL_SKIP_SYSTEM_DEPS=1 make test" >&2
+    exit 1
+fi
+echo "install-system-deps: done"

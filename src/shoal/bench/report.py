@@ -1,0 +1,236 @@
+"""What every benchmark report shares: machine facts, text tables, JSON files and optional plots.
+
+A report is a plain dict (what ``--json`` writes): ``benchmark``, ``meta`` (command, date, machine,
+load), ``config`` (the sizes measured), the benchmark's rows, and ``notes`` (rows skipped and why,
+verdicts). Plots need matplotlib (``pip install 'shoal[bench]'``); without it the plot is skipped
+with a note, never an error.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from shoal.bench.timing import load_average
+
+
+def machine_info(device: Any = None) -> dict[str, Any]:
+    """Cores, CPU model, memory, Python/torch versions and the GPU (if the run used one)."""
+    import torch
+
+    info: dict[str, Any] = {
+        "cores": _usable_cores(),
+        "cpu": _cpu_model(),
+        "memory_gib": _memory_gib(),
+        "os": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device) if device is not None else "cpu",
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    try:
+        from shoal import __version__
+
+        info["shoal"] = __version__
+    except ImportError:  # pragma: no cover
+        pass
+    return info
+
+
+def new_report(benchmark: str, config: dict[str, Any], *, device: Any = None, argv: Sequence[str] | None = None,
+               load_start: float | None = None, started: str | None = None) -> dict:
+    """The common head of a report; the benchmark adds its rows and notes.
+
+    A benchmark that builds its report after measuring passes ``load_start`` and ``started``
+    (from :func:`load_average` and :func:`now`) taken before it began.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    return {
+        "benchmark": benchmark,
+        "meta": {
+            "command": command_line(argv),
+            "date": started or now(),
+            "machine": machine_info(device),
+            "load_average_start": load_start if load_start is not None else load_average(),
+        },
+        "config": dict(config),
+        "notes": [],
+    }
+
+
+def now() -> str:
+    """The UTC date and time, to the second (ISO 8601)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def finish_report(report: dict) -> dict:
+    """Record the load average at the end (a busy machine makes numbers noisy)."""
+    report["meta"]["load_average_end"] = load_average()
+    return report
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """``argv`` as the ``shoal ...`` command a reader can paste (``python -m shoal`` included)."""
+    argv = list(argv)
+    if argv and (argv[0].endswith("shoal") or argv[0].endswith("__main__.py")):
+        argv = ["shoal", *argv[1:]]
+    return shlex.join(argv)
+
+
+def header(report: dict) -> str:
+    """Two lines: the command and the machine it ran on, with the load (noise) it saw."""
+    meta = report["meta"]
+    m = meta["machine"]
+    load = meta.get("load_average_start")
+    load_end = meta.get("load_average_end")
+    busy = ""
+    if load is not None:
+        busy = f" | load avg {load:.2f}" + (f" -> {load_end:.2f}" if load_end is not None else "")
+        if max(load, load_end or 0.0) > 0.5 * m["cores"]:
+            busy += " (machine busy: numbers are noisy)"
+    gpus = f" | {', '.join(m['gpus'])}" if m.get("gpus") else ""
+    return (
+        f"{meta['command']}\n"
+        f"{m['cores']} cores ({m['cpu']}) | torch {m['torch']} | {m['device']}{gpus} | {meta['date']}{busy}"
+    )
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str | None = None) -> str:
+    """A plain text table; ``align`` is one ``l``/``r`` per column (default: first left, rest right)."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    align = align or "l" + "r" * (len(headers) - 1)
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)).rstrip()
+
+    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def write_json(path: str | os.PathLike, report: dict) -> Path:
+    """Write ``report`` to ``path`` atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_jsonable(report), f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_plot(path: str | os.PathLike, draw: Callable[[Any], None]) -> tuple[Path | None, str | None]:
+    """Draw a figure with ``draw(axes)`` into the PNG ``path``.
+
+    Returns ``(path, None)``, or ``(None, note)`` when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, "plot skipped: matplotlib is not installed (pip install 'shoal[bench]')"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    try:
+        draw(ax)
+        if ax.get_yscale() == "linear":
+            ax.set_ylim(bottom=0)  # ratios read true only from zero
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path, None
+
+
+# Number formatting -------------------------------------------------------------------------------
+
+def rate(value: float) -> str:
+    """1234567 -> '1.23M', 4887 -> '4,887', 97.13 -> '97.1'."""
+    if value != value:
+        return "n/a"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.1f}"
+
+
+def size(nbytes: float) -> str:
+    """4096 -> '4 KB', 268435456 -> '256 MB' (binary units, as nccl-tests prints sizes)."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def less_time(reduction: float) -> str:
+    """0.496 -> '49.6% less time'; -0.2 -> '20.0% more time'."""
+    if reduction != reduction:
+        return "n/a"
+    if abs(reduction) < 5e-4:
+        return "same time"
+    return f"{abs(reduction) * 100:.1f}% {'less' if reduction > 0 else 'more'} time"
+
+
+# Internals ---------------------------------------------------------------------------------------
+
+def _jsonable(value: Any) -> Any:
+    """NaN/inf become None (JSON has no NaN); tuples become lists; paths become strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError):
+        pass
+    return None

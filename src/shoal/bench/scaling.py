@@ -1,0 +1,447 @@
+"""``shoal bench scaling``: how throughput grows with the number of processes, and why not faster.
+
+Workload: a torchvision ResNet (default ResNet-18, 10 classes) on random 3xSxS images (default
+32x32), a fixed batch per process (weak scaling, default 32), plain SGD. Synthetic only for now:
+the point is the cost of the processes and of the gradient all-reduce, not the data.
+
+Every process is started through shoal's own launcher (:func:`shoal.launch.local.launch_local`) and
+uses shoal's library (``shoal.init``, ``ctx.wrap``, ``ctx.loader`` over tensors), as a user's job
+would. One launch per world size and repeat; the launches are interleaved (1, 2, 1, 2, ...) and the
+median over repeats is reported. Inside a launch several *variants* take turns on the same
+processes (after a warm-up of each, the timed steps run in ``--blocks`` blocks: A B C A B C ...):
+
+* ``ddp``: the job as it is (DDP's gradient all-reduce after every backward);
+* ``no_allreduce``: the same processes with DDP's gradient sync skipped (``no_sync``), a control
+  that separates compute contention (processes slowing each other down) from communication;
+* ``hook:<name>``: DDP with a gradient-compression hook (``--comm-hook bf16|fp16``), on its own copy
+  of the model so the plain ``ddp`` variant is measured beside it;
+* ``threads`` (CPU, in the 1-process launch): one process with T times the threads and T times the
+  batch, to compare with T processes x 1 thread at equal total threads and equal global batch.
+
+Derived per row: ``speedup = tput / tput_1`` and ``efficiency = tput / (scale x tput_1)`` where
+``tput_1`` is 1 process with the base thread count and ``scale`` is the row's total threads over the
+base (the number of processes on GPU); ``time_reduction = 1 - tput_1 / tput`` is the time saved on a
+fixed amount of work ("49.6% less time").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
+
+from shoal.bench import report as rep
+from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
+from shoal.bench.timing import clock, load_average, median, rotations
+from shoal.errors import ShoalError
+
+ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+NUM_CLASSES = 10
+POOL_BATCHES = 8
+"""Random batches held per rank (the loader cycles over them): bounded memory for any step count."""
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """What ``shoal bench scaling`` measures."""
+
+    world_sizes: tuple[int, ...] = ()
+    """Process counts to measure; default 1..cores (1..GPUs on CUDA). 1 is always included."""
+    arch: str = "resnet18"
+    """torchvision ResNet to train (resnet18 ... resnet152)."""
+    image_size: int = 32
+    """Side of the random square RGB images."""
+    batch_size: int = 32
+    """Samples per process per step (weak scaling: the global batch grows with the processes)."""
+    steps: int = 20
+    """Timed steps per variant and launch."""
+    warmup: int = 3
+    """Untimed steps of each variant before any timing."""
+    blocks: int = 4
+    """The timed steps of a launch run in this many blocks, the variants taking turns."""
+    repeat: int = 3
+    """Launches per world size (interleaved); the median is reported."""
+    threads: int = 1
+    """Intra-op threads per process on CPU (the base is 1 process with this many)."""
+    comm_hook: str = "none"
+    """Also measure DDP with this gradient-compression hook: none, bf16 or fp16."""
+    device: str = "auto"
+    """auto (CUDA when there is a GPU per process), cpu or cuda."""
+    start_method: str = "auto"
+    """How launch_local starts workers: auto (fork on CPU: the workers inherit the imported torch and
+    torchvision instead of importing them again, seconds per launch; spawn with CUDA, which does not
+    survive a fork), fork or spawn. Steady-state throughput does not depend on it."""
+    controls: bool = True
+    """Measure the no-all-reduce control and (on CPU) the equal-threads single process."""
+
+    def __post_init__(self) -> None:
+        from shoal.dist.comm_hooks import check_comm_hook
+
+        if self.arch not in ARCHS:
+            raise ShoalError(f"unknown architecture {self.arch!r}", f"choose --arch from: {', '.join(ARCHS)}")
+        for name in ("image_size", "batch_size", "steps", "repeat", "threads", "blocks"):
+            if getattr(self, name) < 1:
+                raise ShoalError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}",
+                                 f"pass --{name.replace('_', '-')} 1 or more")
+        if self.warmup < 0:
+            raise ShoalError(f"--warmup must be 0 or more, got {self.warmup}", "pass --warmup 0 or more")
+        if any(n < 1 for n in self.world_sizes):
+            raise ShoalError(f"world sizes must be at least 1, got {list(self.world_sizes)}",
+                             "pass --world-sizes 1,2 for example")
+        check_comm_hook(self.comm_hook)
+        check_start_method(self.start_method)
+
+
+SMOKE = dict(world_sizes=(1, 2), image_size=16, batch_size=4, steps=2, warmup=1, repeat=1, blocks=1)
+"""Tiny sizes for ``--smoke``: checks the machinery in seconds; the numbers mean nothing."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One measured configuration inside a launch."""
+
+    name: str
+    threads: int
+    batch_size: int
+    sync: bool = True
+    hook: str = "none"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs (picklable: workers are spawned)."""
+
+    arch: str
+    image_size: int
+    device: str
+    steps: int
+    warmup: int
+    blocks: int = 1
+    variants: tuple[Variant, ...] = field(default_factory=tuple)
+
+
+def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
+    """One rank: train every variant for ``warmup + steps`` steps; rank 0 returns the timings."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import torchvision.models
+
+    import shoal
+    from shoal.dist.comm_hooks import register_comm_hook
+
+    ctx = shoal.init(device=spec.device, threads=spec.variants[0].threads, seed=0)
+    try:
+        models: dict[str, tuple[Any, Any]] = {}
+        for v in spec.variants:
+            if v.hook not in models:
+                torch.manual_seed(0)
+                model = ctx.wrap(getattr(torchvision.models, spec.arch)(num_classes=NUM_CLASSES))
+                register_comm_hook(model, v.hook)
+                models[v.hook] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+        biggest = max(v.batch_size for v in spec.variants)
+        pool = biggest * ctx.world_size * min(POOL_BATCHES, spec.steps + spec.warmup)
+        gen = torch.Generator().manual_seed(0)
+        images = torch.randn((pool, 3, spec.image_size, spec.image_size), generator=gen).to(ctx.device)
+        labels = torch.randint(0, NUM_CLASSES, (pool,), generator=gen).to(ctx.device)
+
+        steppers = {}
+        for v in spec.variants:
+            model, optimizer = models[v.hook]
+            model.train()
+            steppers[v.name] = _stepper(model, optimizer, _cycle(ctx.loader((images, labels), batch_size=v.batch_size)),
+                                        v.sync, F.cross_entropy)
+
+        def use(v: Variant) -> None:
+            if ctx.device.type == "cpu":
+                torch.set_num_threads(v.threads)
+
+        for v in spec.variants:
+            use(v)
+            for _ in range(spec.warmup):
+                steppers[v.name]()
+        # Timed steps in blocks, the variants taking turns (A B C A B C ...): a slow spell of a
+        # shared machine then hits every variant, and the comparisons inside a launch stay fair.
+        seconds = {v.name: 0.0 for v in spec.variants}
+        for block in _blocks(spec.steps, spec.blocks):
+            for v in spec.variants:
+                use(v)
+                ctx.barrier()
+                start = clock(ctx.device)
+                for _ in range(block):
+                    steppers[v.name]()
+                elapsed = torch.tensor([clock(ctx.device) - start], dtype=torch.float64, device=ctx.device)
+                if ctx.world_size > 1:
+                    # The job is as fast as its slowest rank.
+                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                seconds[v.name] += float(elapsed.item())
+        results: dict[str, dict[str, float]] = {}
+        for v in spec.variants:
+            samples = v.batch_size * ctx.world_size * spec.steps
+            results[v.name] = {"seconds": seconds[v.name], "samples": samples,
+                               "samples_per_s": samples / seconds[v.name]}
+        return results if ctx.is_main else None
+    finally:
+        ctx.shutdown()
+
+
+def _stepper(model, optimizer, batches, sync: bool, loss_fn) -> Callable[[], None]:
+    """One training step of ``model``; DDP's gradient all-reduce skipped when not ``sync``."""
+    no_sync = getattr(model, "no_sync", None)
+
+    def step() -> None:
+        inputs, targets = next(batches)
+        with contextlib.nullcontext() if sync or no_sync is None else no_sync():
+            loss_fn(model(inputs), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _blocks(steps: int, blocks: int) -> list[int]:
+    """``steps`` split into at most ``blocks`` near-equal positive parts: 20, 4 -> [5, 5, 5, 5]."""
+    blocks = max(1, min(blocks, steps))
+    return [steps // blocks + (1 if i < steps % blocks else 0) for i in range(blocks)]
+
+
+def _cycle(loader):
+    """Batches from ``loader`` forever (a new epoch, reshuffled, whenever one ends)."""
+    while True:
+        yield from loader
+
+
+# The orchestration, in the parent process --------------------------------------------------------
+
+def plan_launches(cfg: ScalingConfig, world_sizes: list[int], on_cpu: bool) -> dict[int, tuple[Variant, ...]]:
+    """The variants each world size's launch measures."""
+    b, t = cfg.batch_size, cfg.threads
+    launches: dict[int, tuple[Variant, ...]] = {}
+    for n in world_sizes:
+        variants = [Variant("ddp", t, b)]
+        if n == 1:
+            if on_cpu and cfg.controls:
+                variants += [Variant(f"threads:{k * t}", k * t, k * b) for k in world_sizes if k > 1]
+        else:
+            if cfg.comm_hook != "none":
+                variants.append(Variant(f"hook:{cfg.comm_hook}", t, b, hook=cfg.comm_hook))
+            if cfg.controls:
+                variants.append(Variant("no_allreduce", t, b, sync=False))
+        launches[n] = tuple(variants)
+    return launches
+
+
+def run_scaling(cfg: ScalingConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
+    """Run the benchmark; return the report (see :func:`format_scaling` for the text form)."""
+    from shoal.dist.context import usable_cores
+    from shoal.dist.device import choose_device
+
+    cores = usable_cores()
+    world_sizes = sorted(set(cfg.world_sizes or range(1, _default_max(cfg.device, cores) + 1)) | {1})
+    device = choose_device(cfg.device, 0, max(world_sizes))  # cuda: a GPU per process, or an error
+    on_cpu = device.type == "cpu"
+    report = rep.new_report("scaling", {**asdict(cfg), "world_sizes": world_sizes, "workload": "synthetic"},
+                            device=device.type, argv=argv)
+    if on_cpu and max(world_sizes) * cfg.threads > cores:
+        report["notes"].append(
+            f"oversubscribed: up to {max(world_sizes) * cfg.threads} threads on {cores} cores; "
+            "rows beyond the core count measure time-sharing, not scaling")
+    launches = plan_launches(cfg, world_sizes, on_cpu)
+    start_method = resolve_start_method(cfg.start_method, device.type)
+    report["config"]["start_method"] = start_method
+    if start_method == "fork":
+        import torchvision.models  # noqa: F401  (imported once here, inherited by every worker)
+
+        import shoal.dist.comm_hooks  # noqa: F401
+    runs: dict[tuple[int, str], list[float]] = {}
+    loads = report["meta"]["load_averages"] = []  # sampled before each launch: how noisy it was
+    for order in rotations(world_sizes, cfg.repeat):
+        for n in order:
+            loads.append(load_average())
+            spec = WorkerSpec(cfg.arch, cfg.image_size, device.type, cfg.steps, cfg.warmup, cfg.blocks, launches[n])
+            log(f"  launching {n} process(es): {', '.join(v.name for v in launches[n])}")
+            result = launch_workers(scaling_worker, (spec,), n, start_method)
+            for name, timing in result.items():
+                runs.setdefault((n, name), []).append(timing["samples_per_s"])
+    report["rows"] = _rows(cfg, launches, runs, on_cpu)
+    report["summary"] = _summaries(report["rows"], cfg)
+    report["notes"] += [s["verdict"] for s in report["summary"]]
+    return rep.finish_report(report)
+
+
+def _default_max(device: str, cores: int) -> int:
+    if device in ("auto", "cuda"):
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return torch.cuda.device_count()
+    return cores
+
+
+def _rows(cfg: ScalingConfig, launches, runs, on_cpu: bool) -> list[dict[str, Any]]:
+    base = median(runs[(1, "ddp")])
+    rows = []
+    for n, variants in launches.items():
+        for v in variants:
+            values = runs[(n, v.name)]
+            tput = median(values)
+            total_threads = n * v.threads if on_cpu else None
+            scale = (n * v.threads / cfg.threads) if on_cpu else n
+            rows.append({
+                "world_size": n,
+                "variant": v.name,
+                "label": _label(n, v, on_cpu),
+                "processes": n,
+                "threads_per_process": v.threads if on_cpu else None,
+                "total_threads": total_threads,
+                "batch_per_process": v.batch_size,
+                "global_batch": v.batch_size * n,
+                "scale": scale,
+                "samples_per_s": tput,
+                "samples_per_s_runs": values,
+                "step_s": v.batch_size * n / tput,
+                "speedup": tput / base,
+                "efficiency": tput / (scale * base),
+                "time_reduction": 1.0 - base / tput,
+            })
+    return rows
+
+
+def _label(n: int, v: Variant, on_cpu: bool) -> str:
+    procs = f"{n} proc{'s' if n > 1 else ''}"
+    threads = f" x {v.threads} thread{'s' if v.threads > 1 else ''}" if on_cpu else ""
+    if v.name == "no_allreduce":
+        return f"{procs}{threads}, no all-reduce"
+    if v.name.startswith("hook:"):
+        return f"{procs}{threads}, {v.hook} hook"
+    if v.name.startswith("threads:"):
+        return f"{procs}{threads}, batch {v.batch_size}"
+    return f"{procs}{threads}"
+
+
+def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig) -> list[dict[str, Any]]:
+    """Per world size > 1: where the lost efficiency went, and a one-line verdict."""
+    by = {(r["world_size"], r["variant"]): r for r in rows}
+    out = []
+    for (n, name), row in sorted(by.items()):
+        if n == 1 or name != "ddp":
+            continue
+        s: dict[str, Any] = {"world_size": n, "efficiency": row["efficiency"]}
+        # Comparisons are medians of per-launch (paired) ratios: two variants measured in the same
+        # launch, or in the same round, saw the same spell of a shared machine.
+        control = by.get((n, "no_allreduce"))
+        if control is not None:
+            s["efficiency_no_allreduce"] = control["efficiency"]
+            # The part of a step spent on gradient sync that did not overlap the backward pass.
+            s["allreduce_share"] = 1.0 - paired_ratio(row, control)
+        hook = by.get((n, f"hook:{cfg.comm_hook}"))
+        if hook is not None:
+            s["hook"] = cfg.comm_hook
+            s["efficiency_hook"] = hook["efficiency"]
+            s["hook_gain"] = paired_ratio(hook, row) - 1.0
+        threads = by.get((1, f"threads:{n * cfg.threads}"))
+        if threads is not None:
+            s["processes_vs_threads"] = paired_ratio(row, threads)
+        s["bound"], s["verdict"] = _verdict(n, s)
+        out.append(s)
+    return out
+
+
+def paired_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Median over launches (or rounds) of ``a``'s samples/s over ``b``'s in the same one."""
+    return median(x / y for x, y in zip(a["samples_per_s_runs"], b["samples_per_s_runs"]))
+
+
+def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
+    eff = s["efficiency"]
+    text = f"{n} processes: efficiency {eff:.2f}"
+    if "efficiency_no_allreduce" not in s:
+        bound = "scales well" if eff >= 0.9 else "unknown (run without --no-controls to see why)"
+        return bound, f"{text}; {bound}"
+    ctl, share = s["efficiency_no_allreduce"], s["allreduce_share"]
+    lost_to_comm, lost_to_contention = ctl - eff, 1.0 - ctl
+    # A control slower than the job itself means the all-reduce cost is below the run-to-run noise.
+    cost = (f"{share:.0%} of each step waits for the gradient all-reduce" if share >= 0.01 else
+            f"the gradient all-reduce costs less than the noise ({share:+.0%})")
+    if eff >= 0.9:
+        bound, why = "scales well", cost
+    elif lost_to_comm >= lost_to_contention:
+        bound = "communication-bound"
+        why = f"communication-bound: {cost} ({ctl:.2f} efficiency without it)"
+    else:
+        bound = "contention-bound"
+        why = (f"compute contention: the processes slow each other down ({ctl:.2f} efficiency even "
+               f"without all-reduce); {cost}")
+    extra = ""
+    if "hook_gain" in s:
+        extra += f"; {s['hook']} hook: {s['hook_gain']:+.1%} throughput (efficiency {s['efficiency_hook']:.2f})"
+    if "processes_vs_threads" in s:
+        extra += f"; {n} processes give {s['processes_vs_threads']:.2f}x the throughput of 1 process with {n}x threads"
+    return bound, f"{text}, {why}{extra}"
+
+
+def format_scaling(report: dict[str, Any]) -> str:
+    """The terminal form of a scaling report."""
+    cfg = report["config"]
+    lines = [
+        rep.header(report),
+        f"synthetic {cfg['arch']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}/process, "
+        f"{cfg['steps']} timed steps ({cfg['blocks']} interleaved blocks) after {cfg['warmup']} warm-up, "
+        f"median of {cfg['repeat']} launch(es)",
+        "",
+    ]
+    rows = []
+    for r in report["rows"]:
+        control = r["variant"] != "ddp"
+        rows.append([
+            r["label"],
+            r["global_batch"],
+            rep.rate(r["samples_per_s"]),
+            f"{r['step_s'] * 1000:.0f}",
+            f"{r['speedup']:.2f}x",
+            f"{r['efficiency']:.2f}",
+            rep.less_time(r["time_reduction"]) + (" *" if control else ""),
+        ])
+    lines.append(rep.table(
+        ["configuration", "global batch", "samples/s", "ms/step", "speedup", "efficiency", "fixed work vs 1 proc"],
+        rows))
+    lines.append("efficiency = samples/s / (scale x samples/s of 1 process); * = control/comparison, not the job")
+    lines += [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines)
+
+
+def plot_scaling(report: dict[str, Any], path) -> tuple[Any, str | None]:
+    """Measured throughput against ideal linear scaling (and the controls)."""
+    rows = report["rows"]
+    base = next(r for r in rows if r["world_size"] == 1 and r["variant"] == "ddp")["samples_per_s"]
+
+    def series(pred):
+        pts = sorted((r["scale"], r["samples_per_s"]) for r in rows if pred(r))
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    def draw(ax) -> None:
+        xs, ys = series(lambda r: r["variant"] == "ddp")
+        top = max(xs)
+        ax.plot([1, top], [base, base * top], "k--", label="ideal linear")
+        ax.plot(xs, ys, "o-", label="measured (DDP)")
+        for name, style, label in (("no_allreduce", "s:", "no all-reduce (control)"),
+                                   (f"hook:{report['config']['comm_hook']}", "^-", f"{report['config']['comm_hook']} hook")):
+            cx, cy = series(lambda r, name=name: r["variant"] == name or (r["variant"] == "ddp" and r["world_size"] == 1))
+            if len(cx) > 1:
+                ax.plot(cx, cy, style, label=label)
+        tx, ty = series(lambda r: r["variant"].startswith("threads:") or (r["variant"] == "ddp" and r["world_size"] == 1))
+        if len(tx) > 1:
+            ax.plot(tx, ty, "d-.", label="1 process, more threads")
+        cfg = report["config"]
+        ax.set_xlabel("processes x threads (CPU) / processes (GPU)")
+        ax.set_ylabel("global samples/s")
+        ax.set_title(f"{cfg['arch']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}/process")
+        ax.set_xticks(sorted({r["scale"] for r in rows}))
+        ax.legend()
+
+    return rep.save_plot(path, draw)
+
+
+def smoke_config(**overrides: Any) -> ScalingConfig:
+    """The ``--smoke`` configuration (tiny sizes), with ``overrides`` applied."""
+    return replace(ScalingConfig(**SMOKE), **overrides)

@@ -1,0 +1,48 @@
+"""When to checkpoint: every N epochs (``2``, ``2epochs``) or every N optimizer steps (``500steps``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shoal.errors import ShoalError
+
+_PATTERN = re.compile(r"^\s*(\d+)\s*(epochs?|steps?)?\s*$")
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """Checkpoint every ``every`` units; ``every == 0`` never (only the final/preemption saves)."""
+
+    every: int
+    unit: str = "epoch"
+
+    @classmethod
+    def parse(cls, text: str | int | None) -> "Cadence":
+        if text is None:
+            return cls(0)
+        if isinstance(text, int):
+            text = str(text)
+        if text.strip().lower() in ("off", "never", "none"):
+            return cls(0)
+        match = _PATTERN.match(text.lower())
+        if not match:
+            raise ShoalError(
+                f"--checkpoint-every {text!r} is not a count of epochs or steps",
+                "write it as 2 (epochs), 2epochs or 500steps (0 or off: only at the end)",
+            )
+        unit = "step" if (match.group(2) or "").startswith("step") else "epoch"
+        return cls(int(match.group(1)), unit)
+
+    def due(self, *, step: int, epoch: int, epoch_end: bool) -> bool:
+        """True when the state after optimizer step ``step`` (in epoch ``epoch``) should be saved."""
+        if self.every <= 0:
+            return False
+        if self.unit == "step":
+            return step % self.every == 0
+        return epoch_end and epoch % self.every == 0
+
+    def __str__(self) -> str:
+        if self.every <= 0:
+            return "off"
+        return f"every {self.every} {self.unit}{'s' if self.every > 1 else ''}"

@@ -1,0 +1,297 @@
+"""Saving training state on a cadence, keeping the newest K, and loading the newest valid one.
+
+A checkpoint is one file, ``ckpt-e<epoch>-s<step>.pt``, written by rank 0 with
+:func:`~shoal.checkpoint.storage.atomic_torch_save`; the ``latest`` pointer moves only after the
+file is durable, and retention runs only after that, so at every instant the directory holds the
+previous good checkpoint or the new one. Loading uses ``weights_only=True`` (a checkpoint cannot run
+code), skips a truncated or corrupt file with a warning naming it, and falls back to the one before.
+
+Everything that must survive is passed as ``objects``: anything with ``state_dict()`` /
+``load_state_dict()`` (models are saved unwrapped, without ``module.`` prefixes). The RNG states of
+every rank are saved too. The payload is a plain dict of tensors and Python values, so it stays
+open to ``torch.distributed.checkpoint`` for sharded state later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from shoal.checkpoint.cadence import Cadence
+from shoal.checkpoint.rng import capture_rng, restore_rng
+from shoal.checkpoint.storage import TMP_PREFIX, atomic_torch_save, atomic_write_text, torch_load
+from shoal.dist import collectives
+from shoal.dist.wrap import model_state_dict, unwrap_model
+from shoal.errors import ShoalError
+
+FORMAT_VERSION = 1
+POINTER = "latest"
+_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
+_REQUIRED = ("format_version", "epoch", "step", "state", "world_size")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: where it came from and what it holds."""
+
+    path: Path
+    payload: dict[str, Any]
+
+    @property
+    def epoch(self) -> int:
+        return int(self.payload["epoch"])
+
+    @property
+    def step(self) -> int:
+        return int(self.payload["step"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.payload["world_size"])
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return self.payload.get("extra") or {}
+
+
+@dataclass
+class CheckpointManager:
+    """Save every ``every`` (a :class:`Cadence` or its text), keep the newest ``keep`` files.
+
+    ``save`` and ``load_latest`` are collective: call them on every rank at the same point.
+    """
+
+    directory: Path
+    every: Cadence | str | int | None = None
+    keep: int = 3
+    warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory)
+        if not isinstance(self.every, Cadence):
+            self.every = Cadence.parse(self.every)
+        if self.keep < 1:
+            raise ShoalError(f"--keep must be at least 1, got {self.keep}", "pass --keep 1 or more")
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def maybe_save(self, *, epoch: int, step: int, epoch_end: bool, objects: Mapping[str, Any], **kwargs: Any) -> Path | None:
+        """Save if the cadence says so (see :meth:`save`)."""
+        if self.every.due(step=step, epoch=epoch, epoch_end=epoch_end):
+            return self.save(epoch=epoch, step=step, objects=objects, **kwargs)
+        return None
+
+    def save(
+        self,
+        *,
+        epoch: int,
+        step: int,
+        objects: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
+        per_rank: Mapping[str, Any] | None = None,
+    ) -> Path | None:
+        """Write a checkpoint (rank 0 writes; every rank contributes its RNG state).
+
+        ``objects`` are the same on every rank (replicated model, optimizer, data position): rank
+        0's are saved. ``per_rank`` objects differ between ranks (an augmentation RNG): every
+        rank's are saved. Returns the path on rank 0, None elsewhere, once the file is durable and
+        every rank has got there, so a process may exit right after it.
+        """
+        mine = {"rng": capture_rng(), "objects": {name: obj.state_dict() for name, obj in (per_rank or {}).items()}}
+        ranks = _gather(mine)
+        path = None
+        if collectives.rank() == 0:
+            payload = {
+                "format_version": FORMAT_VERSION,
+                "shoal_version": _shoal_version(),
+                "torch_version": str(torch.__version__),  # TorchVersion is not a weights_only type
+                "world_size": collectives.world_size(),
+                "epoch": int(epoch),
+                "step": int(step),
+                "state": {name: _state_of(obj) for name, obj in objects.items()},
+                "ranks": ranks,
+                "extra": dict(extra or {}),
+            }
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = atomic_torch_save(payload, self.directory / f"ckpt-e{epoch:05d}-s{step:09d}.pt")
+            atomic_write_text(self.directory / POINTER, path.name + "\n")
+            self._retain(newest=path)
+        collectives.barrier()
+        return path
+
+    def _retain(self, newest: Path) -> None:
+        for old in self.checkpoints()[: -self.keep]:
+            if old != newest:
+                old.unlink(missing_ok=True)
+        # Temporaries of saves killed half-way (SIGKILL leaves them) go once a good save exists.
+        for stale in self.directory.glob(f"{TMP_PREFIX}ckpt-*"):
+            stale.unlink(missing_ok=True)
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[Path]:
+        """Checkpoint files, oldest first (by epoch, then step)."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for path in self.directory.iterdir():
+            match = _NAME.match(path.name)
+            if match:
+                found.append(((int(match.group(1)), int(match.group(2))), path))
+        return [path for _, path in sorted(found)]
+
+    def load_latest(self, map_location: Any = "cpu") -> Checkpoint | None:
+        """The newest checkpoint that loads and is complete, or None when there is none at all.
+
+        Rank 0 picks the file (skipping corrupt ones with a warning); every rank then loads that
+        same file. Raises :class:`ShoalError` when files exist but none is valid.
+        """
+        chosen: str | None = None
+        error: str | None = None
+        payload: dict[str, Any] | None = None
+        if collectives.rank() == 0:
+            candidates = self.checkpoints()
+            for path in reversed(candidates):
+                payload, problem = _try_load(path, map_location)
+                if problem is None:
+                    chosen = str(path)
+                    break
+                self._warn(f"skipping checkpoint {path}: {problem}")
+            if candidates and chosen is None:
+                error = f"none of the {len(candidates)} checkpoint(s) in {self.directory} is valid"
+        chosen, error = collectives.broadcast_object((chosen, error))
+        if error:
+            raise ShoalError(error, "delete the directory's ckpt-*.pt files to start over, or pass --resume never")
+        if chosen is None:
+            return None
+        if payload is None:  # ranks other than 0 read the file rank 0 chose
+            payload = torch_load(chosen, map_location=map_location)
+        return Checkpoint(Path(chosen), payload)
+
+    def load(self, path: str | os.PathLike, map_location: Any = "cpu") -> Checkpoint:
+        """Load one given checkpoint file (``--resume PATH``)."""
+        payload, problem = _try_load(Path(path), map_location)
+        if problem:
+            raise ShoalError(f"cannot resume from {path}: {problem}", "pass another checkpoint file, or --resume auto")
+        return Checkpoint(Path(path), payload)
+
+    def resume(self, objects: Mapping[str, Any], *, per_rank: Mapping[str, Any] | None = None) -> Checkpoint | None:
+        """Load the newest valid checkpoint into ``objects`` (and ``per_rank``); None if there is none.
+
+        The one call a training script needs before its loop::
+
+            ckpt = ctx.checkpointer("ckpts", every="200steps")
+            found = ckpt.resume({"model": model, "optimizer": opt, "loader": loader})
+            start_epoch = found.extra["epoch"] if found else 0
+        """
+        checkpoint = self.load_latest()
+        if checkpoint is not None:
+            restore(checkpoint, objects, per_rank=per_rank)
+        return checkpoint
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        print(f"shoal: warning: {message}", file=sys.stderr, flush=True)
+
+
+def restore(checkpoint: Checkpoint, objects: Mapping[str, Any], *, per_rank: Mapping[str, Any] | None = None) -> None:
+    """Load ``checkpoint``'s state into ``objects``, and this rank's own state into ``per_rank``
+    objects and its RNGs.
+
+    Per-rank state comes back when the world size is unchanged; with another world size the ranks
+    keep the state they were seeded with (their data order is restored either way). A model whose
+    keys differ from the checkpoint's is a :class:`ShoalError` naming the keys.
+    """
+    saved = checkpoint.payload["state"]
+    missing = [name for name in objects if name not in saved]
+    if missing:
+        raise ShoalError(
+            f"checkpoint {checkpoint.path} has no state for {', '.join(missing)}",
+            "resume with the same kind of run that wrote it, or start a new --out",
+        )
+    for name, obj in objects.items():
+        _load_into(obj, saved[name], name, checkpoint.path)
+    ranks = checkpoint.payload.get("ranks") or []
+    rank = collectives.rank()
+    if checkpoint.world_size == collectives.world_size() and rank < len(ranks):
+        mine = ranks[rank]
+        for name, obj in (per_rank or {}).items():
+            if name in mine["objects"]:
+                obj.load_state_dict(mine["objects"][name])
+        restore_rng(mine["rng"])
+
+
+def _load_into(obj: Any, state: Any, name: str, path: Path) -> None:
+    if isinstance(obj, nn.Module):
+        target = unwrap_model(obj)
+        result = target.load_state_dict(state, strict=False)
+        problems = []
+        if result.missing_keys:
+            problems.append(f"missing {_few(result.missing_keys)}")
+        if result.unexpected_keys:
+            problems.append(f"unexpected {_few(result.unexpected_keys)}")
+        if problems:
+            raise ShoalError(
+                f"checkpoint {path} does not fit the model ({name}): {'; '.join(problems)}",
+                "resume with the model that wrote it, or start a new --out",
+            )
+        return
+    try:
+        obj.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ShoalError(
+            f"checkpoint {path} does not fit {name}: {str(err).splitlines()[0]}",
+            "resume with the same configuration that wrote it, or start a new --out",
+        ) from None
+
+
+def _few(keys: list[str], limit: int = 5) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _state_of(obj: Any) -> Any:
+    if isinstance(obj, nn.Module):
+        # An exact copy in memory of the weights now, as the trainer may go on updating them.
+        return model_state_dict(obj)
+    return obj.state_dict()
+
+
+def _try_load(path: Path, map_location: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """(payload, None) if ``path`` loads (weights-only) and has every field, else (None, problem)."""
+    try:
+        payload = torch_load(path, map_location=map_location)
+    except Exception as err:  # truncated zip, bad pickle, refused global, I/O error...
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+        # torch's weights-only refusal buries the reason in a later line.
+        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0])
+        return None, f"it does not load ({reason[:200]})"
+    if not isinstance(payload, dict) or any(key not in payload for key in _REQUIRED):
+        return None, "it is not a shoal checkpoint (fields missing)"
+    if payload["format_version"] != FORMAT_VERSION:
+        return None, f"format version {payload['format_version']} is not {FORMAT_VERSION}"
+    return payload, None
+
+
+def _gather(obj: Any) -> list[Any]:
+    """``obj`` from every rank, in rank order (on every rank)."""
+    if collectives.world_size() <= 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _shoal_version() -> str:
+    from shoal import __version__
+
+    return __version__

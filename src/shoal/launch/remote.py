@@ -1,0 +1,150 @@
+"""Run what :mod:`shoal.launch.render` rendered: mpirun, per-host launchers over SSH, sbatch.
+
+The processes started here write straight to this terminal. They run in sessions of their own, so
+a Ctrl-C reaches shoal first, which then stops them in order: mpirun gets SIGTERM (it stops every
+rank); a per-host launcher has its stdin closed, which its guard (see
+:func:`shoal.launch.render.render_ssh`) turns into SIGTERM for the remote ``shoal run``, which stops
+its workers. Whatever still runs after a grace period is killed. When one host's launcher fails,
+the others are stopped the same way and shoal exits with the failed one's status.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+from shoal.errors import ShoalError
+
+GRACE_S = 20.0
+"""How long stopped launchers get to stop their workers before they are killed."""
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise :class:`_Stop` in the main thread while inside."""
+    def handler(signum, _frame):
+        raise _Stop(signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+def require_program(name: str, hint: str) -> str:
+    """The path of ``name`` on PATH, or ShoalError with ``hint``."""
+    path = shutil.which(name)
+    if path is None:
+        raise ShoalError(f"{name} not found on PATH", hint)
+    return path
+
+
+def run_mpirun(argv: Sequence[str]) -> int:
+    """Run an ``mpirun`` command line; return its exit status (128+N if stopped by signal N)."""
+    require_program(argv[0], "install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin), use --via ssh, "
+                             "or add --dry-run to print the command")
+    proc = subprocess.Popen(list(argv), start_new_session=True)
+    try:
+        with _signals_raise():
+            return _status(proc.wait())
+    except _Stop as stop:
+        print(f"shoal launch: stopping mpirun ({signal.Signals(stop.signum).name})", file=sys.stderr, flush=True)
+        _stop([proc], by_stdin=False)
+        return 128 + stop.signum
+
+
+def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> int:
+    """Start every command (one per host) and wait; on a failure or a signal stop the others.
+
+    Returns 0 when all succeeded, else the status of the first that failed (128+N for signal N).
+    """
+    for program in dict.fromkeys(cmd[0] for cmd in commands):
+        require_program(program, "install an SSH client (Debian/Ubuntu: apt-get install openssh-client), "
+                                 "give --rsh PROGRAM, or use --via mpirun")
+    procs: list[subprocess.Popen] = []
+    try:
+        with _signals_raise():
+            for cmd in commands:
+                procs.append(subprocess.Popen(list(cmd), stdin=subprocess.PIPE, start_new_session=True))
+            while True:
+                running = [p for p in procs if p.poll() is None]
+                failed = [(i, p) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+                if failed:
+                    index, proc = failed[0]
+                    status = _status(proc.returncode)
+                    rest = "; stopping the other hosts" if running else ""
+                    print(f"shoal launch: {labels[index]} exited with status {status}{rest}", file=sys.stderr,
+                          flush=True)
+                    _stop(running, by_stdin=True)
+                    return status
+                if not running:
+                    return 0
+                time.sleep(0.1)
+    except _Stop as stop:
+        print(f"shoal launch: stopping every host ({signal.Signals(stop.signum).name})", file=sys.stderr, flush=True)
+        _stop(procs, by_stdin=True)
+        return 128 + stop.signum
+    finally:
+        for proc in procs:
+            _close_stdin(proc)
+
+
+def submit_sbatch(script_path: str) -> str:
+    """``sbatch --parsable SCRIPT``; return the job id. ShoalError if sbatch is missing or refuses."""
+    sbatch = require_program("sbatch", "run it on a Slurm login node, or add --dry-run to print the script")
+    proc = subprocess.run([sbatch, "--parsable", script_path], capture_output=True, text=True)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise ShoalError(f"sbatch refused {script_path}: {reason}",
+                         "check the partition, time limit and node/GPU counts against `sinfo`", exit_code=1)
+    return proc.stdout.strip().split(";")[0]
+
+
+def _stop(procs: Sequence[subprocess.Popen], *, by_stdin: bool) -> None:
+    """Ask each process to stop (close stdin, or SIGTERM), wait ``GRACE_S``, then SIGKILL."""
+    for proc in procs:
+        if proc.poll() is None:
+            if by_stdin:
+                _close_stdin(proc)
+            else:
+                _signal(proc, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the process and whatever it started in its session
+    except ProcessLookupError:
+        pass
+
+
+def _close_stdin(proc: subprocess.Popen) -> None:
+    if proc.stdin is not None and not proc.stdin.closed:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode

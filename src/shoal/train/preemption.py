@@ -1,0 +1,96 @@
+"""Preemption: a SIGTERM or SIGUSR1 on any rank makes every rank stop at the same step.
+
+Slurm sends SIGTERM (and, with ``--signal``, SIGUSR1 ahead of its time limit), Kubernetes sends
+SIGTERM to the pod, torch's elastic agent forwards SIGTERM to its workers; ``kill`` may hit just
+one rank. The handler only records the signal. Once per step the ranks combine their flags with an
+all-reduce (MAX) started asynchronously and read one step later, so the check never stalls the
+step and every rank reads the same value and stops after the same step. A watchdog ends the
+process after ``grace_s`` seconds in any case, so a rank never outlives its grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shoal.errors import ShoalError
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(ShoalError):
+    """Raised on every rank after the preemption checkpoint is written."""
+
+
+class PreemptionWatch:
+    """Context manager: install the handlers, answer :meth:`requested` once per step."""
+
+    def __init__(self, grace_s: float = 25.0, signals: tuple[int, ...] = PREEMPTION_SIGNALS) -> None:
+        self.grace_s = grace_s
+        self.signals = signals
+        self.received = 0
+        self._previous: dict[int, Any] = {}
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._group = None
+        self._watchdog: threading.Timer | None = None
+        self._distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def __enter__(self) -> "PreemptionWatch":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        if self._distributed and dist.get_backend() != "gloo":
+            # Flags travel on the CPU over gloo: a CUDA tensor would need a host sync every step.
+            self._group = dist.new_group(backend="gloo")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drain()
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+        if self._watchdog is not None and exc[0] is None:
+            self._watchdog.cancel()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.received:
+            self.received = signum
+            print(f"shoal: received {signal.Signals(signum).name}: checkpointing at the next step", file=sys.stderr, flush=True)
+            self._watchdog = threading.Timer(self.grace_s, _give_up, args=(signum, self.grace_s))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def requested(self) -> int:
+        """The signal every rank agreed to stop for (0: none). Call once per step on every rank."""
+        if not self._distributed:
+            return self.received
+        agreed = 0
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            agreed = int(flag.item())
+        flag = torch.tensor([self.received], dtype=torch.int32)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        self._pending = (work, flag)
+        return agreed
+
+    def _drain(self) -> None:
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+
+
+def _give_up(signum: int, grace_s: float) -> None:
+    print(
+        f"shoal: no checkpoint within the {grace_s:.0f} s grace period after {signal.Signals(signum).name}; exiting",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(128 + signum)

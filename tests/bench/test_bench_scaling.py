@@ -1,0 +1,127 @@
+"""``shoal bench scaling``: the report's structure and arithmetic (never its speed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_shoal
+from shoal.bench.scaling import ScalingConfig, Variant, _blocks, _verdict, paired_ratio, plan_launches
+from shoal.cli.main import main
+from shoal.errors import ShoalError
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_plan_has_controls_and_equal_threads_on_cpu():
+    cfg = ScalingConfig(world_sizes=(1, 2, 4), comm_hook="bf16")
+    plan = plan_launches(cfg, [1, 2, 4], on_cpu=True)
+    assert [v.name for v in plan[1]] == ["ddp", "threads:2", "threads:4"]
+    # 1 process with T x threads also gets T x the batch: the same global batch as T processes.
+    assert plan[1][2] == Variant("threads:4", 4, 128)
+    assert [v.name for v in plan[2]] == ["ddp", "hook:bf16", "no_allreduce"]
+    assert not plan[2][2].sync and plan[2][1].hook == "bf16"
+
+
+def test_plan_on_gpu_has_no_thread_rows():
+    plan = plan_launches(ScalingConfig(controls=False), [1, 2], on_cpu=False)
+    assert {n: [v.name for v in vs] for n, vs in plan.items()} == {1: ["ddp"], 2: ["ddp"]}
+
+
+@pytest.mark.parametrize("steps, blocks, expected", [(20, 4, [5, 5, 5, 5]), (7, 3, [3, 2, 2]), (2, 4, [1, 1]), (5, 1, [5])])
+def test_timed_steps_split_into_blocks(steps, blocks, expected):
+    assert _blocks(steps, blocks) == expected
+
+
+def test_comparisons_pair_runs_of_the_same_launch():
+    # Launch 2 ran on a slow spell; the per-launch ratios (0.8, 0.8, 0.8) are what matters.
+    a = {"samples_per_s_runs": [80.0, 40.0, 88.0]}
+    b = {"samples_per_s_runs": [100.0, 50.0, 110.0]}
+    assert paired_ratio(a, b) == pytest.approx(0.8)
+
+
+def test_verdict_names_the_bottleneck():
+    comm = {"efficiency": 0.6, "efficiency_no_allreduce": 0.98, "allreduce_share": 0.39}
+    assert _verdict(2, comm)[0] == "communication-bound"
+    contention = {"efficiency": 0.5, "efficiency_no_allreduce": 0.6, "allreduce_share": 0.17}
+    assert _verdict(2, contention)[0] == "contention-bound"
+    assert _verdict(2, {"efficiency": 0.95, "efficiency_no_allreduce": 0.99, "allreduce_share": 0.04})[0] == "scales well"
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--arch", "vgg16"], "unknown architecture"),
+        (["--comm-hook", "int8"], "unknown communication hook"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--world-sizes", "0,2"], "world sizes must be at least 1"),
+    ],
+)
+def test_bad_options_fail_before_anything_starts(argv, expected, capsys):
+    assert main(["bench", "scaling", "--smoke", *argv]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "HINT:" in err
+
+
+def test_world_size_list_must_be_numbers(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "scaling", "--world-sizes", "1,two"])
+    assert "comma-separated integers" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
+def test_smoke_scaling_report(tmp_path: Path):
+    out = tmp_path / "scaling.json"
+    proc = run_shoal("bench", "scaling", "--smoke", "--comm-hook", "bf16", "--json", str(out), timeout=240)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "1 proc x 1 thread" in proc.stdout and "efficiency" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "scaling"
+    assert report["config"]["smoke"] is True and report["config"]["world_sizes"] == [1, 2]
+    meta = report["meta"]
+    assert meta["command"].startswith("shoal bench scaling --smoke")
+    assert meta["machine"]["cores"] >= 1 and meta["machine"]["torch"]
+    rows = {(r["world_size"], r["variant"]): r for r in report["rows"]}
+    assert set(rows) == {(1, "ddp"), (1, "threads:2"), (2, "ddp"), (2, "hook:bf16"), (2, "no_allreduce")}
+    base = rows[(1, "ddp")]["samples_per_s"]
+    for r in report["rows"]:
+        assert r["samples_per_s"] > 0 and all(v > 0 for v in r["samples_per_s_runs"])
+        assert r["speedup"] == pytest.approx(r["samples_per_s"] / base)
+        assert r["efficiency"] == pytest.approx(r["samples_per_s"] / (r["scale"] * base))
+        assert r["time_reduction"] == pytest.approx(1 - base / r["samples_per_s"])
+        assert r["step_s"] == pytest.approx(r["global_batch"] / r["samples_per_s"])
+    two = rows[(2, "ddp")]
+    assert two["scale"] == 2 and two["global_batch"] == 8 and two["total_threads"] == 2
+    assert two["efficiency"] == pytest.approx(two["samples_per_s"] / (2 * base))
+    (summary,) = report["summary"]
+    assert summary["world_size"] == 2
+    assert summary["bound"] in ("communication-bound", "contention-bound", "scales well")
+    # Smoke runs once: the median of the per-launch ratios is that launch's ratio.
+    assert summary["allreduce_share"] == pytest.approx(1 - two["samples_per_s"] / rows[(2, "no_allreduce")]["samples_per_s"])
+    assert summary["hook_gain"] == pytest.approx(rows[(2, "hook:bf16")]["samples_per_s"] / two["samples_per_s"] - 1)
+    assert summary["processes_vs_threads"] == pytest.approx(two["samples_per_s"] / rows[(1, "threads:2")]["samples_per_s"])
+    assert summary["hook"] == "bf16" and "hook_gain" in summary
+    assert any(note.startswith("2 processes: efficiency") for note in report["notes"])
+    if _has_matplotlib():
+        assert Path(report["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.gpu
+@pytest.mark.multiprocess
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
+def test_smoke_scaling_on_gpu(tmp_path: Path):
+    out = tmp_path / "scaling.json"
+    proc = run_shoal("bench", "scaling", "--smoke", "--device", "cuda", "--world-sizes", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(out.read_text())
+    assert report["meta"]["machine"]["device"] == "cuda"
+    assert [r["variant"] for r in report["rows"]] == ["ddp"]
+    assert report["rows"][0]["samples_per_s"] > 0

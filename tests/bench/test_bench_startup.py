@@ -1,0 +1,59 @@
+"""``shoal bench startup``: what is timed and how it is compared with torchrun (never its speed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_shoal
+from shoal.bench import startup
+from shoal.errors import ShoalError
+
+
+def test_unknown_variant_is_a_clean_error():
+    with pytest.raises(ShoalError, match="unknown startup variant"):
+        startup.StartupConfig(variants=("torchrun", "mpirun"))
+
+
+def test_missing_optional_launchers_are_skipped_with_a_note(monkeypatch, tmp_path: Path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("accelerate", "lightning") else real(name, *a))
+    cfg = startup.StartupConfig(variants=("torchrun", "accelerate", "fabric"))
+    commands, notes = startup._commands(cfg, tmp_path / "probe.py", tmp_path)
+    assert list(commands) == ["torchrun"]
+    assert len(notes) == 2 and all("is not installed" in n and "shoal[bench]" in n for n in notes)
+
+
+def test_commands_are_the_documented_ones(tmp_path: Path):
+    cfg = startup.StartupConfig(nproc=3, variants=("torchrun", "shoal_run", "launch_fork", "train_digits"))
+    commands, _ = startup._commands(cfg, tmp_path / "probe.py", tmp_path)
+    torchrun = commands["torchrun"](tmp_path / "o").argv
+    assert torchrun[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+    assert commands["shoal_run"](tmp_path / "o").argv[1:6] == ["-m", "shoal", "run", "--nproc", "3"]
+    assert "start_method" not in commands["launch_fork"](tmp_path / "o").argv[2]
+    assert "'fork', 3" in commands["launch_fork"](tmp_path / "o").argv[2]
+    digits = commands["train_digits"](tmp_path / "o")
+    assert digits.line == "epoch 1/1" and digits.ranks == 0
+
+
+@pytest.mark.multiprocess
+def test_smoke_startup_report(tmp_path: Path):
+    out = tmp_path / "startup.json"
+    proc = run_shoal("bench", "startup", "--smoke", "--json", str(out), timeout=240)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "startup" and report["config"]["variants"] == ["torchrun", "shoal_run"]
+    rows = {r["variant"]: r for r in report["rows"]}
+    base = rows["torchrun"]["first_step_s"]
+    assert rows["torchrun"]["vs_torchrun"] == pytest.approx(1.0)
+    for r in rows.values():
+        assert 0 < r["first_step_s"] <= r["exit_s"]
+        assert r["first_step_runs"] and r["vs_torchrun"] == pytest.approx(r["first_step_s"] / base)
+        assert r["vs_torchrun_paired"] == pytest.approx(r["vs_torchrun"])  # one round: the same ratio
+        assert r["failed_runs"] == 0
+    assert "torch.distributed.run --standalone" in rows["torchrun"]["command"]
+    assert " run --nproc 1 " in rows["shoal_run"]["command"]

@@ -1,0 +1,78 @@
+"""Helpers for tests that start ``shoal`` runs and interrupt them: waiting, finding workers, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def start(*args: str, **kwargs) -> subprocess.Popen:
+    """``python -m shoal ARGS`` in its own session (so its whole process group can be killed)."""
+    return start_cmd(sys.executable, "-m", "shoal", *args, **kwargs)
+
+
+def start_cmd(*cmd: str, **kwargs) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
+    return subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, env=env, **kwargs,
+    )
+
+
+def wait_for(predicate, timeout: float = 120.0, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(interval)
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    return sorted(directory.glob("ckpt-*.pt")) if directory.is_dir() else []
+
+
+def children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def workers(pid: int) -> list[int]:
+    """The spawned worker processes of a ``shoal train --nproc`` launcher."""
+    out = []
+    for child in children(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            out.append(child)
+    return sorted(out)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

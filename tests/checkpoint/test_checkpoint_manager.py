@@ -1,0 +1,149 @@
+"""CheckpointManager: atomic saves that survive SIGKILL anywhere, fallback, retention, safety."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from shoal.checkpoint.cadence import Cadence
+from shoal.checkpoint.manager import POINTER, CheckpointManager, restore
+from shoal.checkpoint.storage import TMP_PREFIX
+from shoal.errors import ShoalError
+
+SAVE_FOREVER = Path(__file__).parent / "scripts" / "save_forever.py"
+
+
+class Counter:
+    def __init__(self, value: int = 0) -> None:
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def _save(manager, step, value=None):
+    return manager.save(epoch=1, step=step, objects={"counter": Counter(step if value is None else value)})
+
+
+def test_killed_at_random_points_always_leaves_old_or_new(tmp_path):
+    """SIGKILL a process that saves in a loop, 5 times at random instants: the newest loadable
+    checkpoint is always one that was completely written, and a later good save cleans up."""
+    rng = random.Random(1234)
+    directory = tmp_path / "ckpt"
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, str(SAVE_FOREVER), str(directory)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        manager = CheckpointManager(directory, keep=2)
+        files = manager.checkpoints()
+        if not files:
+            continue  # killed before the first save completed
+        found = manager.load_latest()
+        assert found is not None and not manager.warnings, manager.warnings
+        blob = found.payload["state"]["blob"]
+        assert torch.all(blob["weights"] == blob["step"])  # complete, not torn
+        assert found.path == files[-1]
+        pointer = (directory / POINTER).read_text().strip()
+        assert (directory / pointer).exists()
+    # A good save removes temporaries that the kills left behind.
+    manager = CheckpointManager(directory, keep=2)
+    _save(manager, 10**6)
+    assert not list(directory.glob(f"{TMP_PREFIX}*"))
+    assert len(manager.checkpoints()) == 2
+
+
+def test_corrupt_newest_falls_back_with_a_warning(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=5)
+    for step in (1, 2, 3):
+        _save(manager, step)
+    newest = manager.checkpoints()[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
+    found = manager.load_latest()
+    assert found.step == 2
+    assert len(manager.warnings) == 1 and str(newest) in manager.warnings[0]
+
+
+def test_none_valid_is_a_clear_error(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 1)
+    manager.checkpoints()[0].write_bytes(b"garbage")
+    with pytest.raises(ShoalError, match="none of the 1 checkpoint"):
+        manager.load_latest()
+
+
+def test_nothing_there_is_none(tmp_path):
+    assert CheckpointManager(tmp_path / "absent").load_latest() is None
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in range(1, 6):
+        _save(manager, step)
+    assert [p.name for p in manager.checkpoints()] == ["ckpt-e00001-s000000004.pt", "ckpt-e00001-s000000005.pt"]
+    assert (tmp_path / POINTER).read_text().strip() == "ckpt-e00001-s000000005.pt"
+
+
+def test_a_checkpoint_cannot_run_code(tmp_path):
+    """weights_only loading refuses a pickle that would call a function."""
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 1)
+    evil = tmp_path / "ckpt-e00001-s000000002.pt"
+    torch.save({"format_version": 1, "epoch": 1, "step": 2, "state": Evil(), "world_size": 1}, evil)
+    found = manager.load_latest()
+    assert found.step == 1 and "does not load" in manager.warnings[0]
+
+
+def test_model_mismatch_names_the_keys(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    manager.save(epoch=1, step=1, objects={"model": nn.Linear(2, 2)})
+    found = manager.load_latest()
+    with pytest.raises(ShoalError, match="missing 0.weight, 0.bias; unexpected weight, bias"):
+        restore(found, {"model": nn.Sequential(nn.Linear(2, 2))})
+
+
+def test_round_trip_restores_state_and_rng(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    torch.manual_seed(99)
+    manager.save(epoch=2, step=7, objects={"model": model, "optimizer": optimizer}, extra={"note": "x"})
+    expected_next = torch.rand(3)
+    fresh = nn.Linear(3, 1)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(0)
+    found = manager.resume({"model": fresh, "optimizer": fresh_opt})
+    assert (found.epoch, found.step, found.extra) == (2, 7, {"note": "x"})
+    assert torch.equal(fresh.weight, model.weight)
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["momentum_buffer"], optimizer.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(torch.rand(3), expected_next)  # the RNG continues where it was saved
+
+
+@pytest.mark.parametrize("text, every, unit", [("2", 2, "epoch"), ("3epochs", 3, "epoch"), ("500steps", 500, "step"), ("0", 0, "epoch"), ("off", 0, "epoch")])
+def test_cadence_parsing(text, every, unit):
+    cadence = Cadence.parse(text)
+    assert (cadence.every, cadence.unit) == (every, unit)
+
+
+def test_cadence_rejects_nonsense():
+    with pytest.raises(ShoalError, match="not a count of epochs or steps"):
+        Cadence.parse("every tuesday")

@@ -1,0 +1,127 @@
+"""``shoal run`` across two nodes (two network namespaces), 2 workers each, real gloo.
+
+In each namespace the machine's hostname resolves to 127.0.0.1 and the only way to the other node
+is a veth interface: plain torchrun fails there (see ../shared/ENVIRONMENT.md) unless told the
+interface, address and store host, which shoal finds by itself.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cluster.helpers import STEPS, results, shoal_on, wait_all, describe
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+TIMEOUT = 240  # both nodes, on a busy 2-core machine
+
+
+def _static(node, rank, master, *extra):
+    return ["run", "--nproc", "2", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", master,
+            "--master-port", "29555", *extra]
+
+
+def _c10d(nnodes, endpoint, *extra):
+    return ["run", "--nproc", "2", "--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            endpoint, *extra]
+
+
+def _check_network_lines(a, b, launched, backend):
+    out_a, out_b = (item.output for item in launched)
+    assert f"shoal run: network: advertising {a.addr} on {a.ifname}" in out_a, out_a
+    assert f"GLOO_SOCKET_IFNAME={a.ifname}, NCCL_SOCKET_IFNAME={a.ifname}" in out_a
+    assert f"shoal run: network: advertising {b.addr} on {b.ifname} (the interface that routes to the " \
+           f"master {a.addr})" in out_b, out_b
+    if backend == "c10d":
+        assert "this node hosts the c10d store" in out_a
+        assert f"the c10d store is hosted by {a.addr}" in out_b
+
+
+def test_static_rendezvous_of_a_plain_script(two_nodes, tmp_path):
+    a, b = two_nodes
+    out = tmp_path / "out"
+    out.mkdir()
+    launched = [
+        shoal_on(node, _static(node, rank, a.addr, STEPS, str(out)), tmp_path / f"{node.name}.log")
+        for rank, node in enumerate((a, b))
+    ]
+    wait_all(launched, TIMEOUT)
+    assert [item.returncode for item in launched] == [0, 0], describe(launched)
+    found = results(out, 4)
+    assert {r["world_size"] for r in found} == {4}
+    assert {r["sum"] for r in found} == {40.0}  # 4 steps of 1+2+3+4
+    assert [r["group_rank"] for r in found] == [0, 0, 1, 1]  # static: node rank = group rank
+    assert {r["master_addr"] for r in found} == {a.addr}
+    assert [r["ifname"] for r in found] == [a.ifname, a.ifname, b.ifname, b.ifname]
+    _check_network_lines(a, b, launched, "static")
+    assert "node 1 of 2), waiting for the static rendezvous at 10.77.0.1:29555" in launched[1].output
+
+
+def _restart_check(a, b, launched, out):
+    assert [item.returncode for item in launched] == [0, 0], describe(launched)
+    found = results(out, 4)
+    assert {r["world_size"] for r in found} == {4}
+    assert {r["sum"] for r in found} == {50.0}  # all 5 steps, by all 4 ranks of the new group
+    assert "shoal run: restarting the workers (restart 1 of 1)" in launched[1].output, describe(launched)
+    # Node a restarted too: for its own failed workers, or (c10d) for the changed group, which
+    # torch does not count as one of node a's restarts.
+    assert re.search(r"shoal run: (restarting the workers \(restart 1 of 1\)|the other nodes changed)",
+                     launched[0].output), describe(launched)
+    return found
+
+
+def test_elastic_c10d_a_killed_worker_restarts_the_group_and_the_job_completes(two_nodes, tmp_path):
+    # rank 3 (on node b) SIGKILLs itself in the first attempt; --nnodes 1:2, elastic
+    a, b = two_nodes
+    out = tmp_path / "out"
+    out.mkdir()
+    args = _c10d("1:2", f"{a.addr}:29400", "--max-restarts", "1", STEPS, str(out), "--die-rank", "3",
+                 "--steps", "5")
+    launched = [shoal_on(node, args, tmp_path / f"{node.name}.log") for node in (a, b)]
+    wait_all(launched, TIMEOUT)
+    found = _restart_check(a, b, launched, out)
+    # The workers' store is on whichever node got rank 0, at its routable address, never loopback.
+    assert {r["master_addr"] for r in found} in ({a.addr}, {b.addr})
+    assert {(r["ifname"], r["rank"] // 2) for r in found} in (
+        {(a.ifname, 0), (b.ifname, 1)}, {(b.ifname, 0), (a.ifname, 1)}
+    )
+    assert [r["attempt"] for r in found if r["ifname"] == b.ifname] == [1, 1]  # node b restarted once
+    _check_network_lines(a, b, launched, "c10d")
+
+
+def test_static_a_killed_worker_restarts_the_group_and_the_job_completes(two_nodes, tmp_path):
+    a, b = two_nodes
+    out = tmp_path / "out"
+    out.mkdir()
+    launched = [
+        shoal_on(node, _static(node, rank, a.addr, "--max-restarts", "1", STEPS, str(out), "--die-rank", "3",
+                               "--steps", "5"), tmp_path / f"{node.name}.log")
+        for rank, node in enumerate((a, b))
+    ]
+    wait_all(launched, TIMEOUT)
+    found = _restart_check(a, b, launched, out)
+    assert [r["attempt"] for r in found] == [1, 1, 1, 1]  # both nodes' workers failed: both restarted
+    assert {r["master_addr"] for r in found} == {a.addr}
+
+
+def test_when_a_node_gives_up_the_other_stops_at_once(two_nodes, tmp_path):
+    # Rank 3 raises while ranks 0-2 are in a two-minute "computation", in no collective that
+    # could notice: node b reports rank 3's traceback, node a stops within seconds.
+    a, b = two_nodes
+    out = tmp_path / "out"
+    out.mkdir()
+    launched = [
+        shoal_on(node, _static(node, rank, a.addr, STEPS, str(out), "--raise-rank", "3"),
+                 tmp_path / f"{node.name}.log")
+        for rank, node in enumerate((a, b))
+    ]
+    wait_all(launched, 100)
+    assert [item.returncode for item in launched] == [1, 1], describe(launched)
+    assert max(item.elapsed for item in launched) < 90  # not the two minutes of the others
+    out_a, out_b = launched[0].output, launched[1].output
+    assert "shoal: error: rank 3 failed: ValueError: boom at rank 3" in out_b
+    assert "ValueError: boom at rank 3" in out_b.split("its traceback:", 1)[1]
+    assert "shoal: error: another node ended the job (the rendezvous at 10.77.0.1:29555 was closed)" in out_a
+    assert "HINT: " in out_a

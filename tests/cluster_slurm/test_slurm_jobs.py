@@ -1,0 +1,100 @@
+"""Real Slurm (slurmctld + slurmd + munge, one node): srun steps and sbatch scripts of `shoal launch slurm`.
+
+The cluster is the session fixture of :mod:`slurm_cluster`; every client call carries its
+``SLURM_CONF``. Each test costs a few seconds of Slurm plus one torch import per process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import slurm  # noqa: F401  (the session fixture)
+
+pytestmark = pytest.mark.multiprocess
+
+INIT_SCRIPT = Path(__file__).resolve().parents[1] / "cluster_mpi" / "scripts" / "shoal_init_allreduce.py"
+LAUNCH = [sys.executable, "-m", "shoal.cli.launch"]
+
+
+def _results(out: Path, n: int) -> list[dict]:
+    found = sorted(out.glob("rank*.json"))
+    assert len(found) == n, f"expected {n} result files, got {[p.name for p in found]}"
+    return sorted((json.loads(p.read_text()) for p in found), key=lambda r: r["rank"])
+
+
+def _run_facts(run_dir: Path) -> tuple[str, int]:
+    """(launcher, world size) recorded by `shoal train` in config.json."""
+    config = json.loads((run_dir / "config.json").read_text())
+    facts = {**config, **config.get("extra", {})}
+    return facts["environment"], facts["world_size"]
+
+
+def _check(proc: subprocess.CompletedProcess, cluster) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{cluster.logs()}"
+
+
+def test_srun_two_tasks_of_shoal_train(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        ["srun", "-n", "2", "shoal", "train", "digits", "--epochs", "1", "--device", "cpu", "--out", str(run_dir)],
+        env=slurm.env, capture_output=True, text=True, timeout=240,
+    )
+    _check(proc, slurm)
+    assert _run_facts(run_dir) == ("slurm", 2)
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    assert "via slurm" in proc.stdout + proc.stderr
+
+
+def test_sbatch_of_the_rendered_script_one_launcher_per_node(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    rendered = subprocess.run(
+        [*LAUNCH, "slurm", "--nodes", "1", "--nproc-per-node", "2", "--job-name", "shoal-test",
+         "--output", str(tmp_path / "job-%j.out"), "--dry-run", "--",
+         "shoal", "train", "digits", "--epochs", "1", "--device", "cpu", "--out", str(run_dir)],
+        env=slurm.env, capture_output=True, text=True, timeout=60,
+    )
+    _check(rendered, slurm)
+    assert "srun --ntasks-per-node=1" in rendered.stdout and "--rdzv-backend c10d" in rendered.stdout
+    script = tmp_path / "job.sbatch"
+    script.write_text(rendered.stdout)
+
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], env=slurm.env, capture_output=True,
+                               text=True, timeout=60)
+    _check(submitted, slurm)
+    job_id = submitted.stdout.strip().split(";")[0]
+    info = slurm.wait_job(job_id, timeout=240)
+    output = (tmp_path / f"job-{job_id}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{output}\n{slurm.logs()}"
+    assert f"shoal: job {job_id}, 1 nodes, rendezvous {slurm.hostname}:" in output
+    assert _run_facts(run_dir) == ("torchrun", 2)  # the per-node launcher's workers
+
+
+def test_sbatch_one_task_per_process_submitted_by_shoal_launch(slurm, tmp_path):
+    """No --dry-run: shoal launch writes the script, submits it and prints the job id."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "tasks.sbatch"
+    proc = subprocess.run(
+        [*LAUNCH, "slurm", "--nodes", "1", "--nproc-per-node", "2", "--one-task-per-process",
+         "--script", str(script), "--output", str(tmp_path / "tasks-%j.out"), "--", str(INIT_SCRIPT), str(out)],
+        env=slurm.env, capture_output=True, text=True, timeout=60,
+    )
+    _check(proc, slurm)
+    job_id = proc.stdout.strip()
+    assert job_id.isdigit(), proc.stdout
+    assert f"submitted batch job {job_id}" in proc.stderr
+    assert "srun --kill-on-bad-exit=1" in script.read_text()
+    info = slurm.wait_job(job_id, timeout=240)
+    output = (tmp_path / f"tasks-{job_id}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{output}\n{slurm.logs()}"
+    results = _results(out, 2)
+    assert [r["scheme"] for r in results] == ["slurm", "slurm"]
+    assert [(r["rank"], r["local_rank"], r["world_size"], r["sum"]) for r in results] == [
+        (0, 0, 2, 3.0), (1, 1, 2, 3.0)]
+    assert results[0]["main_address"] == slurm.hostname
+    assert "all_reduce over 2 ranks (slurm): 3.0" in output
