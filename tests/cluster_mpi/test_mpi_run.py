@@ -97,3 +97,13 @@ def test_pmi_variables_of_mpich_style_launchers(tmp_path):
     results = _results(tmp_path, 2)
     assert [(r["scheme"], r["rank"], r["local_rank"], r["world_size"], r["sum"]) for r in results] == [
         ("pmi", 0, 0, 2, 3.0), ("pmi", 1, 1, 2, 3.0)]
+
+
+@needs_mpirun
+@pytest.mark.parametrize("demo", ["all-reduce", "send-recv"])
+def test_mpirun_runs_the_demos(demo):
+    env = _env()
+    proc = subprocess.run(_mpirun(("shoal", "demo", demo), env), env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Two ranks of one job: both found their rank and world size in Open MPI's variables.
+    assert "[rank 1/2 on" in proc.stdout and "2 ranks" in proc.stdout

@@ -98,3 +98,10 @@ def test_sbatch_one_task_per_process_submitted_by_shoal_launch(slurm, tmp_path):
         (0, 0, 2, 3.0), (1, 1, 2, 3.0)]
     assert results[0]["main_address"] == slurm.hostname
     assert "all_reduce over 2 ranks (slurm): 3.0" in output
+
+
+def test_srun_runs_the_all_reduce_demo(slurm):
+    proc = subprocess.run(["srun", "-n", "2", "shoal", "demo", "all-reduce"], env=slurm.env,
+                          capture_output=True, text=True, timeout=180)
+    _check(proc, slurm)
+    assert "all 2 ranks got the right sum" in proc.stdout
