@@ -88,15 +88,12 @@ class Here:
 def _is_own_address(name: str) -> bool:
     """True if ``name`` is an IP address of this machine (binding a socket to it works)."""
     try:
-        family = socket.AF_INET6 if ipaddress.ip_address(name).version == 6 else socket.AF_INET
+        ipaddress.ip_address(name)
     except ValueError:
         return False  # a host name: only this machine's own name counts, see Here.is_local
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((name, 0))
-        except OSError:
-            return False
-    return True
+    from shoal.launch.network import is_local_address
+
+    return is_local_address(name)
 
 
 def is_loopback(host: str) -> bool:
