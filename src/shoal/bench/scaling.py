@@ -35,7 +35,6 @@ from shoal.bench._launch import check_start_method, launch_workers, resolve_star
 from shoal.bench.timing import clock, load_average, median, rotations
 from shoal.errors import ShoalError
 
-ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 NUM_CLASSES = 10
 POOL_BATCHES = 8
 """Random batches held per rank (the loader cycles over them): bounded memory for any step count."""
@@ -48,7 +47,7 @@ class ScalingConfig:
     world_sizes: tuple[int, ...] = ()
     """Process counts to measure; default 1..cores (1..GPUs on CUDA). 1 is always included."""
     arch: str = "resnet18"
-    """torchvision ResNet to train (resnet18 ... resnet152)."""
+    """Model to train: a torchvision ResNet (resnet18 ... resnet152) or ``mlp`` (the synthetic workload's)."""
     image_size: int = 32
     """Side of the random square RGB images."""
     batch_size: int = 32
@@ -76,6 +75,7 @@ class ScalingConfig:
 
     def __post_init__(self) -> None:
         from shoal.dist.comm_hooks import check_comm_hook
+        from shoal.workloads.synthetic import ARCHS
 
         if self.arch not in ARCHS:
             raise ShoalError(f"unknown architecture {self.arch!r}", f"choose --arch from: {', '.join(ARCHS)}")
@@ -125,10 +125,10 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    import torchvision.models
 
     import shoal
     from shoal.dist.comm_hooks import register_comm_hook
+    from shoal.workloads.synthetic import build_synthetic_model
 
     ctx = shoal.init(device=spec.device, threads=spec.variants[0].threads, seed=0)
     try:
@@ -136,7 +136,7 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
         for v in spec.variants:
             if v.hook not in models:
                 torch.manual_seed(0)
-                model = ctx.wrap(getattr(torchvision.models, spec.arch)(num_classes=NUM_CLASSES))
+                model = ctx.wrap(build_synthetic_model(spec.arch, spec.image_size, NUM_CLASSES))
                 register_comm_hook(model, v.hook)
                 models[v.hook] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
         biggest = max(v.batch_size for v in spec.variants)

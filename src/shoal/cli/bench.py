@@ -1,4 +1,4 @@
-"""``shoal bench scaling|allreduce|data|startup``: measured numbers, as a table, JSON and a plot.
+"""``shoal bench scaling|allreduce|overhead|data|startup|checkpoint``: measured numbers, as a table, JSON and a plot.
 
 Each benchmark lives in :mod:`shoal.bench`; this module only parses flags into the benchmark's
 config dataclass, runs it and writes the outputs. ``--smoke`` starts from tiny sizes (seconds; the
@@ -19,8 +19,10 @@ EXAMPLES = """\
 examples:
   shoal bench scaling                          # ResNet-18 32x32 on 1..cores processes, with controls
   shoal bench allreduce --nproc 2              # 4 KB .. 256 MB all-reduce vs memcpy
+  shoal bench overhead                         # shoal's trainer vs a hand-written DDP loop (and peers)
   shoal bench data --data ~/data               # shoal's loader vs the tutorials' MNIST pipeline
   shoal bench startup                          # time to the first step vs torchrun
+  shoal bench checkpoint                       # atomic, durable save/load MB/s vs torch.save
   shoal bench scaling --smoke --json out.json  # seconds; also writes out.png when matplotlib is installed
 """
 
@@ -52,6 +54,22 @@ examples:
   shoal bench data --smoke --json data.json
 """
 
+OVERHEAD_EXAMPLES = """\
+examples:
+  shoal bench overhead                                  # tiny MLP, 2 processes: per-step cost shows
+  shoal bench overhead --model resnet18 --repeat 7      # ResNet-18 32x32
+  shoal bench overhead --variants plain,shoal           # without Accelerate / Fabric
+  shoal bench overhead --smoke --json o.json            # seconds; checks the bit-identical weights
+"""
+
+CHECKPOINT_EXAMPLES = """\
+examples:
+  shoal bench checkpoint                                # resnet18 state, the system temp dir
+  shoal bench checkpoint --dir /data/ckpt               # the disk your checkpoints really go to
+  shoal bench checkpoint --model mb:1000 --repeat 3     # 1 GB of tensors
+  shoal bench checkpoint --smoke --json ckpt.json       # 2 MB, seconds
+"""
+
 STARTUP_EXAMPLES = """\
 examples:
   shoal bench startup                                   # every variant, median of 5 interleaved rounds
@@ -64,7 +82,7 @@ examples:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: scaling, allreduce, data, startup (tables, JSON, plots)",
+        help="benchmarks: scaling, allreduce, overhead, data, startup, checkpoint (tables, JSON, plots)",
         description="Measure how fast a job runs, how well it scales over processes and why not better. "
         "Every figure is measured in the same run as its baseline.",
         epilog=EXAMPLES,
@@ -74,12 +92,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     benches = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
 
     p = _sub(benches, "scaling", "throughput, speedup and efficiency over 1..N processes (ResNet, random data)",
-             "Train a torchvision ResNet on random images (synthetic only for now) with 1..N processes "
+             "Train a torchvision ResNet (or an MLP) on random images with 1..N processes "
              "started by shoal's launcher; report global samples/s, speedup, scaling efficiency and the time "
              "saved on fixed work, with a no-all-reduce control and (CPU) 1 process with N x threads.",
              SCALING_EXAMPLES)
     p.add_argument("--world-sizes", type=_int_list, help="comma-separated process counts (default 1..cores)")
-    p.add_argument("--arch", help="resnet18 (default) ... resnet152")
+    p.add_argument("--arch", help="resnet18 (default) ... resnet152, or mlp")
     p.add_argument("--image-size", type=int, help="side of the random images (default 32)")
     p.add_argument("--batch-size", type=int, help="samples per process per step (default 32)")
     p.add_argument("--steps", type=int, help="timed steps per variant (default 20)")
@@ -109,6 +127,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--start-method", help="auto (default: fork on CPU, spawn with CUDA), fork or spawn")
     p.set_defaults(func=_runner("allreduce"))
 
+    p = _sub(benches, "overhead", "shoal's trainer vs a hand-written DDP loop, Accelerate and Fabric: ms/step",
+             "The same model, data, batches, optimizer and lr schedule run by a plain DDP loop, by shoal train, "
+             "and (when installed) by Accelerate and Lightning Fabric, launches interleaved; median ms/step and "
+             "the ratio to the plain loop. The plain loop and shoal must end with bit-identical weights.",
+             OVERHEAD_EXAMPLES)
+    p.add_argument("--model", help="mlp (default: tiny, per-step costs show) or a torchvision ResNet (resnet18 ...)")
+    p.add_argument("--image-size", type=int, help="side of the random 3xSxS inputs (default 16 for mlp, 32 for ResNets)")
+    p.add_argument("--batch-size", type=int, help="samples per process per step (default 32)")
+    p.add_argument("--samples", type=int, help="training samples per epoch (default: 64 steps' worth, 8 for ResNets)")
+    p.add_argument("--epochs", type=int, help="epochs per launch (default 6)")
+    p.add_argument("--warmup", type=int, help="untimed epochs at the start of each launch (default 1)")
+    p.add_argument("--nproc", type=int, help="worker processes (default 2)")
+    p.add_argument("--repeat", type=int, help="rounds, each launching every variant once, interleaved (default 5)")
+    p.add_argument("--threads", type=int, help="intra-op threads per process (default 1)")
+    p.add_argument("--variants", type=_name_list, help="comma-separated subset of plain,shoal,accelerate,fabric")
+    p.add_argument("--start-method", help="auto (default: fork on CPU), fork or spawn")
+    p.set_defaults(func=_runner("overhead"))
+
     p = _sub(benches, "data", "samples/s of shoal's loader vs the tutorials' per-sample MNIST pipeline",
              "Shuffled MNIST batches three ways in one process: shoal's in-memory loader, torchvision's "
              "MNIST with ToTensor/Normalize through a DataLoader (the tutorials' pipeline), and raw "
@@ -130,6 +166,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
     p.add_argument("--variants", type=_name_list, help="comma-separated; default: all (see the list above)")
     p.set_defaults(func=_runner("startup"))
+
+    p = _sub(benches, "checkpoint", "save/load MB/s of shoal's atomic, durable checkpoint writer vs plain torch.save",
+             "Save the same state (a torchvision model + SGD momentum state, or mb:N MB of tensors) four ways to "
+             "the same disk: torch.save, torch.save + fsync, shoal's atomic writer (temp file, fsync, rename, "
+             "directory fsync) and a whole CheckpointManager save; load each back, check it, report MB/s and the "
+             "ratio to torch.save (target: shoal's atomic save >= 0.8x).", CHECKPOINT_EXAMPLES)
+    p.add_argument("--model", help="torchvision model whose state + SGD momentum is saved (default resnet18), "
+                   "or mb:N for N MB (10^6 bytes) of float32 tensors")
+    p.add_argument("--dir", dest="directory", metavar="DIR",
+                   help="existing directory on the disk to measure (default: the system temp dir); "
+                   "files go to a temporary folder inside it, removed afterwards")
+    p.add_argument("--repeat", type=int, help="timed rounds, interleaved; median reported (default 5)")
+    p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
+    p.set_defaults(func=_runner("checkpoint"))
 
 
 def _sub(benches, name: str, help_text: str, description: str, examples: str) -> argparse.ArgumentParser:
@@ -160,6 +210,12 @@ _BENCHES: dict[str, tuple[str, str, str, str, str, dict[str, str]]] = {
     "data": ("shoal.bench.data", "DataConfig", "run_data", "format_data", "plot_data",
              {"data": "data", "batch_size": "batch_size", "samples": "samples", "repeat": "repeat",
               "num_workers": "num_workers", "threads": "threads"}),
+    "overhead": ("shoal.bench.overhead", "OverheadConfig", "run_overhead", "format_overhead", "plot_overhead",
+                 {"model": "model", "image_size": "image_size", "batch_size": "batch_size", "samples": "samples",
+                  "epochs": "epochs", "warmup": "warmup", "nproc": "nproc", "repeat": "repeat", "threads": "threads",
+                  "variants": "variants", "start_method": "start_method"}),
+    "checkpoint": ("shoal.bench.checkpoint", "CheckpointConfig", "run_checkpoint", "format_checkpoint",
+                   "plot_checkpoint", {"model": "model", "directory": "directory", "repeat": "repeat", "warmup": "warmup"}),
     "startup": ("shoal.bench.startup", "StartupConfig", "run_startup", "format_startup", "plot_startup",
                 {"nproc": "nproc", "repeat": "repeat", "warmup": "warmup", "variants": "variants"}),
 }

@@ -286,9 +286,10 @@ def _choose_socket_interface(info: EnvInfo, backend: str) -> None:
 def configure_threads(threads: int | None, local_world_size: int) -> int:
     """Set torch's intra-op threads: explicit value, else OMP_NUM_THREADS, else cores / local procs."""
     if threads is None:
-        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-            return torch.get_num_threads()
-        threads = max(1, usable_cores() // max(1, local_world_size))
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        # Applied explicitly: torch reads OMP_NUM_THREADS only when it starts, and a worker forked
+        # from a process that imported torch earlier inherits that process's thread count.
+        threads = int(env) if env.isdigit() and int(env) > 0 else max(1, usable_cores() // max(1, local_world_size))
     if threads < 1:
         raise ShoalError(f"threads must be at least 1, got {threads}", "pass threads=1 or more")
     if torch.get_num_threads() != threads:

@@ -1,4 +1,4 @@
-"""synthetic: random images through any torchvision ResNet, to measure throughput (no data needed)."""
+"""synthetic: random images through any torchvision ResNet or a small MLP, to measure throughput (no data needed)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from shoal.errors import ShoalError
 from shoal.train.config import TrainConfig
 from shoal.workloads.base import Workload, WorkloadData
 
-ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+ARCHS = (*RESNETS, "mlp")
+MLP_WIDTH = 512
 NUM_CLASSES = 10
 DEFAULT_SAMPLES = 1024
 
 
 class Synthetic(Workload):
     name = "synthetic"
-    summary = "random 3xSxS inputs through a torchvision ResNet (--arch, --image-size); reports samples/s"
+    summary = "random 3xSxS inputs through a torchvision ResNet or an MLP (--arch, --image-size); reports samples/s"
     defaults = {"epochs": 1, "batch_size": 32, "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0}
 
     def prepare(self, cfg: TrainConfig) -> None:
@@ -36,10 +38,29 @@ class Synthetic(Workload):
         return WorkloadData(train=make(samples), test=make(test_samples), num_classes=NUM_CLASSES)
 
     def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
-        import torchvision.models
+        return build_synthetic_model(cfg.arch, cfg.image_size, num_classes)
 
-        _check_arch(cfg.arch)
-        return getattr(torchvision.models, cfg.arch)(num_classes=num_classes)
+
+def build_synthetic_model(arch: str, image_size: int, num_classes: int = NUM_CLASSES) -> nn.Module:
+    """A torchvision ResNet, or ``mlp``: 3xSxS inputs flattened, two hidden layers of 512, ReLU.
+
+    The MLP is the "tiny model" of the overhead benchmark: so little compute per step that any
+    per-step cost of the training loop (or of the gradient all-reduce) shows.
+    """
+    _check_arch(arch)
+    if arch == "mlp":
+        features = 3 * image_size * image_size
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(features, MLP_WIDTH),
+            nn.ReLU(),
+            nn.Linear(MLP_WIDTH, MLP_WIDTH),
+            nn.ReLU(),
+            nn.Linear(MLP_WIDTH, num_classes),
+        )
+    import torchvision.models
+
+    return getattr(torchvision.models, arch)(num_classes=num_classes)
 
 
 def _check_arch(arch: str) -> None:
