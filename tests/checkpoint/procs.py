@@ -51,14 +51,19 @@ def children(pid: int) -> list[int]:
 
 
 def workers(pid: int) -> list[int]:
-    """The spawned worker processes of a ``shoal train --nproc`` launcher."""
+    """The worker processes of a ``shoal train --nproc`` launcher: spawned (``spawn_main`` in their
+    command line) or forked (the launcher's own command line)."""
+    try:
+        launcher = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
     out = []
     for child in children(pid):
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline:
+        if b"spawn_main" in cmdline or cmdline == launcher:
             out.append(child)
     return sorted(out)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 from shoal.errors import ShoalError
 
@@ -20,6 +22,7 @@ examples:
   shoal train cifar10 --data ~/data --out runs/c10 --checkpoint-every 500steps --keep 2
   shoal train cifar10 --data ~/data --out runs/c10    # again: resumes from the newest checkpoint
   shoal train digits --nproc 2 --max-restarts 3       # a crashed worker: restart, resume, go on
+  shoal train synthetic --nproc 2 --comm-hook bf16    # gradients all-reduced in bfloat16
 """
 
 
@@ -52,12 +55,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
     p.add_argument("--amp", default="off", help="mixed precision: off, bf16, fp16 (fp16: CUDA only)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--arch", default="resnet18", help="synthetic: resnet18 ... resnet152")
+    p.add_argument("--arch", default="resnet18", help="synthetic: resnet18 ... resnet152, or mlp")
     p.add_argument("--image-size", type=int, default=32, help="synthetic: input side (default 32)")
     p.add_argument("--samples", type=int, help="synthetic: training samples (default 1024)")
     p.add_argument("--eval-batch-size", type=int, help="per-process evaluation batch (default 4 x batch)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: when stderr is a terminal)")
+    p.add_argument("--comm-hook", default="none", metavar="none|bf16|fp16",
+                   help="DDP gradient compression: all-reduce the gradients in bf16 or fp16, half the bytes "
+                        "of float32 (parameters and optimizer stay float32); pays off when communication is "
+                        "the bottleneck (e.g. a slow network between nodes), costs two casts per bucket "
+                        "otherwise; measure with `shoal bench scaling --comm-hook bf16` (default none)")
+    p.add_argument("--start-method", default="auto", metavar="auto|fork|spawn",
+                   help="how --nproc starts the workers: fork (they inherit this process's imports: "
+                        "seconds sooner) or spawn (fresh interpreters); auto: fork on CPU, spawn with CUDA")
     ck = p.add_argument_group("checkpoints and resume")
     ck.add_argument("--checkpoint-every", default="1", metavar="N",
                     help="checkpoint every N epochs (2, 2epochs) or steps (500steps); 0: only at the end")
@@ -87,6 +98,7 @@ def config_from_args(args: argparse.Namespace):
         eval_batch_size=args.eval_batch_size, progress=args.progress,
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, keep=args.keep,
         resume=args.resume, preempt_grace=args.preempt_grace, max_restarts=args.max_restarts,
+        start_method=args.start_method, comm_hook=args.comm_hook,
     )
 
 
@@ -111,8 +123,12 @@ def run(args: argparse.Namespace) -> int:
     if env.world_size > 1 and rendezvous is not None:
         raise ShoalError(f"rendezvous flags given, but {env.scheme} already started this process as "
                          f"rank {env.rank} of {env.world_size}", "drop --nnodes/--master-addr/--rdzv-*")
-    get_workload(cfg.workload).prepare(cfg)  # data present (or downloaded) before workers start
-    if (cfg.nproc == 1 and rendezvous is None) or env.world_size > 1:
+    in_process = (cfg.nproc == 1 and rendezvous is None) or env.world_size > 1
+    # Data present (or downloaded) before workers start. The workers may be forked from this
+    # process: see _fork_safe for why no torch computation here may use intra-op threads.
+    with contextlib.nullcontext() if in_process else _fork_safe():
+        get_workload(cfg.workload).prepare(cfg)
+    if in_process:
         from shoal.train.entry import run_worker
 
         run_worker(cfg)
@@ -121,13 +137,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch_workers(cfg, rendezvous=None) -> int:
-    from shoal.dist.device import choose_device
+    from shoal.bench._launch import resolve_start_method
     from shoal.launch.local import launch_local
     from shoal.train.entry import run_local_worker
     from shoal.train.outputs import default_out_dir, prepare_out_dir
 
-    # Check here what would otherwise fail N times over in the workers.
-    choose_device(cfg.device, 0, cfg.nproc)
+    # Check here what would otherwise fail N times over in the workers; the device decides how
+    # they start: fork on CPU (they inherit the imported torch: seconds sooner), spawn with CUDA.
+    device = _launcher_device(cfg)
+    start_method = resolve_start_method(cfg.start_method, device.type)
+    cfg.extra["start_method"] = start_method  # announced by rank 0, recorded in config.json
     if cfg.out is None:
         if rendezvous is not None and rendezvous.min_max_nodes[1] > 1:
             # A name made up per attempt would change on every restart, and a restarted group
@@ -138,5 +157,55 @@ def _launch_workers(cfg, rendezvous=None) -> int:
             )
         cfg.out = default_out_dir(cfg.workload)
     prepare_out_dir(cfg.out)
-    launch_local(run_local_worker, (cfg,), cfg.nproc, max_restarts=cfg.max_restarts, rendezvous=rendezvous)
+    launch_local(run_local_worker, (cfg,), cfg.nproc, max_restarts=cfg.max_restarts, rendezvous=rendezvous,
+                 start_method=start_method)
     return 0
+
+
+# Fork safety of the launching process. Forked workers inherit this process as it is, so before
+# launch_local it must not have
+# * run a torch operation on more than one intra-op thread: GNU libgomp (torch's OpenMP on Linux)
+#   is not fork-safe, and a child whose parent has started its thread pool hangs in its first
+#   parallel region (tests/train/test_train_fork.py shows it). What runs here: argument parsing,
+#   TrainConfig, resolve_defaults, detect_environment, the rendezvous options, the workload's
+#   prepare(), the device check and the output directory: no torch computation, except
+#   torchvision's MNIST reader when `shoal train mnist --download` fetches the files (it converts
+#   the labels with .long(), a parallel op on 60,000 elements). _fork_safe makes any such op
+#   run on this thread alone.
+# * initialised CUDA: the CUDA driver does not survive fork. torch.cuda.is_available() calls
+#   cudaGetDeviceCount (which runs cuInit) unless PYTORCH_NVML_BASED_CUDA_CHECK=1, with which it
+#   counts devices through NVML and leaves the driver alone; _launcher_device sets it for its check
+#   (where NVML itself fails, torch falls back to cudaGetDeviceCount). With CUDA the workers are
+#   spawned anyway; this matters for CPU runs on a machine with GPUs (--device cpu, or auto with
+#   fewer GPUs than --nproc), whose forked workers call torch.cuda.is_available() themselves.
+
+
+@contextlib.contextmanager
+def _fork_safe() -> Iterator[None]:
+    """Run torch operations in this block on the calling thread only (no OpenMP thread pool)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)  # what the workers inherit (and then set their own)
+
+
+def _launcher_device(cfg):
+    """``choose_device`` for the workers' device type, without initialising CUDA in this process."""
+    import os
+
+    from shoal.dist.device import choose_device
+
+    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
+    if cfg.start_method == "spawn" or name in os.environ:
+        return choose_device(cfg.device, 0, cfg.nproc)
+    os.environ[name] = "1"
+    try:
+        return choose_device(cfg.device, 0, cfg.nproc)
+    finally:
+        os.environ.pop(name, None)

@@ -53,6 +53,21 @@ def _fresh_store_per_attempt() -> Iterator[None]:
         os.environ.pop(name, None)
 
 
+@contextlib.contextmanager
+def _environ_restored(*names: str) -> Iterator[None]:
+    """Undo what torch's launcher writes into this process's environment (a library call that
+    launches workers should leave its caller's environment as it was)."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class WorkersFailed(ShoalError):
     """Some local worker failed; the message already holds its traceback and summary."""
 
@@ -75,6 +90,11 @@ def launch_local(
     :class:`WorkersFailed` carrying the failing rank's own traceback; the other workers are stopped
     by the agent first.
 
+    ``start_method``: ``spawn`` (fresh interpreters that import everything again) or ``fork``
+    (copies of this process: seconds sooner to the first step, but this process must not have run
+    torch work on several threads or initialised CUDA first; ``shoal train`` picks with
+    :func:`shoal.bench._launch.resolve_start_method`: fork on CPU, spawn with CUDA).
+
     ``rendezvous``: this node is one of several (see :mod:`shoal.launch.rendezvous`): the workers
     join the others through that rendezvous, with the interface, address and timeouts shoal picks
     (printed at start); one that cannot complete raises a ShoalError saying why.
@@ -88,6 +108,8 @@ def launch_local(
 
     if nproc < 1:
         raise ShoalError(f"--nproc must be at least 1, got {nproc}", "pass --nproc 1 or more")
+    if start_method not in ("spawn", "fork", "forkserver"):
+        raise ShoalError(f"unknown start method {start_method!r}", "use fork or spawn")
     log_dir = tempfile.mkdtemp(prefix="shoal-workers-")
     config = LaunchConfig(
         min_nodes=1,
@@ -107,7 +129,11 @@ def launch_local(
     try:
         if rendezvous is not None:
             plan = _join_nodes(config, rendezvous)
-        with _fresh_store_per_attempt(), _worker_environ(plan):
+        # Forked workers start with a copy of this process's unwritten output buffers: empty
+        # them first, so nothing printed before the launch comes out once per worker.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with _fresh_store_per_attempt(), _worker_environ(plan), _environ_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"):
             return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         codes = {failure.exitcode for failure in err.failures.values()}

@@ -74,6 +74,10 @@ class TrainConfig:
     """Seconds after SIGTERM/SIGUSR1 within which the preemption checkpoint must be written."""
     max_restarts: int = 0
     """Times torch's elastic agent restarts the local workers after a failure (--nproc runs)."""
+    start_method: str = "auto"
+    """How --nproc workers are started: auto (fork on CPU, spawn with CUDA), fork or spawn."""
+    comm_hook: str = "none"
+    """DDP gradient compression: none (float32 all-reduce), bf16 or fp16 (half the bytes)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Filled in at start: detected environment and world size, for config.json."""
 
@@ -106,6 +110,15 @@ class TrainConfig:
         _choice("--device", self.device, DEVICES)
         if self.optimizer is not None:
             _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        from shoal.bench._launch import START_METHODS
+
+        _choice("--start-method", self.start_method, START_METHODS)
+        from shoal.dist.comm_hooks import check_comm_hook
+
+        try:
+            check_comm_hook(self.comm_hook)
+        except ShoalError as err:
+            raise ShoalError(f"--comm-hook: {err.message}", err.hint) from None
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

@@ -2,10 +2,14 @@
 
 Slurm sends SIGTERM (and, with ``--signal``, SIGUSR1 ahead of its time limit), Kubernetes sends
 SIGTERM to the pod, torch's elastic agent forwards SIGTERM to its workers; ``kill`` may hit just
-one rank. The handler only records the signal. Once per step the ranks combine their flags with an
-all-reduce (MAX) started asynchronously and read one step later, so the check never stalls the
-step and every rank reads the same value and stops after the same step. A watchdog ends the
-process after ``grace_s`` seconds in any case, so a rank never outlives its grace period.
+one rank. The handler only records the signal. :meth:`PreemptionWatch.requested` is called once per
+step; every few steps the ranks combine their flags with an all-reduce (MAX) started asynchronously
+and read at the next check, so the check never stalls the step and every rank reads the same value
+and stops after the same step. The same all-reduce carries the slowest rank's seconds per step, from
+which every rank derives the same number of steps until the next check (about every
+``CHECK_INTERVAL_S``): a tiny model's millisecond steps do not each pay for a collective, and a
+signal is still acted on within a fraction of a second. A watchdog ends the process after
+``grace_s`` seconds in any case, so a rank never outlives its grace period.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -23,6 +28,9 @@ import torch.distributed as dist
 from shoal.errors import ShoalError
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+CHECK_INTERVAL_S = 0.05
+"""Seconds of training between two agreement all-reduces (at least one step, at most ``MAX_STEPS``)."""
+MAX_STEPS = 100
 
 
 class Preempted(ShoalError):
@@ -38,6 +46,9 @@ class PreemptionWatch:
         self.received = 0
         self._previous: dict[int, Any] = {}
         self._pending: tuple[Any, torch.Tensor] | None = None
+        self._steps = 0  # steps since the last check
+        self._interval = 1  # steps between checks: the same on every rank (derived from agreed values)
+        self._last_check = time.perf_counter()
         self._group = None
         self._watchdog: threading.Timer | None = None
         self._distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -62,7 +73,7 @@ class PreemptionWatch:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.received:
             self.received = signum
-            print(f"shoal: received {signal.Signals(signum).name}: checkpointing at the next step", file=sys.stderr, flush=True)
+            print(f"shoal: received {signal.Signals(signum).name}: checkpointing within a few steps", file=sys.stderr, flush=True)
             self._watchdog = threading.Timer(self.grace_s, _give_up, args=(signum, self.grace_s))
             self._watchdog.daemon = True
             self._watchdog.start()
@@ -71,14 +82,21 @@ class PreemptionWatch:
         """The signal every rank agreed to stop for (0: none). Call once per step on every rank."""
         if not self._distributed:
             return self.received
+        self._steps += 1
+        if self._steps < self._interval:
+            return 0
         agreed = 0
         if self._pending is not None:
-            work, flag = self._pending
+            work, values = self._pending
             work.wait()
-            agreed = int(flag.item())
-        flag = torch.tensor([self.received], dtype=torch.int32)
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        self._pending = (work, flag)
+            flag, step_s = values.tolist()
+            agreed = int(flag)
+            self._interval = max(1, min(MAX_STEPS, int(CHECK_INTERVAL_S / max(step_s, 1e-6))))
+        now = time.perf_counter()
+        values = torch.tensor([float(self.received), (now - self._last_check) / self._steps], dtype=torch.float64)
+        work = dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        self._pending = (work, values)
+        self._steps, self._last_check = 0, now
         return agreed
 
     def _drain(self) -> None:

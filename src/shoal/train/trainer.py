@@ -18,10 +18,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 import shoal
 from shoal.checkpoint.manager import CheckpointManager, restore
 from shoal.dist.collectives import all_reduce_sum, broadcast_object
+from shoal.dist.comm_hooks import register_comm_hook
 from shoal.dist.context import Context
 from shoal.dist.wrap import model_state_dict
 from shoal.errors import ShoalError
@@ -31,6 +33,9 @@ from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
 from shoal.train.preemption import Preempted, PreemptionWatch
 from shoal.workloads import get_workload
+
+
+_HOOK_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         outputs, checkpoints = _open_run(cfg, ctx)
         data = workload.load(cfg, ctx.device, rank=ctx.rank)
         model = ctx.wrap(workload.build_model(cfg, data.num_classes))
+        register_comm_hook(model, cfg.comm_hook)  # no-op without DDP (one process)
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform)
         test_loader = ctx.eval_loader(data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform)
         plan = _plan(cfg, ctx, len(train_loader))
@@ -365,8 +371,13 @@ def _open_run(cfg: TrainConfig, ctx: Context) -> tuple[RunOutputs | None, Checkp
 
 
 def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | None, run: _Run) -> None:
-    ctx.print(f"shoal train {cfg.workload}: {ctx.describe()}")
+    started = cfg.extra.get("start_method")  # set by `shoal train --nproc`
+    ctx.print(f"shoal train {cfg.workload}: {ctx.describe()}" + (f" | workers started by {started}" if started else ""))
     ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
+    if cfg.comm_hook != "none":
+        applied = isinstance(run.state["model"], DistributedDataParallel)
+        ctx.print(f"  comm hook {cfg.comm_hook}: gradients all-reduced in {_HOOK_DTYPES[cfg.comm_hook]}"
+                  if applied else f"  comm hook {cfg.comm_hook}: unused (no DDP in a single process)")
     ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep})")
     if run.resumed_from is not None:
         where = "training" if not run.epoch_trained else "evaluation"
