@@ -27,8 +27,9 @@ def test_plan_has_controls_and_equal_threads_on_cpu():
     assert [v.name for v in plan[1]] == ["ddp", "threads:2", "threads:4"]
     # 1 process with T x threads also gets T x the batch: the same global batch as T processes.
     assert plan[1][2] == Variant("threads:4", 4, 128)
-    assert [v.name for v in plan[2]] == ["ddp", "hook:bf16", "no_allreduce"]
+    assert [v.name for v in plan[2]] == ["ddp", "hook:bf16", "no_allreduce", "torch_defaults"]
     assert not plan[2][2].sync and plan[2][1].hook == "bf16"
+    assert plan[2][3].torch_defaults and not plan[2][0].torch_defaults
 
 
 def test_plan_on_gpu_has_no_thread_rows():
@@ -90,7 +91,8 @@ def test_smoke_scaling_report(tmp_path: Path):
     assert meta["command"].startswith("shoal bench scaling --smoke")
     assert meta["machine"]["cores"] >= 1 and meta["machine"]["torch"]
     rows = {(r["world_size"], r["variant"]): r for r in report["rows"]}
-    assert set(rows) == {(1, "ddp"), (1, "threads:2"), (2, "ddp"), (2, "hook:bf16"), (2, "no_allreduce")}
+    assert set(rows) == {(1, "ddp"), (1, "threads:2"), (2, "ddp"), (2, "hook:bf16"), (2, "no_allreduce"),
+                         (2, "torch_defaults")}
     base = rows[(1, "ddp")]["samples_per_s"]
     for r in report["rows"]:
         assert r["samples_per_s"] > 0 and all(v > 0 for v in r["samples_per_s_runs"])
@@ -108,6 +110,8 @@ def test_smoke_scaling_report(tmp_path: Path):
     assert summary["allreduce_share"] == pytest.approx(1 - two["samples_per_s"] / rows[(2, "no_allreduce")]["samples_per_s"])
     assert summary["hook_gain"] == pytest.approx(rows[(2, "hook:bf16")]["samples_per_s"] / two["samples_per_s"] - 1)
     assert summary["processes_vs_threads"] == pytest.approx(two["samples_per_s"] / rows[(1, "threads:2")]["samples_per_s"])
+    assert summary["settings_gain"] == pytest.approx(two["samples_per_s"] / rows[(2, "torch_defaults")]["samples_per_s"] - 1)
+    assert rows[(2, "torch_defaults")]["label"] == "2 procs x 1 thread, torch's DDP defaults"
     assert summary["hook"] == "bf16" and "hook_gain" in summary
     assert any(note.startswith("2 processes: efficiency") for note in report["notes"])
     if _has_matplotlib():

@@ -4,24 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from shoal.errors import ShoalError
+from shoal.launch.local import START_METHODS, check_start_method, resolve_start_method
 
-START_METHODS = ("auto", "fork", "spawn")
-
-
-def check_start_method(name: str) -> str:
-    if name not in START_METHODS:
-        raise ShoalError(f"unknown start method {name!r}", f"use one of: {', '.join(START_METHODS)}")
-    return name
-
-
-def resolve_start_method(name: str, device_type: str) -> str:
-    """``auto``: fork on CPU (workers inherit the parent's imports: seconds saved per launch on a
-    small machine, see ``shoal bench startup``), spawn with CUDA (a CUDA runtime does not survive fork)."""
-    check_start_method(name)
-    if name != "auto":
-        return name
-    return "spawn" if device_type == "cuda" else "fork"
+__all__ = ["START_METHODS", "check_start_method", "resolve_start_method", "launch_workers"]
 
 
 def launch_workers(entrypoint: Callable[..., Any], args: tuple[Any, ...], nproc: int, start_method: str) -> Any:

@@ -95,7 +95,9 @@ def header(report: dict) -> str:
     busy = ""
     if load is not None:
         busy = f" | load avg {load:.2f}" + (f" -> {load_end:.2f}" if load_end is not None else "")
-        if max(load, load_end or 0.0) > 0.5 * m["cores"]:
+        # The benchmark's own processes count too (2 workers on 2 cores: load ~2); only more
+        # runnable work than cores means others competed for them.
+        if max(load, load_end or 0.0) > m["cores"] + 0.5:
             busy += " (machine busy: numbers are noisy)"
     gpus = f" | {', '.join(m['gpus'])}" if m.get("gpus") else ""
     return (

@@ -15,6 +15,8 @@ processes (after a warm-up of each, the timed steps run in ``--blocks`` blocks: 
   that separates compute contention (processes slowing each other down) from communication;
 * ``hook:<name>``: DDP with a gradient-compression hook (``--comm-hook bf16|fp16``), on its own copy
   of the model so the plain ``ddp`` variant is measured beside it;
+* ``torch_defaults``: DDP as ``DistributedDataParallel(model)`` builds it, without shoal's settings
+  (``gradient_as_bucket_view``), on its own copy of the model: what those settings are worth;
 * ``threads`` (CPU, in the 1-process launch): one process with T times the threads and T times the
   batch, to compare with T processes x 1 thread at equal total threads and equal global batch.
 
@@ -105,6 +107,8 @@ class Variant:
     batch_size: int
     sync: bool = True
     hook: str = "none"
+    torch_defaults: bool = False
+    """DDP with torch's default options instead of shoal's (``ctx.wrap``)."""
 
 
 @dataclass(frozen=True)
@@ -132,13 +136,15 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
 
     ctx = shoal.init(device=spec.device, threads=spec.variants[0].threads, seed=0)
     try:
-        models: dict[str, tuple[Any, Any]] = {}
+        models: dict[tuple[str, bool], tuple[Any, Any]] = {}
         for v in spec.variants:
-            if v.hook not in models:
+            key = (v.hook, v.torch_defaults)
+            if key not in models:
                 torch.manual_seed(0)
-                model = ctx.wrap(build_synthetic_model(spec.arch, spec.image_size, NUM_CLASSES))
+                options = {"gradient_as_bucket_view": False} if v.torch_defaults else {}
+                model = ctx.wrap(build_synthetic_model(spec.arch, spec.image_size, NUM_CLASSES), **options)
                 register_comm_hook(model, v.hook)
-                models[v.hook] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+                models[key] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
         biggest = max(v.batch_size for v in spec.variants)
         pool = biggest * ctx.world_size * min(POOL_BATCHES, spec.steps + spec.warmup)
         gen = torch.Generator().manual_seed(0)
@@ -147,7 +153,7 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
 
         steppers = {}
         for v in spec.variants:
-            model, optimizer = models[v.hook]
+            model, optimizer = models[(v.hook, v.torch_defaults)]
             model.train()
             steppers[v.name] = _stepper(model, optimizer, _cycle(ctx.loader((images, labels), batch_size=v.batch_size)),
                                         v.sync, F.cross_entropy)
@@ -227,6 +233,7 @@ def plan_launches(cfg: ScalingConfig, world_sizes: list[int], on_cpu: bool) -> d
                 variants.append(Variant(f"hook:{cfg.comm_hook}", t, b, hook=cfg.comm_hook))
             if cfg.controls:
                 variants.append(Variant("no_allreduce", t, b, sync=False))
+                variants.append(Variant("torch_defaults", t, b, torch_defaults=True))
         launches[n] = tuple(variants)
     return launches
 
@@ -314,6 +321,8 @@ def _label(n: int, v: Variant, on_cpu: bool) -> str:
         return f"{procs}{threads}, no all-reduce"
     if v.name.startswith("hook:"):
         return f"{procs}{threads}, {v.hook} hook"
+    if v.torch_defaults:
+        return f"{procs}{threads}, torch's DDP defaults"
     if v.name.startswith("threads:"):
         return f"{procs}{threads}, batch {v.batch_size}"
     return f"{procs}{threads}"
@@ -339,6 +348,10 @@ def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig) -> list[dict[str,
             s["hook"] = cfg.comm_hook
             s["efficiency_hook"] = hook["efficiency"]
             s["hook_gain"] = paired_ratio(hook, row) - 1.0
+        defaults = by.get((n, "torch_defaults"))
+        if defaults is not None:
+            s["efficiency_torch_defaults"] = defaults["efficiency"]
+            s["settings_gain"] = paired_ratio(row, defaults) - 1.0
         threads = by.get((1, f"threads:{n * cfg.threads}"))
         if threads is not None:
             s["processes_vs_threads"] = paired_ratio(row, threads)
@@ -375,6 +388,9 @@ def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
     extra = ""
     if "hook_gain" in s:
         extra += f"; {s['hook']} hook: {s['hook_gain']:+.1%} throughput (efficiency {s['efficiency_hook']:.2f})"
+    if "settings_gain" in s:
+        extra += (f"; shoal's DDP settings: {s['settings_gain']:+.1%} throughput over torch's defaults "
+                  f"(efficiency {s['efficiency_torch_defaults']:.2f} with those)")
     if "processes_vs_threads" in s:
         extra += f"; {n} processes give {s['processes_vs_threads']:.2f}x the throughput of 1 process with {n}x threads"
     return bound, f"{text}, {why}{extra}"

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch_workers(cfg, rendezvous=None) -> int:
-    from shoal.bench._launch import resolve_start_method
+    from shoal.launch.local import resolve_start_method
     from shoal.launch.local import launch_local
     from shoal.train.entry import run_local_worker
     from shoal.train.outputs import default_out_dir, prepare_out_dir

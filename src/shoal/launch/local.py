@@ -22,6 +22,24 @@ if TYPE_CHECKING:
     from shoal.launch.rendezvous import RendezvousOptions, RendezvousPlan
 
 
+START_METHODS = ("auto", "fork", "spawn")
+
+
+def check_start_method(name: str) -> str:
+    if name not in START_METHODS:
+        raise ShoalError(f"unknown start method {name!r}", f"use one of: {', '.join(START_METHODS)}")
+    return name
+
+
+def resolve_start_method(name: str, device_type: str) -> str:
+    """``auto``: fork on CPU (workers inherit the parent's imports: seconds saved per launch on a
+    small machine, see ``shoal bench startup``), spawn with CUDA (a CUDA runtime does not survive fork)."""
+    check_start_method(name)
+    if name != "auto":
+        return name
+    return "spawn" if device_type == "cuda" else "fork"
+
+
 # Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see shoal.train.preemption).
 _PREEMPTED_CODES = {128 + signal.SIGTERM, 128 + signal.SIGUSR1}
 
@@ -93,7 +111,7 @@ def launch_local(
     ``start_method``: ``spawn`` (fresh interpreters that import everything again) or ``fork``
     (copies of this process: seconds sooner to the first step, but this process must not have run
     torch work on several threads or initialised CUDA first; ``shoal train`` picks with
-    :func:`shoal.bench._launch.resolve_start_method`: fork on CPU, spawn with CUDA).
+    :func:`resolve_start_method`: fork on CPU, spawn with CUDA).
 
     ``rendezvous``: this node is one of several (see :mod:`shoal.launch.rendezvous`): the workers
     join the others through that rendezvous, with the interface, address and timeouts shoal picks

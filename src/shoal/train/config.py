@@ -110,7 +110,7 @@ class TrainConfig:
         _choice("--device", self.device, DEVICES)
         if self.optimizer is not None:
             _choice("--optimizer", self.optimizer, OPTIMIZERS)
-        from shoal.bench._launch import START_METHODS
+        from shoal.launch.local import START_METHODS
 
         _choice("--start-method", self.start_method, START_METHODS)
         from shoal.dist.comm_hooks import check_comm_hook
