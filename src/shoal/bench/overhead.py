@@ -11,7 +11,8 @@ launcher: same model and initial weights (seeded), same pre-loaded tensors, same
   gives it no head start: any difference is the trainer's own machinery.
 * ``shoal``: ``shoal train synthetic`` itself (:func:`shoal.train.trainer.train` on every rank:
   progress-based lr schedule, loss tally, preemption check, everything a real run does; no
-  checkpoints, and the per-epoch evaluation is outside the timed part).
+  checkpoints, the per-epoch evaluation outside the timed part, and ResNets in the plain loop's
+  memory format: ``--no-channels-last``, or the arithmetic would differ).
 * ``accelerate`` and ``fabric`` (when installed: ``pip install 'shoal[bench]'``): the plain loop with
   Hugging Face Accelerate's ``prepare``/``backward`` or Lightning Fabric's ``setup``/``backward``.
 
@@ -246,6 +247,7 @@ def shoal_worker(job: Job) -> dict[str, Any] | None:
         workload="synthetic", arch=job.model, image_size=job.side, samples=job.samples, batch_size=job.batch_size,
         epochs=job.epochs, lr=job.lr, optimizer="sgd", weight_decay=0.0, seed=job.seed, device="cpu",
         out=str(Path(job.out) / "shoal-run"), checkpoint_every="0", resume="never", progress=False,
+        channels_last=False,  # the plain loop's memory format: the same arithmetic, bit for bit
     )
     rank = int(os.environ.get("RANK", "0"))
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):

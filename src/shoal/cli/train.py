@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=32, help="synthetic: input side (default 32)")
     p.add_argument("--samples", type=int, help="synthetic: training samples (default 1024)")
     p.add_argument("--eval-batch-size", type=int, help="per-process evaluation batch (default 4 x batch)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="run convolutions in channels-last (NHWC) memory format (default: on for conv models; "
+                   "faster on CPU and GPU)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: when stderr is a terminal)")
     p.add_argument("--comm-hook", default="none", metavar="none|bf16|fp16",
@@ -95,7 +98,7 @@ def config_from_args(args: argparse.Namespace):
         warmup_epochs=args.warmup_epochs, seed=args.seed, data=args.data, download=args.download,
         out=args.out, device=args.device, backend=args.backend, amp=args.amp, grad_accum=args.grad_accum,
         nproc=args.nproc, arch=args.arch, image_size=args.image_size, samples=args.samples,
-        eval_batch_size=args.eval_batch_size, progress=args.progress,
+        eval_batch_size=args.eval_batch_size, progress=args.progress, channels_last=args.channels_last,
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, keep=args.keep,
         resume=args.resume, preempt_grace=args.preempt_grace, max_restarts=args.max_restarts,
         start_method=args.start_method, comm_hook=args.comm_hook,

@@ -60,6 +60,9 @@ class TrainConfig:
     """Training samples of the synthetic workload."""
     eval_batch_size: int | None = None
     """Per-process batch size for evaluation (default: 4 x batch_size)."""
+    channels_last: bool | None = None
+    """Convolutions in channels-last (NHWC) memory format; default: on for models with 2-D
+    convolutions (oneDNN on CPU and cuDNN on GPU run them faster that way)."""
     progress: bool | None = None
     """Show a progress bar on rank 0 (default: when stderr is a terminal)."""
     checkpoint_every: str = "1"

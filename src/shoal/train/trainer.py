@@ -115,6 +115,24 @@ class _GeneratorState:
         self.generator.set_state(state["state"])
 
 
+def has_conv2d(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def in_channels_last(transform: Callable | None) -> Callable:
+    """``transform`` followed by moving 4-D inputs to channels-last memory (one copy per batch)."""
+
+    def apply(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if transform is not None:
+            batch = transform(batch)
+        inputs, *rest = batch
+        if inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return (inputs, *rest)
+
+    return apply
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run one training job in this process (one rank of it); return the last epoch's metrics."""
     cfg = resolve_defaults(cfg)
@@ -125,7 +143,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
         outputs, checkpoints = _open_run(cfg, ctx)
         data = workload.load(cfg, ctx.device, rank=ctx.rank)
-        model = ctx.wrap(workload.build_model(cfg, data.num_classes))
+        model = workload.build_model(cfg, data.num_classes)
+        cfg.channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model)
+        if cfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            data.train_transform = in_channels_last(data.train_transform)
+            data.test_transform = in_channels_last(data.test_transform)
+        model = ctx.wrap(model)
         register_comm_hook(model, cfg.comm_hook)  # no-op without DDP (one process)
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform)
         test_loader = ctx.eval_loader(data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform)

@@ -21,7 +21,7 @@ LAYOUT = "the files in DIR/MNIST/raw"
 class MNIST(Workload):
     name = "mnist"
     summary = "MNIST 28x28 digits from --data DIR (torchvision layout DIR/MNIST/raw); a small CNN"
-    defaults = {"epochs": 4, "batch_size": 64, "lr": 2e-3, "optimizer": "adamw", "weight_decay": 1e-4}
+    defaults = {"epochs": 4, "batch_size": 64, "lr": 4e-3, "optimizer": "adamw", "weight_decay": 1e-4}
 
     def prepare(self, cfg: TrainConfig) -> None:
         root = data_root(cfg, LAYOUT)
@@ -62,10 +62,13 @@ class MNIST(Workload):
         )
 
     def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
+        # 20k parameters, ~1 M multiply-adds per image: 99.0-99.2% test accuracy in 3-4 epochs. In
+        # channels-last memory (the trainer's default for conv models) oneDNN runs it ~1.6x faster
+        # on CPU than in NCHW; docs/BENCHMARKS.md ("Time to accuracy") has the numbers.
         return nn.Sequential(
-            nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),  # 26 -> 13
-            nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),  # 11 -> 5
-            nn.Flatten(), nn.Dropout(0.25), nn.Linear(64 * 5 * 5, num_classes),
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 28 -> 14
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 14 -> 7
+            nn.Flatten(), nn.Linear(32 * 7 * 7, num_classes),
         )
 
 
