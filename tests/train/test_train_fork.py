@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import run_shoal
+from procs import alive, children
 
 pytestmark = pytest.mark.multiprocess
 
@@ -39,26 +40,6 @@ def _run_script(path: Path, *args: str, timeout: float, env: dict | None = None)
         stdout, stderr = proc.communicate()
         pytest.fail(f"{path.name} {' '.join(args)} did not finish within {timeout:.0f} s\n{stdout}\n{stderr}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return sorted(found)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
-        return False
 
 
 REPEATED = '''
@@ -334,14 +315,14 @@ def test_forked_workers_die_with_a_killed_launcher(tmp_path):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "training did not start"
             time.sleep(0.1)
-        workers = _children(proc.pid)
+        workers = children(proc.pid)
         launcher_cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         assert len(workers) == 2, workers
         assert all(Path(f"/proc/{pid}/cmdline").read_bytes() == launcher_cmdline for pid in workers)  # forked
         os.kill(proc.pid, signal.SIGKILL)  # the launcher alone
         proc.communicate(timeout=30)
         deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in workers):
+        while any(alive(pid) for pid in workers):
             assert time.monotonic() < deadline, f"workers outlived their launcher: {workers}"
             time.sleep(0.1)
     finally:

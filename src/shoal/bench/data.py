@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from shoal.bench import report as rep
+from shoal.bench.options import require_at_least
 from shoal.bench.timing import load_average, median, rotations
 from shoal.errors import ShoalError
 
@@ -63,10 +64,7 @@ class DataConfig:
     loaded 2-core machine, see docs/BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "samples", "train_size", "repeat"):
-            if getattr(self, name) < 1:
-                raise ShoalError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}",
-                                 f"pass --{name.replace('_', '-')} 1 or more")
+        require_at_least(self, 1, "batch_size", "samples", "train_size", "repeat")
         if self.num_workers < 0 or self.threads < 0:
             raise ShoalError("--num-workers and --threads must be 0 or more", "pass 0 for the defaults")
 

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
+from shoal.bench.options import require_at_least
 from shoal.bench.timing import load_average, median, rotations
 from shoal.errors import ShoalError
 
@@ -85,14 +86,8 @@ class OverheadConfig:
 
         if self.model not in ARCHS:
             raise ShoalError(f"unknown model {self.model!r}", f"choose --model from: {', '.join(ARCHS)}")
-        for name in ("batch_size", "epochs", "nproc", "repeat", "threads"):
-            if getattr(self, name) < 1:
-                flag = name.replace("_", "-")
-                raise ShoalError(f"--{flag} must be at least 1, got {getattr(self, name)}", f"pass --{flag} 1 or more")
-        for name in ("image_size", "samples", "warmup"):
-            if getattr(self, name) < 0:
-                flag = name.replace("_", "-")
-                raise ShoalError(f"--{flag} must be 0 or more, got {getattr(self, name)}", f"pass --{flag} 0 or more")
+        require_at_least(self, 1, "batch_size", "epochs", "nproc", "repeat", "threads")
+        require_at_least(self, 0, "image_size", "samples", "warmup")
         if self.warmup >= self.epochs:
             raise ShoalError(f"--warmup {self.warmup} leaves no timed epoch of --epochs {self.epochs}",
                              f"pass --epochs {self.warmup + 1} or more")

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
+from shoal.bench.options import require_at_least
 from shoal.bench.timing import clock, load_average, median, rotations
 from shoal.errors import ShoalError
 
@@ -81,12 +82,8 @@ class ScalingConfig:
 
         if self.arch not in ARCHS:
             raise ShoalError(f"unknown architecture {self.arch!r}", f"choose --arch from: {', '.join(ARCHS)}")
-        for name in ("image_size", "batch_size", "steps", "repeat", "threads", "blocks"):
-            if getattr(self, name) < 1:
-                raise ShoalError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}",
-                                 f"pass --{name.replace('_', '-')} 1 or more")
-        if self.warmup < 0:
-            raise ShoalError(f"--warmup must be 0 or more, got {self.warmup}", "pass --warmup 0 or more")
+        require_at_least(self, 1, "image_size", "batch_size", "steps", "repeat", "threads", "blocks")
+        require_at_least(self, 0, "warmup")
         if any(n < 1 for n in self.world_sizes):
             raise ShoalError(f"world sizes must be at least 1, got {list(self.world_sizes)}",
                              "pass --world-sizes 1,2 for example")

@@ -1,7 +1,9 @@
 """``shoal bench startup``: wall time from the command to the first step completed on every rank.
 
-Every variant starts ``--nproc`` workers that join a gloo process group and finish one all-reduce
-(the first "step"); each rank then writes ``time.time()`` to a file. The figure is the last rank's
+Every variant starts ``--nproc`` workers that join a gloo process group and finish one DDP training
+step of a tiny model (forward, backward with its gradient all-reduce, an SGD step: the first
+optimizer step imports ``torch._dynamo``, about 2 s here, which any real first step pays too);
+each rank then writes ``time.time()`` to a file. The figure is the last rank's
 stamp minus the moment just before the command was started (same clock, same machine), so it
 includes the interpreter and torch imports, the launcher, the rendezvous and the process group.
 Variants run interleaved, rotated every round, after an untimed warm-up round (page cache); the
@@ -51,17 +53,18 @@ BASELINE = "torchrun"
 RUN_TIMEOUT_S = 180.0
 
 PROBE_SCRIPT = '''\
-"""shoal bench startup probe: join the group, finish one all-reduce, stamp the time."""
+"""shoal bench startup probe: join the group, finish one DDP training step, stamp the time."""
 import os, sys, time
 import torch
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
-t = torch.ones(1)
-dist.all_reduce(t)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(4, 8)).sum().backward()  # the gradient all-reduce
+optimizer.step()
 stamp = time.time()
 rank = dist.get_rank()
-assert t.item() == dist.get_world_size(), t
 dist.destroy_process_group()
 with open(os.path.join(sys.argv[1], f"rank{rank}.txt"), "w") as f:
     f.write(repr(stamp))
@@ -100,8 +103,10 @@ def startup_probe(out_dir: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    t = torch.ones(1)
-    dist.all_reduce(t)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(4, 8)).sum().backward()  # the gradient all-reduce
+    optimizer.step()
     stamp = time.time()
     rank = dist.get_rank()
     dist.destroy_process_group()
@@ -310,7 +315,7 @@ def format_startup(report: dict[str, Any]) -> str:
     cfg = report["config"]
     lines = [
         rep.header(report),
-        f"{cfg['nproc']} workers; seconds from starting the command to the first all-reduce done on every rank; "
+        f"{cfg['nproc']} workers; seconds from starting the command to the first training step done on every rank; "
         f"median of {cfg['repeat']} interleaved round(s) after {cfg['warmup']} warm-up round(s); "
         f"paired = median of per-round ratios to torchrun",
         "",

@@ -158,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_runner("data"))
 
     p = _sub(benches, "startup", "time from the command to the first step on every rank, vs torchrun",
-             "Start N workers that finish one all-reduce, through torchrun, shoal run, shoal's launch_local "
+             "Start N workers that finish one DDP training step, through torchrun, shoal run, shoal's launch_local "
              "(spawn and fork), shoal train, accelerate and Lightning Fabric (when installed); report the "
              "median seconds to the first step and the ratio to torchrun.", STARTUP_EXAMPLES)
     p.add_argument("--nproc", type=int, help="workers (default 2)")
