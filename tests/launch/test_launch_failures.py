@@ -133,6 +133,22 @@ def test_killed_by_signal(tmp_path):
     assert "out-of-memory" in text.splitlines()[-1]
 
 
+def test_abort_at_exit_gets_a_hint(tmp_path):
+    # What torch 2.14 prints when gloo's threads outlive the interpreter (see collectives.destroy_process_group).
+    _log(tmp_path, 0, "epoch 3/3 done\nterminate called without an active exception\n")
+    report = describe_child_failure(ChildFailedError("train.py", {0: _failure(0, -signal.SIGABRT)}), str(tmp_path))
+    assert report.exit_code == 128 + 6
+    lines = report.format().splitlines()
+    assert lines[-2] == "shoal: error: rank 0 failed: killed by SIGABRT"
+    assert lines[-1].startswith("HINT: the worker aborted while exiting") and "gc.collect()" in lines[-1]
+
+
+def test_other_aborts_get_no_hint(tmp_path):
+    _log(tmp_path, 0, "epoch 1\nfree(): invalid pointer\n")
+    report = describe_child_failure(ChildFailedError("train.py", {0: _failure(0, -signal.SIGABRT)}), str(tmp_path))
+    assert report.hint is None and "HINT" not in report.format()
+
+
 def test_no_logs_at_all():
     err = ChildFailedError("train.py", {0: _failure(0, 3)})
     text = format_child_failure(err)

@@ -54,7 +54,7 @@ RUN_TIMEOUT_S = 180.0
 
 PROBE_SCRIPT = '''\
 """shoal bench startup probe: join the group, finish one DDP training step, stamp the time."""
-import os, sys, time
+import gc, os, sys, time
 import torch
 import torch.distributed as dist
 
@@ -66,6 +66,7 @@ optimizer.step()
 stamp = time.time()
 rank = dist.get_rank()
 dist.destroy_process_group()
+gc.collect()  # frees gloo's threads now: torch 2.14 can abort at exit otherwise (see shoal.dist.collectives)
 with open(os.path.join(sys.argv[1], f"rank{rank}.txt"), "w") as f:
     f.write(repr(stamp))
 '''
@@ -102,6 +103,8 @@ def startup_probe(out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from shoal.dist import collectives
+
     dist.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -109,7 +112,7 @@ def startup_probe(out_dir: str) -> None:
     optimizer.step()
     stamp = time.time()
     rank = dist.get_rank()
-    dist.destroy_process_group()
+    collectives.destroy_process_group()  # as the script does: destroy, then collect
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
         f.write(repr(stamp))
 
@@ -235,6 +238,14 @@ def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
     return {"first_step_s": first - start, "exit_s": done - start}
 
 
+def _failure_summary(message: str) -> str:
+    """The command line of a failed run and its last line that says something (torchrun's report
+    ends in rules of ``=``)."""
+    lines = message.splitlines()
+    telling = [line.strip() for line in lines[1:] if any(ch.isalnum() for ch in line)]
+    return lines[0] + (" " + telling[-1] if telling else "")
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("SHOAL_ENV", None)
@@ -267,7 +278,7 @@ def run_startup(cfg: StartupConfig, *, log: Callable[[str], None] = print, argv=
                     result = _run_once(commands[name](out), out)
                 except ShoalError as err:
                     # One failed run (a port taken by another job, a timeout) is reported, not fatal.
-                    failures[name].append(err.message.splitlines()[0] + " " + err.message.splitlines()[-1])
+                    failures[name].append(_failure_summary(err.message))
                     done.append(f"{name} FAILED")
                     continue
                 if timed:

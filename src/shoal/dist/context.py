@@ -142,7 +142,7 @@ class Context:
         """Leave the process group (if :func:`init` joined it). Safe to call twice."""
         global _current
         if self._active and self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
+            collectives.destroy_process_group()
         self._active = False
         if _current is self:
             _current = None

@@ -43,6 +43,12 @@ _LOG_LINE = re.compile(r"^(\[rank\d+\]:)?\[?[IWEF]\d{4} |^\[[IWEF] |^\S+:\d+: \w
 _MAX_MESSAGE_LINES = 30
 _TAIL_LINES = 20
 _NOT_AVAILABLE = "<N/A>"
+_ABORT_AT_EXIT = "terminate called without an active exception"
+_ABORT_AT_EXIT_HINT = (
+    "the worker aborted while exiting, after its work: gloo's threads outlived the interpreter "
+    "(a torch bug); end the script with dist.destroy_process_group() then gc.collect(), or with "
+    "shoal.init()'s ctx.shutdown(), which does both"
+)
 
 
 def extract_last_traceback(text: str) -> str | None:
@@ -137,6 +143,8 @@ class FailureReport:
     """Where the worker's stderr was written, if that file is kept after the run."""
     other_ranks: list[int] = field(default_factory=list)
     """Other ranks of this node that failed on their own, after it (usually a consequence)."""
+    hint: str | None = None
+    """What to do, when the failure is one shoal recognises."""
 
     @property
     def signal_name(self) -> str | None:
@@ -177,6 +185,8 @@ class FailureReport:
             plural = "s" if len(self.other_ranks) > 1 else ""
             summary += f"; rank{plural} {others} failed too"
         out.append(summary)
+        if self.hint:
+            out.append(f"HINT: {self.hint}")
         if self.log_path:
             out.append(f"shoal: worker logs: {os.path.dirname(os.path.dirname(self.log_path))}")
         return "\n".join(out)
@@ -239,6 +249,8 @@ def describe_child_failure(
         if not report.traceback:
             tail = [ln for ln in text.splitlines() if ln.strip()][-_TAIL_LINES:]
             report.stderr_tail = "\n".join(tail) or None
+        if failure.exitcode == -signal.SIGABRT and _ABORT_AT_EXIT in text:
+            report.hint = _ABORT_AT_EXIT_HINT
     if report.traceback and not report.message:
         report.message = exception_line(report.traceback)
     if not report.message and failure.exitcode < 0:
