@@ -8,6 +8,13 @@ problem and a hint saying what to do. The CLI prints it as two lines (``shoal: e
 from __future__ import annotations
 
 
+EXIT_ANOTHER_NODE_FAILED = 75
+"""Exit status of a node whose workers were stopped because another node's failed. Distinct from
+the failing node's own status (a Python error exits 1) so that whoever gathers the nodes' statuses
+(``shoal launch``, ``sacct``, a Kubernetes pod list) can tell the cause from its consequences;
+75 lies in sysexits' range, clear of Python's 1, the shells' 126/127 and 128+N for signal N."""
+
+
 class ShoalError(Exception):
     """A problem with the user's input or environment that shoal can explain.
 

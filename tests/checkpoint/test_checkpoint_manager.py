@@ -65,6 +65,15 @@ def test_killed_at_random_points_always_leaves_old_or_new(tmp_path):
     assert len(manager.checkpoints()) == 2
 
 
+def test_a_good_save_removes_what_killed_saves_left(tmp_path):
+    # A kill while the checkpoint was written leaves .tmp-ckpt-*, one while the pointer was, .tmp-latest.*
+    tmp_path.joinpath(f"{TMP_PREFIX}ckpt-e00001-s000000001.pt.abc").write_bytes(b"half")
+    tmp_path.joinpath(f"{TMP_PREFIX}{POINTER}.def").write_text("ckpt-e")
+    tmp_path.joinpath(f"{TMP_PREFIX}notes.txt").write_text("not ours")  # someone else's file stays
+    _save(CheckpointManager(tmp_path, keep=2), 1)
+    assert sorted(p.name for p in tmp_path.glob(f"{TMP_PREFIX}*")) == [f"{TMP_PREFIX}notes.txt"]
+
+
 def test_corrupt_newest_falls_back_with_a_warning(tmp_path):
     manager = CheckpointManager(tmp_path, keep=5)
     for step in (1, 2, 3):

@@ -130,9 +130,11 @@ class CheckpointManager:
         for old in self.checkpoints()[: -self.keep]:
             if old != newest:
                 old.unlink(missing_ok=True)
-        # Temporaries of saves killed half-way (SIGKILL leaves them) go once a good save exists.
-        for stale in self.directory.glob(f"{TMP_PREFIX}ckpt-*"):
-            stale.unlink(missing_ok=True)
+        # Temporaries of saves killed half-way (SIGKILL leaves them; the pointer's too, when the
+        # kill came while it was written) go once a good save exists. Only rank 0 writes here.
+        for pattern in (f"{TMP_PREFIX}ckpt-*", f"{TMP_PREFIX}{POINTER}.*"):
+            for stale in self.directory.glob(pattern):
+                stale.unlink(missing_ok=True)
 
     # -- loading --------------------------------------------------------------------------------
 

@@ -5,7 +5,10 @@ a Ctrl-C reaches shoal first, which then stops them in order: mpirun gets SIGTER
 rank); a per-host launcher has its stdin closed, which its guard (see
 :func:`shoal.launch.render.render_ssh`) turns into SIGTERM for the remote ``shoal run``, which stops
 its workers. Whatever still runs after a grace period is killed. When one host's launcher fails,
-the others are stopped the same way and shoal exits with the failed one's status.
+the others are stopped the same way and shoal exits with the failed one's status. A host whose
+workers were stopped only because another node's failed (:data:`EXIT_ANOTHER_NODE_FAILED`) can end
+first when the failing host is further away: its status is reported only if no other host fails
+within :data:`SETTLE_S`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from shoal.errors import ShoalError
+from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
 
 GRACE_S = 20.0
 """How long stopped launchers get to stop their workers before they are killed."""
+SETTLE_S = 10.0
+"""How long the hosts that only saw another node fail wait for the host with the cause to exit."""
 
 
 class _Stop(Exception):
@@ -80,11 +85,15 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
         with _signals_raise():
             for cmd in commands:
                 procs.append(subprocess.Popen(list(cmd), stdin=subprocess.PIPE, start_new_session=True))
+            settle_until = None
             while True:
                 running = [p for p in procs if p.poll() is None]
                 failed = [(i, p) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-                if failed:
-                    index, proc = failed[0]
+                causes = [(i, p) for i, p in failed if _status(p.returncode) != EXIT_ANOTHER_NODE_FAILED]
+                if failed and not causes and running:
+                    settle_until = settle_until or time.monotonic() + SETTLE_S
+                if failed and (causes or not running or time.monotonic() >= settle_until):
+                    index, proc = (causes or failed)[0]
                     status = _status(proc.returncode)
                     rest = "; stopping the other hosts" if running else ""
                     print(f"shoal launch: {labels[index]} exited with status {status}{rest}", file=sys.stderr,

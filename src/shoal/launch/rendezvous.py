@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Mapping
 
-from shoal.errors import ShoalError
+from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
 from shoal.launch.network import Route, probe_tcp, route_to
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
@@ -623,7 +623,7 @@ def explain_failure(err: BaseException, plan: RendezvousPlan) -> ShoalError:
         return ShoalError(
             f"{err}; this node's workers were stopped",
             "the node where a worker failed shows that rank's traceback; look there",
-            exit_code=1,
+            exit_code=EXIT_ANOTHER_NODE_FAILED,
         )
     arrived: int | None = None
     expected = plan.max_nodes
