@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,12 @@ def test_smoke_startup_report(tmp_path: Path):
         assert r["failed_runs"] == 0
     assert "torch.distributed.run --standalone" in rows["torchrun"]["command"]
     assert " run --nproc 1 " in rows["shoal_run"]["command"]
+
+
+def test_function_probe_stamps_every_rank(tmp_path: Path):
+    """The launch_* variants run PROBE_SCRIPT's own probe as a function entrypoint (forked workers)."""
+    code = f"from shoal.bench.startup import launch_probe; launch_probe('fork', 2, {str(tmp_path)!r})"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    stamps = [float((tmp_path / f"rank{r}.txt").read_text()) for r in (0, 1)]
+    assert all(s > 0 for s in stamps)

@@ -47,3 +47,24 @@ def test_workload_tensors():
     (x, y), (xt, yt) = data.train, data.test
     assert x.shape == (1440, 64) and xt.shape == (TEST_SIZE, 64) and y.dtype == torch.long
     assert abs(x.mean().item()) < 1e-5 and abs(x.std().item() - 1) < 1e-4  # standardised on the train set
+
+
+def test_without_scikit_learn_a_clear_error():
+    # A Python that cannot see scikit-learn: its directory is taken off sys.path before the load.
+    code = (
+        "import importlib.util, os, sys\n"
+        "from shoal.errors import ShoalError\n"
+        "from shoal.workloads.digits import load_digits_arrays\n"
+        "where = os.path.dirname(os.path.dirname(importlib.util.find_spec('sklearn').origin))\n"
+        "sys.path[:] = [p for p in sys.path if os.path.abspath(p) != where]\n"
+        "importlib.invalidate_caches()\n"
+        "try:\n"
+        "    load_digits_arrays()\n"
+        "except ShoalError as err:\n"
+        "    print(err.format())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "shoal: error: the digits workload needs scikit-learn, which is not installed",
+        "HINT: pip install scikit-learn (it ships the 1,797 digit images), or choose another workload",
+    ]

@@ -58,17 +58,23 @@ import gc, os, sys, time
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("gloo")
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model(torch.ones(4, 8)).sum().backward()  # the gradient all-reduce
-optimizer.step()
-stamp = time.time()
-rank = dist.get_rank()
-dist.destroy_process_group()
-gc.collect()  # frees gloo's threads now: torch 2.14 can abort at exit otherwise (see shoal.dist.collectives)
-with open(os.path.join(sys.argv[1], f"rank{rank}.txt"), "w") as f:
-    f.write(repr(stamp))
+
+def probe(out_dir):
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(4, 8)).sum().backward()  # the gradient all-reduce
+    optimizer.step()
+    stamp = time.time()
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    gc.collect()  # torch 2.14's gloo can abort at exit otherwise (see shoal.dist.collectives)
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(repr(stamp))
+
+
+if __name__ == "__main__":
+    probe(sys.argv[1])
 '''
 
 
@@ -99,22 +105,10 @@ SMOKE = dict(nproc=1, repeat=1, warmup=0, variants=("torchrun", "shoal_run"))
 
 
 def startup_probe(out_dir: str) -> None:
-    """The probe as a function: a ``launch_local`` entrypoint doing what PROBE_SCRIPT does."""
-    import torch
-    import torch.distributed as dist
-
-    from shoal.dist import collectives
-
-    dist.init_process_group("gloo")
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model(torch.ones(4, 8)).sum().backward()  # the gradient all-reduce
-    optimizer.step()
-    stamp = time.time()
-    rank = dist.get_rank()
-    collectives.destroy_process_group()  # as the script does: destroy, then collect
-    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
-        f.write(repr(stamp))
+    """The probe as a function (a ``launch_local`` entrypoint): PROBE_SCRIPT's own ``probe``."""
+    namespace: dict[str, Any] = {"__name__": "shoal_startup_probe"}
+    exec(PROBE_SCRIPT, namespace)  # the one definition of the probe, shared with the script variants
+    namespace["probe"](out_dir)
 
 
 def launch_probe(start_method: str, nproc: int, out_dir: str) -> None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from shoal.checkpoint.cadence import Cadence
 from shoal.checkpoint.rng import capture_rng, restore_rng
-from shoal.checkpoint.storage import TMP_PREFIX, atomic_torch_save, atomic_write_text, torch_load
+from shoal.checkpoint.storage import atomic_torch_save, atomic_write_text, remove_temporaries, torch_load
 from shoal.dist import collectives
 from shoal.dist.wrap import model_state_dict, unwrap_model
 from shoal.errors import ShoalError
@@ -130,11 +130,10 @@ class CheckpointManager:
         for old in self.checkpoints()[: -self.keep]:
             if old != newest:
                 old.unlink(missing_ok=True)
-        # Temporaries of saves killed half-way (SIGKILL leaves them; the pointer's too, when the
-        # kill came while it was written) go once a good save exists. Only rank 0 writes here.
-        for pattern in (f"{TMP_PREFIX}ckpt-*", f"{TMP_PREFIX}{POINTER}.*"):
-            for stale in self.directory.glob(pattern):
-                stale.unlink(missing_ok=True)
+        # Saves killed half-way (checkpoint or pointer) leave temporaries; they go once a good
+        # save exists. Only rank 0 writes here.
+        for target in ("ckpt-*", POINTER):
+            remove_temporaries(self.directory, target)
 
     # -- loading --------------------------------------------------------------------------------
 

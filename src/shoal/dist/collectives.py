@@ -32,8 +32,9 @@ def destroy_process_group() -> None:
     begun shutting down by then, the thread is killed mid-C++ and the process dies of SIGABRT
     ("terminate called without an active exception") after all its work is done: about 1 run in
     8 of a two-rank DDP script here (21 of 175 runs). With the collection right after
-    ``dist.destroy_process_group()`` it happened in none of 180 runs; the collection also frees
-    what the group left in reference cycles while Python can still run destructors.
+    ``dist.destroy_process_group()`` it happened in none of 180 runs. The group's threads are
+    still alive afterwards (the collection does not free them); what it buys is time in which
+    they get the GIL while the interpreter is whole. A mitigation measured, not a proof.
     """
     dist.destroy_process_group()
     gc.collect()

@@ -91,8 +91,12 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
                 failed = [(i, p) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
                 causes = [(i, p) for i, p in failed if _status(p.returncode) != EXIT_ANOTHER_NODE_FAILED]
                 if failed and not causes and running:
+                    # Only consequences so far: give the host with the cause SETTLE_S to exit.
                     settle_until = settle_until or time.monotonic() + SETTLE_S
-                if failed and (causes or not running or time.monotonic() >= settle_until):
+                    if time.monotonic() < settle_until:
+                        time.sleep(0.1)
+                        continue
+                if failed:
                     index, proc = (causes or failed)[0]
                     status = _status(proc.returncode)
                     rest = "; stopping the other hosts" if running else ""

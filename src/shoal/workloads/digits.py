@@ -32,8 +32,8 @@ class Digits(Workload):
         # Standardise with the training set's statistics only.
         mean, std = x_train.mean(), x_train.std()
         return WorkloadData(
-            train=(((x_train - mean) / std).to(device), torch.as_tensor(labels[train_idx]).long().to(device)),
-            test=(((x_test - mean) / std).to(device), torch.as_tensor(labels[test_idx]).long().to(device)),
+            train=(((x_train - mean) / std).to(device), torch.as_tensor(labels[train_idx]).to(device)),
+            test=(((x_test - mean) / std).to(device), torch.as_tensor(labels[test_idx]).to(device)),
             num_classes=10,
         )
 
