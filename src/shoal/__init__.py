@@ -16,39 +16,64 @@ The whole public API::
 Checkpoints and exact resume: ``ckpt = ctx.checkpointer("ckpts", every="200steps")``, then
 ``ckpt.resume({"model": model, "optimizer": opt, "loader": train})`` before the loop and
 ``ckpt.maybe_save(epoch=e, step=s, epoch_end=False, objects={...})`` after each step.
+
+The names are loaded on first use (PEP 562), so ``import shoal`` (and every ``shoal --help``)
+does not import torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from shoal.checkpoint.manager import Checkpoint, CheckpointManager
-from shoal.dist.collectives import all_reduce_mean, barrier, broadcast_object, print0
-from shoal.dist.context import Context, current, init, seed_everything
-from shoal.dist.wrap import apply_ddp, clean_state_dict, model_state_dict, unwrap_model
-from shoal.env import EnvInfo, detect_environment
-from shoal.errors import ShoalError
-from shoal.train.evaluate import evaluate
-from shoal.train.preemption import Preempted, PreemptionWatch
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Checkpoint": "shoal.checkpoint.manager",
+    "CheckpointManager": "shoal.checkpoint.manager",
+    "Context": "shoal.context",
+    "current": "shoal.context",
+    "init": "shoal.context",
+    "seed_everything": "shoal.context",
+    "all_reduce_mean": "shoal.distributed.collectives",
+    "barrier": "shoal.distributed.collectives",
+    "broadcast_object": "shoal.distributed.collectives",
+    "print0": "shoal.distributed.collectives",
+    "apply_ddp": "shoal.distributed.wrap",
+    "clean_state_dict": "shoal.distributed.wrap",
+    "model_state_dict": "shoal.distributed.wrap",
+    "unwrap_model": "shoal.distributed.wrap",
+    "EnvInfo": "shoal.env",
+    "detect_environment": "shoal.env",
+    "ShoalError": "shoal.errors",
+    "evaluate": "shoal.evaluation",
+    "Preempted": "shoal.preemption",
+    "PreemptionWatch": "shoal.preemption",
+}
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointManager",
-    "Context",
-    "EnvInfo",
-    "Preempted",
-    "PreemptionWatch",
-    "ShoalError",
-    "__version__",
-    "all_reduce_mean",
-    "apply_ddp",
-    "barrier",
-    "broadcast_object",
-    "clean_state_dict",
-    "current",
-    "detect_environment",
-    "evaluate",
-    "init",
-    "model_state_dict",
-    "print0",
-    "seed_everything",
-    "unwrap_model",
-]
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from shoal.checkpoint.manager import Checkpoint, CheckpointManager
+    from shoal.context import Context, current, init, seed_everything
+    from shoal.distributed.collectives import all_reduce_mean, barrier, broadcast_object, print0
+    from shoal.distributed.wrap import apply_ddp, clean_state_dict, model_state_dict, unwrap_model
+    from shoal.env import EnvInfo, detect_environment
+    from shoal.errors import ShoalError
+    from shoal.evaluation import evaluate
+    from shoal.preemption import Preempted, PreemptionWatch

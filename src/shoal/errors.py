@@ -7,7 +7,6 @@ problem and a hint saying what to do. The CLI prints it as two lines (``shoal: e
 
 from __future__ import annotations
 
-
 EXIT_ANOTHER_NODE_FAILED = 75
 """Exit status of a node whose workers were stopped because another node's failed. Distinct from
 the failing node's own status (a Python error exits 1) so that whoever gathers the nodes' statuses

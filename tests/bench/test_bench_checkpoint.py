@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal
-from shoal.bench.checkpoint import (CheckpointConfig, VARIANTS, build_state, format_checkpoint, run_checkpoint, same,
-                                    smoke_config)
+from shoal.bench.checkpoint import (
+    VARIANTS,
+    CheckpointConfig,
+    build_state,
+    format_checkpoint,
+    run_checkpoint,
+    same,
+    smoke_config,
+)
 from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError
 

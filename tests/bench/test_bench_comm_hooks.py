@@ -1,4 +1,4 @@
-"""``shoal.dist.comm_hooks``: torch's compression hooks by name, on a real (1-rank gloo) DDP model."""
+"""``shoal.distributed.comm_hooks``: torch's compression hooks by name, on a real (1-rank gloo) DDP model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.dist.comm_hooks import COMM_HOOKS, register_comm_hook
+from shoal.distributed.comm_hooks import COMM_HOOKS, register_comm_hook
 from shoal.errors import ShoalError
 
 

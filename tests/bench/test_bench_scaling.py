@@ -10,7 +10,6 @@ import pytest
 from conftest import run_shoal
 from shoal.bench.scaling import ScalingConfig, Variant, _blocks, _verdict, paired_ratio, plan_launches
 from shoal.cli.main import main
-from shoal.errors import ShoalError
 
 
 def _has_matplotlib() -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal
-from procs import checkpoints, start_cmd, wait_for, workers
+from procs import checkpoints, start_cmd, wait_for
 
 pytestmark = pytest.mark.multiprocess
 

@@ -25,9 +25,10 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 SUBNET_PREFIX = "10.77"
 """Private addresses used inside the namespaces only: 10.77.<subnet>.1 and 10.77.<subnet>.2."""

@@ -17,7 +17,12 @@ import pytest
 from shoal.errors import ShoalError
 from shoal.launch import network, rendezvous
 from shoal.launch.rendezvous import (
-    JoinFailed, NodeLeft, RendezvousOptions, explain_failure, options_from_args, parse_conf,
+    JoinFailed,
+    NodeLeft,
+    RendezvousOptions,
+    explain_failure,
+    options_from_args,
+    parse_conf,
     plan_rendezvous,
 )
 

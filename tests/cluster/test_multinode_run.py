@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from cluster.helpers import STEPS, results, shoal_on, wait_all, describe
+from cluster.helpers import STEPS, describe, results, shoal_on, wait_all
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

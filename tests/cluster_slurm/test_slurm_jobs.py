@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import slurm  # noqa: F401  (the session fixture)
-
 pytestmark = pytest.mark.multiprocess
 
 INIT_SCRIPT = Path(__file__).resolve().parents[1] / "cluster_mpi" / "scripts" / "shoal_init_allreduce.py"

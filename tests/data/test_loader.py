@@ -160,7 +160,7 @@ def test_resume_with_set_epoch_like_a_trainer(data):
 def lockstep(loaders, steps: int | None = None) -> list[int]:
     """Run every rank's loader ``steps`` steps (all, if None) in lockstep; the labels seen."""
     seen: list[int] = []
-    its = [iter(l) for l in loaders]
+    its = [iter(ld) for ld in loaders]
     k = 0
     while steps is None or k < steps:
         got = [next(it, None) for it in its]
@@ -181,15 +181,15 @@ def test_mid_epoch_resume_with_another_world_size(data, before, after, kind):
     seen = lockstep(old, steps=4)  # epoch 1: four steps, then preempted
     state = old[0].state_dict()
     assert state["epoch"] == 1 and state["consumed"] == 4 * 3 * before
-    assert all(l.state_dict() == state for l in old)
+    assert all(ld.state_dict() == state for ld in old)
 
     new = [make_loader(ds, 3, rank=r, world_size=after, seed=1) for r in range(after)]
-    for l in new:
-        l.load_state_dict(state)
+    for ld in new:
+        ld.load_state_dict(state)
     rest = lockstep(new)
     assert sorted(set(seen + rest)) == list(range(N))
     assert len(seen) + len(rest) - N < after  # duplicates are only the new world's padding
-    assert all(l.epoch == 1 and l.state_dict()["consumed"] == N for l in new)
+    assert all(ld.epoch == 1 and ld.state_dict()["consumed"] == N for ld in new)
 
 
 def test_exact_evaluation_without_padding(data):
@@ -198,7 +198,7 @@ def test_exact_evaluation_without_padding(data):
     seen = lockstep(loaders)
     assert sorted(seen) == list(range(N))
     # A rank with one batch fewer still ends the epoch in the same state as the others.
-    assert {str(l.state_dict()) for l in loaders} == {str(loaders[0].state_dict())}
+    assert {str(ld.state_dict()) for ld in loaders} == {str(loaders[0].state_dict())}
 
 
 def test_drop_last_gives_only_full_batches(data):

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -287,9 +286,9 @@ def test_forked_worker_gets_default_signal_handlers_and_dies_with_launcher(tmp_p
     result = _run_script(script, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("raw ", "worker ")))
-    raw = eval(lines["raw"])  # noqa: S307  (a dict literal printed by our own script)
+    raw = eval(lines["raw"])
     assert raw["SIGTERM"] == "_terminate_process_handler", raw  # the hazard: inherited from the agent
-    workers = eval(lines["worker"])  # noqa: S307
+    workers = eval(lines["worker"])
     assert sorted(workers) == [0, 1]
     for rank, seen in workers.items():
         assert seen["handlers"] == {"SIGTERM": "SIG_DFL", "SIGINT": "default_int_handler",

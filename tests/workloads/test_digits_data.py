@@ -44,7 +44,7 @@ def test_split_is_a_stratified_partition():
 
 def test_workload_tensors():
     data = get_workload("digits").load(TrainConfig(workload="digits"), torch.device("cpu"))
-    (x, y), (xt, yt) = data.train, data.test
+    (x, y), (xt, _) = data.train, data.test
     assert x.shape == (1440, 64) and xt.shape == (TEST_SIZE, 64) and y.dtype == torch.long
     assert abs(x.mean().item()) < 1e-5 and abs(x.std().item() - 1) < 1e-4  # standardised on the train set
 

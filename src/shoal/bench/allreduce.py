@@ -18,8 +18,9 @@ GB/s here are 10^9 bytes per second, sizes are binary (4 KB = 4096 bytes), as in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
@@ -102,12 +103,12 @@ def allreduce_worker(cfg: AllreduceConfig, device_type: str) -> list[dict[str, f
         for nbytes in cfg.sizes():
             # Zeros: a sum of zeros stays finite however many times it is repeated.
             buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=ctx.device)
-            seconds, iters = _time_op(lambda: dist.all_reduce(buf), cfg, ctx, collective=True)
+            seconds, iters = _time_op(lambda buf=buf: dist.all_reduce(buf), cfg, ctx, collective=True)
             copy_s, copy_iters = math.nan, 0
             if ctx.is_main:
                 src = torch.zeros_like(buf)
                 dst = torch.empty_like(buf)
-                copy_s, copy_iters = _time_op(lambda: dst.copy_(src), cfg, ctx, collective=False)
+                copy_s, copy_iters = _time_op(lambda dst=dst, src=src: dst.copy_(src), cfg, ctx, collective=False)
                 del src, dst
             ctx.barrier()
             rows.append({"bytes": nbytes, "seconds": seconds, "iters": iters,
@@ -151,8 +152,8 @@ def run_allreduce(cfg: AllreduceConfig, *, log: Callable[[str], None] = print, a
     """Run the benchmark; return the report."""
     import torch
 
-    from shoal.dist.context import usable_cores
-    from shoal.dist.device import choose_backend, choose_device
+    from shoal.distributed.device import choose_backend, choose_device
+    from shoal.env.host import usable_cores
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     use_gpus = cfg.device == "cuda" or (cfg.device == "auto" and gpus >= max(2, cfg.nproc))

@@ -37,9 +37,10 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from shoal.bench import report as rep
 from shoal.bench.timing import load_average, median, rotations

@@ -27,9 +27,10 @@ from __future__ import annotations
 import struct
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from shoal.bench import report as rep
 from shoal.bench.options import require_at_least
@@ -185,7 +186,7 @@ def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, A
             start = time.perf_counter()
             count = passes[name]()
             runs[name].append(count / (time.perf_counter() - start))
-        log(f"  pass done: " + ", ".join(f"{v} {rep.rate(runs[v][-1])}/s" for v in VARIANTS))
+        log("  pass done: " + ", ".join(f"{v} {rep.rate(runs[v][-1])}/s" for v in VARIANTS))
     x, y = next(iter(shoal_loader))
     shape_check = {"shoal_batch_shape": list(x.shape), "shoal_batch_dtype": str(x.dtype)}
 

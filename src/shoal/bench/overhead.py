@@ -36,9 +36,10 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
@@ -274,10 +275,10 @@ def accelerate_worker(job: Job) -> dict[str, Any] | None:
 
 
 def fabric_worker(job: Job) -> dict[str, Any] | None:
+    import logging
+
     import torch
     from lightning.fabric import Fabric
-
-    import logging
 
     torch.set_num_threads(job.threads)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)  # its banner would break the table
@@ -325,7 +326,7 @@ def largest_difference(a_path: str, b_path: str) -> float:
 
 def run_overhead(cfg: OverheadConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
     """Run the benchmark; return the report (see :func:`format_overhead`)."""
-    from shoal.dist.context import usable_cores
+    from shoal.env.host import usable_cores
 
     variants = [BASELINE] + [v for v in dict.fromkeys(cfg.variants) if v != BASELINE]
     notes = []
@@ -383,10 +384,10 @@ def run_overhead(cfg: OverheadConfig, *, log: Callable[[str], None] = print, arg
 
 
 def _preimport(variants: list[str]) -> None:
-    import torch.nn.parallel  # noqa: F401
+    import torch.nn.parallel
     import torch.utils.data  # noqa: F401
 
-    import shoal.train.trainer  # noqa: F401
+    import shoal.train.trainer
     import shoal.workloads.synthetic  # noqa: F401
 
     if "accelerate" in variants:

@@ -16,10 +16,12 @@ import platform
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from shoal.bench.timing import load_average
+from shoal.env.host import usable_cores
 
 
 def machine_info(device: Any = None) -> dict[str, Any]:
@@ -27,7 +29,7 @@ def machine_info(device: Any = None) -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {
-        "cores": _usable_cores(),
+        "cores": usable_cores(),
         "cpu": _cpu_model(),
         "memory_gib": _memory_gib(),
         "os": platform.platform(terse=True),
@@ -207,13 +209,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _cpu_model() -> str:

@@ -29,8 +29,9 @@ fixed amount of work ("49.6% less time").
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
@@ -77,7 +78,7 @@ class ScalingConfig:
     """Measure the no-all-reduce control and (on CPU) the equal-threads single process."""
 
     def __post_init__(self) -> None:
-        from shoal.dist.comm_hooks import check_comm_hook
+        from shoal.distributed.comm_hooks import check_comm_hook
         from shoal.workloads.synthetic import ARCHS
 
         if self.arch not in ARCHS:
@@ -128,7 +129,7 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
     import torch.nn.functional as F
 
     import shoal
-    from shoal.dist.comm_hooks import register_comm_hook
+    from shoal.distributed.comm_hooks import register_comm_hook
     from shoal.workloads.synthetic import build_synthetic_model
 
     ctx = shoal.init(device=spec.device, threads=spec.variants[0].threads, seed=0)
@@ -237,8 +238,8 @@ def plan_launches(cfg: ScalingConfig, world_sizes: list[int], on_cpu: bool) -> d
 
 def run_scaling(cfg: ScalingConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
     """Run the benchmark; return the report (see :func:`format_scaling` for the text form)."""
-    from shoal.dist.context import usable_cores
-    from shoal.dist.device import choose_device
+    from shoal.distributed.device import choose_device
+    from shoal.env.host import usable_cores
 
     cores = usable_cores()
     world_sizes = sorted(set(cfg.world_sizes or range(1, _default_max(cfg.device, cores) + 1)) | {1})
@@ -256,7 +257,7 @@ def run_scaling(cfg: ScalingConfig, *, log: Callable[[str], None] = print, argv=
     if start_method == "fork":
         import torchvision.models  # noqa: F401  (imported once here, inherited by every worker)
 
-        import shoal.dist.comm_hooks  # noqa: F401
+        import shoal.distributed.comm_hooks  # noqa: F401
     runs: dict[tuple[int, str], list[float]] = {}
     loads = report["meta"]["load_averages"] = []  # sampled before each launch: how noisy it was
     for order in rotations(world_sizes, cfg.repeat):

@@ -33,19 +33,20 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from shoal.bench import report as rep
 from shoal.bench.timing import load_average, median, rotations
 from shoal.errors import ShoalError
+from shoal.launch.ports import find_free_port
 
 ALL_VARIANTS = ("torchrun", "shoal_run", "launch_spawn", "launch_fork", "train_synthetic", "train_digits",
                 "accelerate", "fabric", "import_torch")
@@ -68,7 +69,7 @@ def probe(out_dir):
     stamp = time.time()
     rank = dist.get_rank()
     dist.destroy_process_group()
-    gc.collect()  # torch 2.14's gloo can abort at exit otherwise (see shoal.dist.collectives)
+    gc.collect()  # torch 2.14's gloo can abort at exit otherwise (see shoal.distributed.process_group)
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
         f.write(repr(stamp))
 
@@ -149,9 +150,9 @@ def _commands(cfg: StartupConfig, script: Path, work: Path) -> tuple[dict[str, C
         # one, or a concurrent job on the machine makes them fail with EADDRINUSE.
         "accelerate": lambda out: _Command([py, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", n,
                                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                                            "--main_process_port", str(_free_port()), str(script), str(out)], cfg.nproc),
+                                            "--main_process_port", str(find_free_port()), str(script), str(out)], cfg.nproc),
         "fabric": lambda out: _Command([py, "-m", "lightning.fabric.cli", "--accelerator", "cpu", "--devices", n,
-                                        "--main-port", str(_free_port()), str(script), str(out)], cfg.nproc),
+                                        "--main-port", str(find_free_port()), str(script), str(out)], cfg.nproc),
         "import_torch": lambda out: _Command([py, "-c", _import_call(out)], 1),
     }
     chosen = {}
@@ -162,13 +163,6 @@ def _commands(cfg: StartupConfig, script: Path, work: Path) -> tuple[dict[str, C
             continue
         chosen[name] = made[name]
     return chosen, notes
-
-
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _display(argv: list[str]) -> str:
@@ -214,7 +208,9 @@ def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # our own child's session: the launcher and its workers
         proc.wait()
-        raise ShoalError(f"`{shlex.join(cmd.argv)}` took more than {RUN_TIMEOUT_S:.0f} s", "is the machine overloaded?")
+        raise ShoalError(
+            f"`{shlex.join(cmd.argv)}` took more than {RUN_TIMEOUT_S:.0f} s", "is the machine overloaded?"
+        ) from None
     done = time.time()
     reader.join(timeout=5)
     if rc != 0:

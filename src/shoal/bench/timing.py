@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Iterable, Sequence, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,8 +28,8 @@ from torch import nn
 from shoal.checkpoint.cadence import Cadence
 from shoal.checkpoint.rng import capture_rng, restore_rng
 from shoal.checkpoint.storage import atomic_torch_save, atomic_write_text, remove_temporaries, torch_load
-from shoal.dist import collectives
-from shoal.dist.wrap import model_state_dict, unwrap_model
+from shoal.distributed import collectives
+from shoal.distributed.wrap import model_state_dict, unwrap_model
 from shoal.errors import ShoalError
 
 FORMAT_VERSION = 1

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, IO
+from typing import IO, Any
 
 import torch
 

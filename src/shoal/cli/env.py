@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     info = detect_environment(forced=args.scheme)
-    from shoal.dist.device import choose_backend, choose_device  # imports torch
+    from shoal.distributed.device import choose_backend, choose_device  # imports torch
 
     device = choose_device(args.device, info.local_rank, info.local_world_size)
     backend = choose_backend(args.backend, device)

@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 import textwrap
-from typing import Sequence
+from collections.abc import Sequence
 
 from shoal.errors import ShoalError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from shoal.errors import ShoalError
 
@@ -140,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch_workers(cfg, rendezvous=None) -> int:
-    from shoal.launch.local import resolve_start_method
-    from shoal.launch.local import launch_local
+    from shoal.launch.local import launch_local, resolve_start_method
     from shoal.train.entry import run_local_worker
     from shoal.train.outputs import default_out_dir, prepare_out_dir
 
@@ -202,7 +201,7 @@ def _launcher_device(cfg):
     """``choose_device`` for the workers' device type, without initialising CUDA in this process."""
     import os
 
-    from shoal.dist.device import choose_device
+    from shoal.distributed.device import choose_device
 
     name = "PYTORCH_NVML_BASED_CUDA_CHECK"
     if cfg.start_method == "spawn" or name in os.environ:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 

@@ -16,7 +16,8 @@ The contract, in one place:
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler

@@ -21,12 +21,16 @@ to torchrun's legacy launcher (which passes ``--local_rank`` on the command line
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping, Sequence
+from typing import ClassVar
 
 from shoal.errors import ShoalError
 
 DEFAULT_MAIN_PORT = 29500
+"""torch's default rendezvous port: torchrun's --master-port, the static rendezvous, ``env://``."""
+DEFAULT_C10D_PORT = 29400
+"""torch's port for a c10d rendezvous endpoint given without one."""
 LOOPBACK = "127.0.0.1"
 
 
@@ -65,10 +69,6 @@ class EnvInfo:
             raise ValueError(f"node rank {self.node_rank} is outside node count {self.num_nodes}")
         if not 0 < self.main_port < 65536:
             raise ValueError(f"port {self.main_port} is not a TCP port")
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
 
 
 class LaunchEnvironment:

@@ -27,7 +27,7 @@ them, and a half-set launcher environment is almost always a mistake.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.env.base import EnvInfo, LaunchEnvironment
 from shoal.env.kubeflow import KubeflowEnvironment

@@ -16,7 +16,7 @@ per pod (and counts them in WORLD_SIZE), so a lone python process is an error, n
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.env.base import EnvInfo, LaunchEnvironment, check_below, has_all, read_int, read_port, require, seen
 from shoal.errors import ShoalError

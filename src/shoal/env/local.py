@@ -5,7 +5,7 @@ One process: rank 0 of 1 on one node, rendezvous on 127.0.0.1 at MASTER_PORT (de
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.env.base import LOOPBACK, EnvInfo, LaunchEnvironment, read_port
 

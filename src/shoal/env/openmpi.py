@@ -13,11 +13,20 @@ how to pass it (``shoal``'s own launcher does). Port: MASTER_PORT, else 29500.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.env.base import (
-    DEFAULT_MAIN_PORT, LOOPBACK, EnvInfo, LaunchEnvironment, check_below, check_not_above, has_all, read_int,
-    read_port, require, seen,
+    DEFAULT_MAIN_PORT,
+    LOOPBACK,
+    EnvInfo,
+    LaunchEnvironment,
+    check_below,
+    check_not_above,
+    has_all,
+    read_int,
+    read_port,
+    require,
+    seen,
 )
 from shoal.errors import ShoalError
 

@@ -11,11 +11,19 @@ this node, else an error; MASTER_PORT, else 29500.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.env.base import (
-    DEFAULT_MAIN_PORT, EnvInfo, LaunchEnvironment, check_below, check_not_above, has_all, read_int, read_port,
-    require, seen,
+    DEFAULT_MAIN_PORT,
+    EnvInfo,
+    LaunchEnvironment,
+    check_below,
+    check_not_above,
+    has_all,
+    read_int,
+    read_port,
+    require,
+    seen,
 )
 from shoal.env.openmpi import mpi_main_address
 

@@ -32,10 +32,18 @@ their ids differ by a multiple of 5000. Without SLURM_JOB_ID, 29500.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.env.base import (
-    DEFAULT_MAIN_PORT, EnvInfo, LaunchEnvironment, check_below, first_set, read_int, read_port, require, seen,
+    DEFAULT_MAIN_PORT,
+    EnvInfo,
+    LaunchEnvironment,
+    check_below,
+    first_set,
+    read_int,
+    read_port,
+    require,
+    seen,
 )
 from shoal.env.hostlist import expand_counts, expand_hostlist
 from shoal.errors import ShoalError
@@ -62,9 +70,8 @@ class SlurmEnvironment(LaunchEnvironment):
         if "OMPI_COMM_WORLD_SIZE" in environ:
             return False
         tasks = first_set(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
-        if "PMI_SIZE" in environ and (tasks is None or environ["PMI_SIZE"].strip() != environ[tasks].strip()):
-            return False
-        return True
+        # srun --mpi=pmi2 sets PMI_SIZE to the step's task count; another value is an MPI launcher's.
+        return "PMI_SIZE" not in environ or (tasks is not None and environ["PMI_SIZE"].strip() == environ[tasks].strip())
 
     @classmethod
     def describe(cls, environ: Mapping[str, str], *, argv: Sequence[str] | None = None) -> EnvInfo:

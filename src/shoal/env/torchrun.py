@@ -18,16 +18,24 @@ otherwise it is an error asking for LOCAL_WORLD_SIZE, because guessing would pic
 from __future__ import annotations
 
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.env.base import (
-    DEFAULT_MAIN_PORT, EnvInfo, LaunchEnvironment, check_below, check_not_above, has_all, read_int, read_port,
-    require, seen,
+    DEFAULT_MAIN_PORT,
+    EnvInfo,
+    LaunchEnvironment,
+    check_below,
+    check_not_above,
+    has_all,
+    read_int,
+    read_port,
+    require,
+    seen,
 )
+from shoal.env.network import is_loopback
 from shoal.errors import ShoalError
 
 _FLAGS = ("--local_rank", "--local-rank")
-_LOOPBACK = ("127.", "localhost", "::1")
 _HINT = "start the script with `torchrun --nproc-per-node N script.py` (or `shoal run`), which sets them all"
 
 
@@ -115,7 +123,7 @@ def _local_rank(environ: Mapping[str, str], argv: Sequence[str]) -> tuple[str, i
 def _single_node_size(environ: Mapping[str, str], rank: int, local_rank: int, world: int) -> int:
     """LOCAL_WORLD_SIZE for the legacy launcher, which does not export it: only a provable single node."""
     address = environ["MASTER_ADDR"]
-    if address.startswith(_LOOPBACK) and rank == local_rank:
+    if is_loopback(address) and rank == local_rank:
         return world
     raise ShoalError(
         f"LOCAL_WORLD_SIZE not set (legacy torch.distributed.launch?) and MASTER_ADDR={address} with "

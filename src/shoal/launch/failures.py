@@ -26,8 +26,9 @@ import glob
 import os
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported lazily: this module is imported by CLI code paths too
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure

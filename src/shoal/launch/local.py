@@ -14,7 +14,8 @@ import signal
 import sys
 import tempfile
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
 
@@ -40,7 +41,7 @@ def resolve_start_method(name: str, device_type: str) -> str:
     return "spawn" if device_type == "cuda" else "fork"
 
 
-# Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see shoal.train.preemption).
+# Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see shoal.preemption).
 _PREEMPTED_CODES = {128 + signal.SIGTERM, 128 + signal.SIGUSR1}
 
 

@@ -19,8 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
 

@@ -15,8 +15,9 @@ their arguments, so ``--dry-run`` shows exactly what runs and golden files pin i
 from __future__ import annotations
 
 import shlex
-from typing import Mapping
+from collections.abc import Mapping
 
+from shoal.env.network import bracket
 from shoal.launch.spec import Here, Host, JobSpec
 
 # Open MPI flags the multi-node tutorials use (Horovod's mpirun guide, for one): every rank sees all the
@@ -182,7 +183,7 @@ def _launcher_argv(spec: JobSpec, rank: int, host: Host) -> list[str]:
                  "--master-port", str(spec.port())]
     else:
         argv += ["--nproc", str(host.slots), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{_bracket(spec.main_address())}:{spec.port()}", "--rdzv-id", spec.job_name]
+                 "--rdzv-endpoint", f"{bracket(spec.main_address())}:{spec.port()}", "--rdzv-id", spec.job_name]
     if spec.max_restarts:
         argv += ["--max-restarts", str(spec.max_restarts)]
     return argv + spec.launcher_target()
@@ -228,5 +229,3 @@ def _continued(*groups: list[str], width: int = 100) -> str:
     return " \\\n".join(lines)
 
 
-def _bracket(address: str) -> str:
-    return f"[{address}]" if ":" in address else address

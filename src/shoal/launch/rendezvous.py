@@ -4,7 +4,7 @@ Shared by ``shoal run`` (:mod:`shoal.launch.run`, torchrun's flags) and ``shoal 
 (:mod:`shoal.launch.local`, the flags added by :func:`add_rendezvous_arguments`). For a job of more
 than one node, :func:`plan_rendezvous` decides, unless the user already did:
 
-- the interface and address on the way to the master (:func:`shoal.launch.network.route_to`):
+- the interface and address on the way to the master (:func:`shoal.env.network.route_to`):
   ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` for the workers, and the agent's ``local_addr``,
   which torch otherwise takes from ``socket.getfqdn()`` (often a name for 127.0.0.1);
 - for c10d, whether this node hosts the store (``is_host``): the node that owns the endpoint's
@@ -30,17 +30,19 @@ import os
 import pickle
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
+from shoal.env.base import DEFAULT_C10D_PORT, DEFAULT_MAIN_PORT
+from shoal.env.network import Route, bracket, probe_tcp, route_to
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
-from shoal.launch.network import Route, probe_tcp, route_to
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
 """Every node gives up this long after it started if the job has not assembled."""
-STATIC_DEFAULT_PORT = 29500
-C10D_DEFAULT_PORT = 29400
+STATIC_DEFAULT_PORT = DEFAULT_MAIN_PORT
+C10D_DEFAULT_PORT = DEFAULT_C10D_PORT
 DEFAULT_RUN_ID = "shoal"
 """The job id of ``shoal train``'s rendezvous (torchrun's default is "none"); same on every node."""
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -118,8 +120,7 @@ class RendezvousPlan:
 
     @property
     def endpoint(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return f"{bracket(self.host)}:{self.port}"
 
     @property
     def join_timeout(self) -> float:

@@ -23,16 +23,27 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
+from shoal.env.base import DEFAULT_C10D_PORT, DEFAULT_MAIN_PORT
+from shoal.env.host import threads_per_process
 from shoal.errors import ShoalError
 from shoal.launch.failures import describe_child_failure
 from shoal.launch.ports import check_port_free
 from shoal.launch.rendezvous import (
-    DEFAULT_JOIN_TIMEOUT_S, RESTART_ENVIRON, RendezvousOptions, RendezvousPlan, explain_failure,
-    is_rendezvous_failure, parse_conf, plan_rendezvous, process_started, register_backends,
+    DEFAULT_JOIN_TIMEOUT_S,
+    RESTART_ENVIRON,
+    RendezvousOptions,
+    RendezvousPlan,
+    explain_failure,
+    is_rendezvous_failure,
+    parse_conf,
+    plan_rendezvous,
+    process_started,
+    register_backends,
 )
 
 DESCRIPTION = """\
@@ -61,8 +72,8 @@ examples:
 """
 
 # Default rendezvous ports of torch: static (--master-port) and c10d (--rdzv-endpoint without one).
-_STATIC_DEFAULT_PORT = 29500
-_C10D_DEFAULT_PORT = 29400
+_STATIC_DEFAULT_PORT = DEFAULT_MAIN_PORT
+_C10D_DEFAULT_PORT = DEFAULT_C10D_PORT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +136,7 @@ def run(argv: list[str]) -> int:
     _check_port(args, max_nodes, rendezvous)
 
     omp_from_user = "OMP_NUM_THREADS" in os.environ
-    omp = os.environ["OMP_NUM_THREADS"] if omp_from_user else str(_threads_per_worker(nproc))
+    omp = os.environ["OMP_NUM_THREADS"] if omp_from_user else str(threads_per_process(nproc))
     plan = _Plan(nproc, max_nodes, free_port, omp, omp_from_user, rendezvous)
     extra_env = {"OMP_NUM_THREADS": omp, **(rendezvous.environ if rendezvous else {})}
     if args.max_restarts > 0 and args.rdzv_backend == "c10d":
@@ -467,15 +478,6 @@ def _wait_for_tees(paths: Iterable[str], timeout: float = 3.0) -> None:
                     time.sleep(0.02)
         finally:
             os.close(fd)
-
-
-def _threads_per_worker(nproc: int) -> int:
-    """Usable cores // workers on this node, at least 1 (torchrun sets 1 whatever the machine)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // nproc)
 
 
 @contextmanager

@@ -26,10 +26,11 @@ import shlex
 import socket
 from dataclasses import dataclass
 
+from shoal.env.base import DEFAULT_MAIN_PORT
+from shoal.env.host import usable_cores
+from shoal.env.network import bracket, is_local_address, is_loopback
 from shoal.errors import ShoalError
 
-DEFAULT_PORT = 29500
-"""Rendezvous port of mpirun, SSH and by-hand launches unless given (torchrun's default too)."""
 RDZV_KINDS = ("static", "c10d")
 FORWARDED_ENV = (
     "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "SHOAL_INIT_TIMEOUT",
@@ -38,7 +39,6 @@ FORWARDED_ENV = (
 """Variables the launching shell passes on to every process when they are set there (mpirun -x NAME):
 remote processes must find the same ``shoal``/``python`` and libraries, and keep the user's settings."""
 
-_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|infinite|unlimited", re.I)
 _HOST = re.compile(r"[A-Za-z0-9_.\-:%]+")
@@ -52,8 +52,7 @@ class Host:
     slots: int = 1
 
     def __str__(self) -> str:
-        name = f"[{self.name}]" if ":" in self.name else self.name
-        return f"{name}:{self.slots}"
+        return f"{bracket(self.name)}:{self.slots}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,10 +71,7 @@ class Here:
     @classmethod
     def detect(cls, hosts: tuple[Host, ...] = ()) -> "Here":
         """This machine; ``hosts`` that are IP addresses of it are noted in ``local_hosts``."""
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
+        cores = usable_cores()
         local = frozenset(h.name for h in hosts if _is_own_address(h.name))
         return cls(is_root=os.geteuid() == 0, cores=cores, hostname=socket.gethostname(), local_hosts=local)
 
@@ -91,13 +87,7 @@ def _is_own_address(name: str) -> bool:
         ipaddress.ip_address(name)
     except ValueError:
         return False  # a host name: only this machine's own name counts, see Here.is_local
-    from shoal.launch.network import is_local_address
-
     return is_local_address(name)
-
-
-def is_loopback(host: str) -> bool:
-    return host in _LOOPBACK_NAMES or host.startswith("127.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +203,7 @@ class JobSpec:
         return "127.0.0.1"
 
     def port(self) -> int:
-        return DEFAULT_PORT if self.master_port is None else self.master_port
+        return DEFAULT_MAIN_PORT if self.master_port is None else self.master_port
 
     def process_argv(self) -> list[str]:
         """What one process runs when a launcher (mpirun, srun) starts every process itself."""

@@ -116,7 +116,7 @@ class TrainConfig:
         from shoal.launch.local import START_METHODS
 
         _choice("--start-method", self.start_method, START_METHODS)
-        from shoal.dist.comm_hooks import check_comm_hook
+        from shoal.distributed.comm_hooks import check_comm_hook
 
         try:
             check_comm_hook(self.comm_hook)

@@ -44,7 +44,7 @@ def reset_inherited_signal_handlers() -> None:
     the agent). A worker keeping it would, for a SIGTERM before training starts, fail with that
     exception and exit 1 instead of being terminated by the signal as a spawned worker is.
     Handlers set by the C level or to SIG_IGN (SIGPIPE, ignored by every Python) are left alone;
-    :class:`shoal.train.preemption.PreemptionWatch` installs its own handlers while training.
+    :class:`shoal.preemption.PreemptionWatch` installs its own handlers while training.
     """
     import threading
 

@@ -11,29 +11,31 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import shoal
+from shoal import __version__ as shoal_version
 from shoal.checkpoint.manager import CheckpointManager, restore
-from shoal.dist.collectives import all_reduce_sum, broadcast_object
-from shoal.dist.comm_hooks import register_comm_hook
-from shoal.dist.context import Context
-from shoal.dist.wrap import model_state_dict
+from shoal.context import Context
+from shoal.context import init as init_context
+from shoal.distributed import collectives
+from shoal.distributed.collectives import all_reduce_sum, broadcast_object
+from shoal.distributed.comm_hooks import register_comm_hook
+from shoal.distributed.wrap import model_state_dict
 from shoal.errors import ShoalError
+from shoal.evaluation import evaluate
+from shoal.preemption import Preempted, PreemptionWatch
 from shoal.train.config import TrainConfig
-from shoal.train.evaluate import evaluate
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
-from shoal.train.preemption import Preempted, PreemptionWatch
 from shoal.workloads import get_workload
-
 
 _HOOK_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -89,14 +91,14 @@ class EpochTally:
     def consolidate(self) -> None:
         """Sum the per-rank loss sums onto rank 0 (collective), so rank 0's state is the total."""
         totals = all_reduce_sum(torch.stack([self.loss_sum, self.count]))
-        keep = shoal.dist.collectives.rank() == 0
+        keep = collectives.rank() == 0
         self.loss_sum, self.count = (totals[0], totals[1]) if keep else (torch.zeros_like(totals[0]), torch.zeros_like(totals[1]))
 
     def state_dict(self) -> dict[str, Any]:
         return {"loss_sum": self.loss_sum.cpu(), "count": self.count.cpu(), "samples": self.samples, "train_s": self.train_s}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        rank0 = shoal.dist.collectives.rank() == 0
+        rank0 = collectives.rank() == 0
         self.loss_sum = state["loss_sum"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
         self.count = state["count"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
         self.samples, self.train_s = int(state["samples"]), float(state["train_s"])
@@ -137,7 +139,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run one training job in this process (one rank of it); return the last epoch's metrics."""
     cfg = resolve_defaults(cfg)
     workload = get_workload(cfg.workload)
-    ctx = shoal.init(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
+    ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
     try:
         if cfg.amp == "fp16" and ctx.device.type != "cuda":
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
@@ -419,7 +421,7 @@ def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | 
             "global_batch_size": plan.global_batch_size,
             "steps_per_epoch": plan.steps_per_epoch,
             "scaled_lr": plan.lr,
-            "shoal_version": shoal.__version__,
+            "shoal_version": shoal_version,
             "torch_version": torch.__version__,
         }
         outputs.write_config(config)

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from shoal.errors import ShoalError
-from shoal.train.config import TrainConfig
+
+
+class WorkloadSettings(Protocol):
+    """What a workload reads of the run's configuration (``shoal.train.config.TrainConfig`` has it).
+
+    A protocol rather than the config class itself: workloads sit below the trainer, and a test or
+    a user can hand a workload any object with these attributes.
+    """
+
+    workload: str
+    data: str | None
+    download: bool
+    seed: int
+    arch: str
+    image_size: int
+    samples: int | None
+
 
 BatchTransform = Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
 
@@ -38,20 +55,20 @@ class Workload:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
-    """Defaults for TrainConfig fields left as None: epochs, batch_size, lr, optimizer, weight_decay."""
+    """Defaults for the training config's fields left as None: epochs, batch_size, lr, optimizer, weight_decay."""
 
-    def prepare(self, cfg: TrainConfig) -> None:
+    def prepare(self, cfg: WorkloadSettings) -> None:
         """Check (or download) the data in the launching process, before any worker starts."""
 
-    def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:  # pragma: no cover
+    def load(self, cfg: WorkloadSettings, device: torch.device, rank: int = 0) -> WorkloadData:  # pragma: no cover
         """The datasets, already preprocessed, as tensors (on ``device`` when they fit there)."""
         raise NotImplementedError
 
-    def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:  # pragma: no cover
+    def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:  # pragma: no cover
         raise NotImplementedError
 
 
-def data_root(cfg: TrainConfig, layout: str) -> Path:
+def data_root(cfg: WorkloadSettings, layout: str) -> Path:
     """``--data`` as a path; a missing ``--data`` is an error saying which ``layout`` is expected."""
     if not cfg.data:
         raise ShoalError(
@@ -62,7 +79,7 @@ def data_root(cfg: TrainConfig, layout: str) -> Path:
 
 
 def check_or_download(
-    cfg: TrainConfig, *, title: str, where: Path, missing: list[str], download: Callable[[], None], put_hint: str
+    cfg: WorkloadSettings, *, title: str, where: Path, missing: list[str], download: Callable[[], None], put_hint: str
 ) -> None:
     """Nothing missing: done. Missing and ``--download``: run ``download`` (errors explained).
     Missing otherwise: an error naming the missing files, ``put_hint`` and ``--download``."""

@@ -7,8 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from shoal.train.config import TrainConfig
-from shoal.workloads.base import Workload, WorkloadData, check_or_download, data_root
+from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings, check_or_download, data_root
 
 BATCH_DIR = "cifar-10-batches-py"
 FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
@@ -23,7 +22,7 @@ class CIFAR10(Workload):
     defaults = {"epochs": 30, "batch_size": 128, "lr": 0.1, "optimizer": "sgd", "weight_decay": 5e-4,
                 "warmup_epochs": 1.0}
 
-    def prepare(self, cfg: TrainConfig) -> None:
+    def prepare(self, cfg: WorkloadSettings) -> None:
         root = data_root(cfg, LAYOUT)
         missing = [name for name in FILES if not (root / BATCH_DIR / name).is_file()]
         def download() -> None:
@@ -36,7 +35,7 @@ class CIFAR10(Workload):
             put_hint="unpack cifar-10-python.tar.gz into DIR (giving DIR/cifar-10-batches-py)",
         )
 
-    def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:
+    def load(self, cfg: WorkloadSettings, device: torch.device, rank: int = 0) -> WorkloadData:
         root = str(data_root(cfg, LAYOUT))
         train, test = _read_split(root, train=True), _read_split(root, train=False)
         mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
@@ -60,7 +59,7 @@ class CIFAR10(Workload):
             generator=generator,
         )
 
-    def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
+    def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:
         return cifar_resnet18(num_classes)
 
 

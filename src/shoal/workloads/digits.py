@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from shoal.errors import ShoalError
-from shoal.train.config import TrainConfig
-from shoal.workloads.base import Workload, WorkloadData
+from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings
 
 # 357 test images leave 1,440 for training: divisible by 2..6 and 8, so every world size up to 8
 # sees whole global batches and runs with different world sizes compare sample for sample.
@@ -24,7 +23,7 @@ class Digits(Workload):
     summary = "1,797 real 8x8 handwritten digits bundled with scikit-learn; an MLP (fast, offline)"
     defaults = {"epochs": 20, "batch_size": 32, "lr": 0.05, "optimizer": "sgd", "weight_decay": 1e-4}
 
-    def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:
+    def load(self, cfg: WorkloadSettings, device: torch.device, rank: int = 0) -> WorkloadData:
         images, labels = load_digits_arrays()
         train_idx, test_idx = stratified_split(labels, TEST_SIZE, SPLIT_SEED)
         x_train = torch.as_tensor(images[train_idx], dtype=torch.float32)
@@ -37,7 +36,7 @@ class Digits(Workload):
             num_classes=10,
         )
 
-    def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
+    def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:
         return nn.Sequential(
             nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, num_classes)
         )

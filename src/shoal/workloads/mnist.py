@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shoal.train.config import TrainConfig
-from shoal.workloads.base import Workload, WorkloadData, check_or_download, data_root
+from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings, check_or_download, data_root
 
 RAW_FILES = (
     "train-images-idx3-ubyte",
@@ -23,7 +22,7 @@ class MNIST(Workload):
     summary = "MNIST 28x28 digits from --data DIR (torchvision layout DIR/MNIST/raw); a small CNN"
     defaults = {"epochs": 4, "batch_size": 64, "lr": 4e-3, "optimizer": "adamw", "weight_decay": 1e-4}
 
-    def prepare(self, cfg: TrainConfig) -> None:
+    def prepare(self, cfg: WorkloadSettings) -> None:
         root = data_root(cfg, LAYOUT)
         raw = root / "MNIST" / "raw"
         missing = [name for name in RAW_FILES if not (raw / name).is_file()]
@@ -49,7 +48,7 @@ class MNIST(Workload):
             put_hint="put the four MNIST files (optionally .gz) in DIR/MNIST/raw",
         )
 
-    def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:
+    def load(self, cfg: WorkloadSettings, device: torch.device, rank: int = 0) -> WorkloadData:
         from torchvision.datasets import MNIST as TorchvisionMNIST
 
         root = str(data_root(cfg, LAYOUT))
@@ -61,7 +60,7 @@ class MNIST(Workload):
             num_classes=10,
         )
 
-    def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
+    def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:
         # 20k parameters, ~1 M multiply-adds per image: 99.0-99.2% test accuracy in 3-4 epochs. In
         # channels-last memory (the trainer's default for conv models) oneDNN runs it ~1.6x faster
         # on CPU than in NCHW; docs/BENCHMARKS.md ("Time to accuracy") has the numbers.

@@ -6,8 +6,7 @@ import torch
 from torch import nn
 
 from shoal.errors import ShoalError
-from shoal.train.config import TrainConfig
-from shoal.workloads.base import Workload, WorkloadData
+from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 ARCHS = (*RESNETS, "mlp")
@@ -21,10 +20,10 @@ class Synthetic(Workload):
     summary = "random 3xSxS inputs through a torchvision ResNet or an MLP (--arch, --image-size); reports samples/s"
     defaults = {"epochs": 1, "batch_size": 32, "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0}
 
-    def prepare(self, cfg: TrainConfig) -> None:
+    def prepare(self, cfg: WorkloadSettings) -> None:
         _check_arch(cfg.arch)
 
-    def load(self, cfg: TrainConfig, device: torch.device, rank: int = 0) -> WorkloadData:
+    def load(self, cfg: WorkloadSettings, device: torch.device, rank: int = 0) -> WorkloadData:
         samples = cfg.samples or DEFAULT_SAMPLES
         test_samples = max(1, samples // 8)
         generator = torch.Generator().manual_seed(cfg.seed)
@@ -37,7 +36,7 @@ class Synthetic(Workload):
 
         return WorkloadData(train=make(samples), test=make(test_samples), num_classes=NUM_CLASSES)
 
-    def build_model(self, cfg: TrainConfig, num_classes: int) -> nn.Module:
+    def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:
         return build_synthetic_model(cfg.arch, cfg.image_size, num_classes)
 
 

@@ -25,7 +25,7 @@ state = {"model": model, "optimizer": optimizer, "loader": loader}
 found = ckpt.resume(state)
 step = found.step if found else 0
 start = found.extra["epoch"] if found else 0
-trace = open(out / f"trace-{life}-{ctx.rank}.txt", "a")
+trace = open(out / f"trace-{life}-{ctx.rank}.txt", "a")  # noqa: SIM115 (kept open for the whole run)
 with ctx.preemption() as preemption:
     for epoch in range(start, epochs):
         loader.set_epoch(epoch)  # after resume(): keeps the loaded position inside that epoch

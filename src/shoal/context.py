@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import os
 import random
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.dist import collectives
-from shoal.dist.device import choose_backend, choose_device
-from shoal.dist.wrap import apply_ddp, unwrap_model
+from shoal.distributed import collectives
+from shoal.distributed.device import choose_backend, choose_device, configure_threads
+from shoal.distributed.process_group import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_INIT_TIMEOUT_S,
+    destroy_process_group,
+    join_process_group,
+)
+from shoal.distributed.wrap import apply_ddp
 from shoal.env import EnvInfo, detect_environment
 from shoal.errors import ShoalError
-
-DEFAULT_INIT_TIMEOUT_S = 60.0
-"""Joining the process group fails after this long: a missing rank is reported in about a minute."""
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-"""A collective that waits longer than this is a hang (torch's own default for gloo is 30 minutes)."""
 
 _current: "Context | None" = None
 
@@ -79,11 +79,6 @@ class Context:
         """``model`` on this process's device, in DDP when the job has more than one process."""
         return apply_ddp(model, self.device, self.world_size, **ddp_kwargs)
 
-    @staticmethod
-    def unwrap(model: nn.Module) -> nn.Module:
-        """The plain module inside any wrapper that :meth:`wrap` or torch.compile added."""
-        return unwrap_model(model)
-
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, **kwargs: Any):
         """This rank's shard of ``dataset`` in batches of ``batch_size`` (per process).
 
@@ -104,7 +99,7 @@ class Context:
 
     def evaluate(self, model: nn.Module, loader: Any, loss_fn: Callable | None = None) -> dict[str, float]:
         """Loss and accuracy over the whole evaluation set, summed exactly across ranks."""
-        from shoal.train.evaluate import evaluate
+        from shoal.evaluation import evaluate
 
         return evaluate(model, loader, loss_fn=loss_fn)
 
@@ -122,7 +117,7 @@ class Context:
     def preemption(self, grace_s: float = 25.0):
         """A context manager whose ``requested()`` (call once per step on every rank) returns the
         signal number once any rank got SIGTERM or SIGUSR1: checkpoint, then exit."""
-        from shoal.train.preemption import PreemptionWatch
+        from shoal.preemption import PreemptionWatch
 
         return PreemptionWatch(grace_s=grace_s)
 
@@ -142,7 +137,7 @@ class Context:
         """Leave the process group (if :func:`init` joined it). Safe to call twice."""
         global _current
         if self._active and self.owns_process_group and dist.is_initialized():
-            collectives.destroy_process_group()
+            destroy_process_group()
         self._active = False
         if _current is self:
             _current = None
@@ -218,93 +213,6 @@ def current() -> Context | None:
     return _current
 
 
-def join_process_group(info: EnvInfo, backend: str, *, init_timeout: float, timeout: float) -> None:
-    """``init_process_group`` with a short join timeout and an error that names what is missing."""
-    endpoint = f"{info.main_address}:{info.main_port}"
-    if os.environ.get("TORCHELASTIC_RUN_ID") is not None or info.scheme == "torchrun":
-        # torchrun's agent already runs the store and exported MASTER_*; env:// reuses it.
-        init_method = "env://"
-    else:
-        init_method = f"tcp://{_bracket(info.main_address)}:{info.main_port}"
-    _choose_socket_interface(info, backend)
-    try:
-        dist.init_process_group(
-            backend,
-            init_method=init_method,
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timedelta(seconds=init_timeout),
-        )
-    except Exception as err:  # torch raises DistStoreError, RuntimeError, ValueError here
-        text = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if "address already in use" in text.lower() or "EADDRINUSE" in text:
-            raise ShoalError(
-                f"rank 0 could not listen on {endpoint}: the port is already in use",
-                "choose another MASTER_PORT (or let `shoal run` pick a free one)",
-            ) from None
-        if "connectFullMesh" in str(err) or "GLOO_SOCKET_IFNAME" in str(err):
-            raise ShoalError(
-                f"rank {info.rank} of {info.world_size} reached the store at {endpoint} but not its peers: {text[:160]}",
-                "gloo advertised an address the other nodes cannot reach (often 127.0.0.1 from /etc/hosts): "
-                "set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME on GPUs) to the interface that routes between nodes",
-            ) from None
-        if "timeout" in text.lower() or "timed out" in text.lower():
-            raise ShoalError(
-                f"rank {info.rank} of {info.world_size} timed out after {init_timeout:.0f} s joining the "
-                f"process group at {endpoint} ({info.scheme})",
-                f"check that every rank was started and that {endpoint} is reachable from node "
-                f"{info.node_rank} (MASTER_ADDR, firewall); wait longer with SHOAL_INIT_TIMEOUT",
-            ) from None
-        raise ShoalError(
-            f"rank {info.rank} of {info.world_size} could not join the process group at {endpoint}: {text}",
-            f"check MASTER_ADDR/MASTER_PORT and that {endpoint} is reachable from node {info.node_rank}",
-        ) from None
-    # The short timeout was for joining; collectives get the longer one.
-    if hasattr(dist, "set_timeout"):
-        dist.set_timeout(timedelta(seconds=timeout))
-
-
-def _choose_socket_interface(info: EnvInfo, backend: str) -> None:
-    """Across nodes, make gloo/NCCL use the interface that routes to the main address.
-
-    Where the host name resolves to 127.0.0.1 (common in /etc/hosts), gloo would advertise
-    loopback to the other nodes and the job would fail in connectFullMesh. Launchers that start
-    the ranks directly (mpirun, srun, pods) do not set the variable; `shoal run` does already.
-    """
-    var = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
-    if info.num_nodes <= 1 or var in os.environ:
-        return
-    from shoal.launch.network import route_to
-
-    route = route_to(info.main_address)
-    if route.ifname and not route.loopback:
-        os.environ[var] = route.ifname
-        if info.rank == 0 or info.local_rank == 0:
-            print(f"shoal: node {info.node_rank}: {var}={route.ifname} ({route.why})", file=sys.stderr, flush=True)
-
-
-def configure_threads(threads: int | None, local_world_size: int) -> int:
-    """Set torch's intra-op threads: explicit value, else OMP_NUM_THREADS, else cores / local procs."""
-    if threads is None:
-        env = os.environ.get("OMP_NUM_THREADS", "")
-        # Applied explicitly: torch reads OMP_NUM_THREADS only when it starts, and a worker forked
-        # from a process that imported torch earlier inherits that process's thread count.
-        threads = int(env) if env.isdigit() and int(env) > 0 else max(1, usable_cores() // max(1, local_world_size))
-    if threads < 1:
-        raise ShoalError(f"threads must be at least 1, got {threads}", "pass threads=1 or more")
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    return threads
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which Slurm/cgroups/taskset restrict)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's (CPU and CUDA) global RNGs."""
     random.seed(seed)
@@ -327,7 +235,3 @@ def _seconds(value: float | None, env_name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ShoalError(f"{env_name}={raw!r} is not a number of seconds", f"set {env_name}=60, for example") from None
-
-
-def _bracket(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address

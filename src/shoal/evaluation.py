@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.dist.collectives import all_reduce_sum
-from shoal.dist.wrap import unwrap_model
+from shoal.distributed.collectives import all_reduce_sum
+from shoal.distributed.wrap import unwrap_model
 
 
 @torch.no_grad()

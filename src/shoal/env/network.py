@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from shoal.errors import ShoalError
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's (primary) IPv4 address
-_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,20 @@ def resolve(host: str) -> list[str]:
     return addrs
 
 
-def is_loopback(addr: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True if ``host`` is a loopback address (127.0.0.0/8, ::1) or a loopback name (localhost)."""
+    host = host.strip("[]")
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
     try:
-        return ipaddress.ip_address(addr).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def bracket(address: str) -> str:
+    """``address`` ready to be followed by ``:PORT``: IPv6 literals in brackets, the rest as is."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 def is_local_address(addr: str) -> bool:
@@ -188,7 +197,7 @@ def route_to(master: str) -> Route:
     master_ip = ips[0]
     name = master.strip("[]").lower()
     if is_loopback(master_ip):
-        if name in _LOOPBACK_NAMES or is_loopback(name):
+        if is_loopback(name):
             return Route(master, master_ip, master_ip, "lo" if os.path.exists("/sys/class/net/lo") else None,
                          f"the master {master} is a loopback address: every node runs on this machine",
                          master_is_local=True, loopback=True)
@@ -234,7 +243,7 @@ def probe_tcp(host: str, port: int, timeout: float = 1.0) -> str:
             return "open"
     except ConnectionRefusedError:
         return "refused"
-    except socket.timeout:
+    except TimeoutError:
         return "timeout"
     except OSError as err:
         if err.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):

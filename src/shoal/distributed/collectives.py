@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import builtins
-import gc
-from typing import Any, Mapping, TypeVar, overload
+from collections.abc import Mapping
+from typing import Any, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -22,22 +22,6 @@ def world_size() -> int:
 
 def rank() -> int:
     return dist.get_rank() if is_initialized() else 0
-
-
-def destroy_process_group() -> None:
-    """Leave the default process group, then run a full garbage collection before going on.
-
-    With torch 2.14 and gloo, a worker thread of the group releases the tensors of a finished
-    collective a moment after the collective returns; that needs the GIL. If the interpreter has
-    begun shutting down by then, the thread is killed mid-C++ and the process dies of SIGABRT
-    ("terminate called without an active exception") after all its work is done: about 1 run in
-    8 of a two-rank DDP script here (21 of 175 runs). With the collection right after
-    ``dist.destroy_process_group()`` it happened in none of 180 runs. The group's threads are
-    still alive afterwards (the collection does not free them); what it buys is time in which
-    they get the GIL while the interpreter is whole. A mitigation measured, not a proof.
-    """
-    dist.destroy_process_group()
-    gc.collect()
 
 
 def barrier() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal.dist.device import choose_backend, choose_device
+from shoal.distributed.device import choose_backend, choose_device
 from shoal.errors import ShoalError
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")

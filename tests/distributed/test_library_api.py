@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import shoal
-from shoal.dist.wrap import clean_state_dict, unwrap_model
+from shoal.distributed.wrap import clean_state_dict, unwrap_model
 
 SCRIPT = Path(__file__).parent / "scripts" / "library_user.py"
 

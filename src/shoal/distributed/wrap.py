@@ -7,7 +7,8 @@ model saved from 8 processes loads into the plain model on a laptop.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn

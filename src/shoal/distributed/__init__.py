@@ -1,0 +1,4 @@
+"""torch.distributed for one process of a job: device and backend, process group, DDP, collectives.
+
+Light to import: the submodules import torch, this package does not.
+"""

@@ -1,0 +1,84 @@
+"""This process's compute: its device, its collective backend and its CPU threads.
+
+The choices (:data:`DEVICE_CHOICES`, :data:`BACKEND_CHOICES`) are importable without torch, so
+command-line parsers can list them; the functions import torch when called.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from shoal.env.host import threads_per_process
+from shoal.errors import ShoalError
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+BACKEND_CHOICES = ("auto", "gloo", "nccl")
+
+
+def check_choice(what: str, value: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else a ShoalError listing them."""
+    if value not in choices:
+        raise ShoalError(f"unknown {what} {value!r}", f"use one of: {', '.join(choices)}")
+    return value
+
+
+def choose_device(requested: str, local_rank: int, local_world_size: int) -> "torch.device":
+    """The device this process computes on.
+
+    ``auto`` gives ``cuda:<local_rank>`` when CUDA is available with at least ``local_world_size``
+    GPUs on this node, otherwise the CPU. ``cuda`` without enough GPUs is an error, not a fallback.
+    """
+    import torch
+
+    check_choice("device", requested, DEVICE_CHOICES)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested == "cuda":
+        if gpus == 0:
+            raise ShoalError(
+                "--device cuda was asked for but CUDA is not available on this machine",
+                "use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
+            )
+        if gpus < local_world_size:
+            raise ShoalError(
+                f"{local_world_size} processes on this node but only {gpus} GPU(s) visible",
+                f"start at most {gpus} processes per node (--nproc {gpus}), or check CUDA_VISIBLE_DEVICES",
+            )
+        return torch.device("cuda", local_rank)
+    if gpus >= local_world_size and gpus > 0:
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def choose_backend(requested: str, device: "torch.device") -> str:
+    """``nccl`` for CUDA devices and ``gloo`` for the CPU unless one is asked for explicitly."""
+    check_choice("backend", requested, BACKEND_CHOICES)
+    if requested == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if requested == "nccl" and device.type != "cuda":
+        raise ShoalError(
+            "the nccl backend needs CUDA devices, but this process runs on the CPU",
+            "use --backend gloo (or auto) on CPU",
+        )
+    return requested
+
+
+def configure_threads(threads: int | None, local_world_size: int) -> int:
+    """Set torch's intra-op threads: explicit value, else OMP_NUM_THREADS, else cores / local procs."""
+    import torch
+
+    if threads is None:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        # Applied explicitly: torch reads OMP_NUM_THREADS only when it starts, and a worker forked
+        # from a process that imported torch earlier inherits that process's thread count.
+        threads = int(env) if env.isdigit() and int(env) > 0 else threads_per_process(local_world_size)
+    if threads < 1:
+        raise ShoalError(f"threads must be at least 1, got {threads}", "pass threads=1 or more")
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
