@@ -51,9 +51,7 @@ def run_shoal(*args: str, timeout: float = 180, env: dict | None = None, cwd: st
     full_env.pop("SHOAL_ENV", None)
     if env:
         full_env.update(env)
-    return subprocess.run(
-        shoal_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
-    )
+    return subprocess.run(shoal_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
 
 
 @pytest.fixture

@@ -18,8 +18,13 @@ def start(*args: str, **kwargs) -> subprocess.Popen:
 def start_cmd(*cmd: str, **kwargs) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
     return subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True, env=env, **kwargs,
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+        **kwargs,
     )
 
 

@@ -89,9 +89,7 @@ class Context:
 
         kwargs.setdefault("seed", self.seed or 0)
         kwargs.setdefault("device", self.device)
-        return make_loader(
-            dataset, batch_size, rank=self.rank, world_size=self.world_size, shuffle=shuffle, **kwargs
-        )
+        return make_loader(dataset, batch_size, rank=self.rank, world_size=self.world_size, shuffle=shuffle, **kwargs)
 
     def eval_loader(self, dataset: Any, batch_size: int, **kwargs: Any):
         """A loader for exact evaluation: in order, no padding, each sample on exactly one rank."""

@@ -73,7 +73,11 @@ class PreemptionWatch:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.received:
             self.received = signum
-            print(f"shoal: received {signal.Signals(signum).name}: checkpointing within a few steps", file=sys.stderr, flush=True)
+            print(
+                f"shoal: received {signal.Signals(signum).name}: checkpointing within a few steps",
+                file=sys.stderr,
+                flush=True,
+            )
             self._watchdog = threading.Timer(self.grace_s, _give_up, args=(signum, self.grace_s))
             self._watchdog.daemon = True
             self._watchdog.start()

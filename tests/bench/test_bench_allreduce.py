@@ -25,7 +25,9 @@ def test_sizes_are_whole_elements():
     assert AllreduceConfig(min_bytes=6, max_bytes=100, factor=2, dtype="float32").sizes() == [4, 12, 24, 48, 96]
 
 
-@pytest.mark.parametrize("text, value", [("4096", 4096), ("4K", 4096), ("4kb", 4096), ("256M", 256 * 2**20), ("1G", 2**30)])
+@pytest.mark.parametrize(
+    "text, value", [("4096", 4096), ("4K", 4096), ("4kb", 4096), ("256M", 256 * 2**20), ("1G", 2**30)]
+)
 def test_size_flags(text, value):
     assert _bytes(text) == value
 

@@ -40,8 +40,9 @@ def _check_report(report: dict) -> None:
     # The same state in every file; the manager's adds RNG states and metadata.
     assert rows["torch_save"]["bytes"] >= report["config"]["state_bytes"]
     assert rows["shoal_manager"]["bytes"] > rows["shoal_atomic"]["bytes"]
-    assert report["verdict"] == (f"shoal atomic save: {rows['shoal_atomic']['vs_torch_save']:.2f}x plain "
-                                 "torch.save (target >= 0.8x)")
+    assert report["verdict"] == (
+        f"shoal atomic save: {rows['shoal_atomic']['vs_torch_save']:.2f}x plain torch.save (target >= 0.8x)"
+    )
     # What was on disk at the end: one file per plain variant, the manager's newest checkpoint and its
     # pointer (retention removed the older ones), and no temporary left by an atomic write.
     files = report["files"]
@@ -58,8 +59,9 @@ def _check_report(report: dict) -> None:
 def test_smoke_run_in_a_given_directory(tmp_path: Path):
     state = random.getstate()
     lines: list[str] = []
-    report = run_checkpoint(smoke_config(directory=str(tmp_path)), log=lines.append,
-                            argv=["shoal", "bench", "checkpoint", "--smoke"])
+    report = run_checkpoint(
+        smoke_config(directory=str(tmp_path)), log=lines.append, argv=["shoal", "bench", "checkpoint", "--smoke"]
+    )
     _check_report(report)
     assert report["config"]["model"] == "mb:2" and report["config"]["state_bytes"] == 2_000_000
     assert report["config"]["tensors"] == 100
@@ -102,13 +104,16 @@ def test_same_detects_a_changed_tensor():
     assert not same({"w": torch.arange(4)}, {"w": torch.arange(4.0)})  # dtype differs
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(repeat=0), "--repeat must be at least 1"),
-    (dict(warmup=-1), "--warmup at least 0"),
-    (dict(model="resnet9000"), "unknown model 'resnet9000'"),
-    (dict(model="mb:0"), "positive number of MB"),
-    (dict(model="mb:lots"), "positive number of MB"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(repeat=0), "--repeat must be at least 1"),
+        (dict(warmup=-1), "--warmup at least 0"),
+        (dict(model="resnet9000"), "unknown model 'resnet9000'"),
+        (dict(model="mb:0"), "positive number of MB"),
+        (dict(model="mb:lots"), "positive number of MB"),
+    ],
+)
 def test_bad_config_is_a_clean_error(kwargs: dict, match: str):
     with pytest.raises(ShoalError, match=match) as err:
         CheckpointConfig(**kwargs)

@@ -50,8 +50,18 @@ def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
     variants = ["plain", "shoal"] + [v for v, pkg in overhead.PEERS.items() if importlib.util.find_spec(pkg)]
     # Two rounds: the second forks workers again after the first round's results came back, which
     # is where a parent that had run torch ops would hang (the report would never be written).
-    proc = run_shoal("bench", "overhead", "--smoke", "--repeat", "2", "--variants", ",".join(variants),
-                     "--json", str(out), timeout=240)
+    proc = run_shoal(
+        "bench",
+        "overhead",
+        "--smoke",
+        "--repeat",
+        "2",
+        "--variants",
+        ",".join(variants),
+        "--json",
+        str(out),
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     report = json.loads(out.read_text())
     assert report["benchmark"] == "overhead" and report["config"]["variants"] == variants

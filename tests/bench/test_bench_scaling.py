@@ -36,7 +36,9 @@ def test_plan_on_gpu_has_no_thread_rows():
     assert {n: [v.name for v in vs] for n, vs in plan.items()} == {1: ["ddp"], 2: ["ddp"]}
 
 
-@pytest.mark.parametrize("steps, blocks, expected", [(20, 4, [5, 5, 5, 5]), (7, 3, [3, 2, 2]), (2, 4, [1, 1]), (5, 1, [5])])
+@pytest.mark.parametrize(
+    "steps, blocks, expected", [(20, 4, [5, 5, 5, 5]), (7, 3, [3, 2, 2]), (2, 4, [1, 1]), (5, 1, [5])]
+)
 def test_timed_steps_split_into_blocks(steps, blocks, expected):
     assert _blocks(steps, blocks) == expected
 
@@ -53,7 +55,9 @@ def test_verdict_names_the_bottleneck():
     assert _verdict(2, comm)[0] == "communication-bound"
     contention = {"efficiency": 0.5, "efficiency_no_allreduce": 0.6, "allreduce_share": 0.17}
     assert _verdict(2, contention)[0] == "contention-bound"
-    assert _verdict(2, {"efficiency": 0.95, "efficiency_no_allreduce": 0.99, "allreduce_share": 0.04})[0] == "scales well"
+    assert (
+        _verdict(2, {"efficiency": 0.95, "efficiency_no_allreduce": 0.99, "allreduce_share": 0.04})[0] == "scales well"
+    )
 
 
 @pytest.mark.parametrize(
@@ -90,8 +94,14 @@ def test_smoke_scaling_report(tmp_path: Path):
     assert meta["command"].startswith("shoal bench scaling --smoke")
     assert meta["machine"]["cores"] >= 1 and meta["machine"]["torch"]
     rows = {(r["world_size"], r["variant"]): r for r in report["rows"]}
-    assert set(rows) == {(1, "ddp"), (1, "threads:2"), (2, "ddp"), (2, "hook:bf16"), (2, "no_allreduce"),
-                         (2, "torch_defaults")}
+    assert set(rows) == {
+        (1, "ddp"),
+        (1, "threads:2"),
+        (2, "ddp"),
+        (2, "hook:bf16"),
+        (2, "no_allreduce"),
+        (2, "torch_defaults"),
+    }
     base = rows[(1, "ddp")]["samples_per_s"]
     for r in report["rows"]:
         assert r["samples_per_s"] > 0 and all(v > 0 for v in r["samples_per_s_runs"])
@@ -106,10 +116,16 @@ def test_smoke_scaling_report(tmp_path: Path):
     assert summary["world_size"] == 2
     assert summary["bound"] in ("communication-bound", "contention-bound", "scales well")
     # Smoke runs once: the median of the per-launch ratios is that launch's ratio.
-    assert summary["allreduce_share"] == pytest.approx(1 - two["samples_per_s"] / rows[(2, "no_allreduce")]["samples_per_s"])
+    assert summary["allreduce_share"] == pytest.approx(
+        1 - two["samples_per_s"] / rows[(2, "no_allreduce")]["samples_per_s"]
+    )
     assert summary["hook_gain"] == pytest.approx(rows[(2, "hook:bf16")]["samples_per_s"] / two["samples_per_s"] - 1)
-    assert summary["processes_vs_threads"] == pytest.approx(two["samples_per_s"] / rows[(1, "threads:2")]["samples_per_s"])
-    assert summary["settings_gain"] == pytest.approx(two["samples_per_s"] / rows[(2, "torch_defaults")]["samples_per_s"] - 1)
+    assert summary["processes_vs_threads"] == pytest.approx(
+        two["samples_per_s"] / rows[(1, "threads:2")]["samples_per_s"]
+    )
+    assert summary["settings_gain"] == pytest.approx(
+        two["samples_per_s"] / rows[(2, "torch_defaults")]["samples_per_s"] - 1
+    )
     assert rows[(2, "torch_defaults")]["label"] == "2 procs x 1 thread, torch's DDP defaults"
     assert summary["hook"] == "bf16" and "hook_gain" in summary
     assert any(note.startswith("2 processes: efficiency") for note in report["notes"])

@@ -22,8 +22,9 @@ def test_unknown_variant_is_a_clean_error():
 
 def test_missing_optional_launchers_are_skipped_with_a_note(monkeypatch, tmp_path: Path):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("accelerate", "lightning") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("accelerate", "lightning") else real(name, *a)
+    )
     cfg = startup.StartupConfig(variants=("torchrun", "accelerate", "fabric"))
     commands, notes = startup._commands(cfg, tmp_path / "probe.py", tmp_path)
     assert list(commands) == ["torchrun"]

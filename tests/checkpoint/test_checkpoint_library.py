@@ -34,7 +34,9 @@ def _steps(out: Path) -> dict[int, tuple[int, list[int]]]:
 
 @pytest.mark.parametrize("first, second", [(2, 1), (1, 3)])
 def test_resume_with_another_world_size_sees_every_sample_once(tmp_path, first, second):
-    proc = start_cmd(sys.executable, "-m", "shoal", "run", "--nproc", str(first), str(SCRIPT), str(tmp_path), "1", str(EPOCHS))
+    proc = start_cmd(
+        sys.executable, "-m", "shoal", "run", "--nproc", str(first), str(SCRIPT), str(tmp_path), "1", str(EPOCHS)
+    )
     wait_for(lambda: len(checkpoints(tmp_path / "ckpt")) >= 2 or proc.poll() is not None)
     assert proc.poll() is None, "finished before it could be preempted"
     # Preempt one rank only: the ranks agree, checkpoint the same step, and stop.

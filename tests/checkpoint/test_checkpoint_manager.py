@@ -143,11 +143,16 @@ def test_round_trip_restores_state_and_rng(tmp_path):
     found = manager.resume({"model": fresh, "optimizer": fresh_opt})
     assert (found.epoch, found.step, found.extra) == (2, 7, {"note": "x"})
     assert torch.equal(fresh.weight, model.weight)
-    assert torch.equal(fresh_opt.state_dict()["state"][0]["momentum_buffer"], optimizer.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(
+        fresh_opt.state_dict()["state"][0]["momentum_buffer"], optimizer.state_dict()["state"][0]["momentum_buffer"]
+    )
     assert torch.equal(torch.rand(3), expected_next)  # the RNG continues where it was saved
 
 
-@pytest.mark.parametrize("text, every, unit", [("2", 2, "epoch"), ("3epochs", 3, "epoch"), ("500steps", 500, "step"), ("0", 0, "epoch"), ("off", 0, "epoch")])
+@pytest.mark.parametrize(
+    "text, every, unit",
+    [("2", 2, "epoch"), ("3epochs", 3, "epoch"), ("500steps", 500, "step"), ("0", 0, "epoch"), ("off", 0, "epoch")],
+)
 def test_cadence_parsing(text, every, unit):
     cadence = Cadence.parse(text)
     assert (cadence.every, cadence.unit) == (every, unit)

@@ -16,9 +16,19 @@ from cluster.netns import Node
 SCRIPTS = Path(__file__).parent / "scripts"
 STEPS = str(SCRIPTS / "steps.py")
 # Variables that would decide for shoal what these tests check that it decides by itself.
-_DROP = ("OMP_NUM_THREADS", "SHOAL_ENV", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "SHOAL_INIT_TIMEOUT",
-         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-         "LOCAL_RANK")
+_DROP = (
+    "OMP_NUM_THREADS",
+    "SHOAL_ENV",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "SHOAL_INIT_TIMEOUT",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -59,8 +69,9 @@ class Launched:
         return self
 
 
-def shoal_on(node: Node | None, args: Sequence[str], log: Path, *, cwd: Path | None = None,
-             env: dict[str, str] | None = None) -> Launched:
+def shoal_on(
+    node: Node | None, args: Sequence[str], log: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> Launched:
     """Start ``python -m shoal ARGS`` in ``node`` (or here, for None), output into ``log``."""
     cmd = [sys.executable, "-m", "shoal", *args]
     with open(log, "w") as out:

@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 JOIN = 15
 SLACK = 5  # shutting down; a busy machine
 
+
 def test_wrong_address_closed_port_and_a_missing_node(two_nodes, tmp_path):
     a, b = two_nodes
     common = ["run", "--nproc", "2", "--nnodes", "2", "--join-timeout", str(JOIN)]
@@ -23,8 +24,24 @@ def test_wrong_address_closed_port_and_a_missing_node(two_nodes, tmp_path):
         "host": (a, [*static, "--node-rank", "0", "--master-addr", a.addr]),
         "wrong": (b, [*static, "--node-rank", "1", "--master-addr", "10.77.0.9"]),
         # nothing listens where the node looks for the store
-        "closed": (b, ["run", "--nproc", "2", "--nnodes", "2", "--join-timeout", str(JOIN),
-                       "--node-rank", "1", "--master-addr", a.addr, "--master-port", "29666"]),
+        "closed": (
+            b,
+            [
+                "run",
+                "--nproc",
+                "2",
+                "--nnodes",
+                "2",
+                "--join-timeout",
+                str(JOIN),
+                "--node-rank",
+                "1",
+                "--master-addr",
+                a.addr,
+                "--master-port",
+                "29666",
+            ],
+        ),
         "c10d-closed": (b, [*common, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{a.addr}:29777"]),
         # a c10d host whose partner never comes
         "c10d-alone": (a, [*common, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{a.addr}:29888"]),
@@ -47,20 +64,41 @@ def test_wrong_address_closed_port_and_a_missing_node(two_nodes, tmp_path):
         return "\n".join(launched[name].output.strip().splitlines()[-2:])
 
     assert f"only 1 of 2 nodes arrived at the static rendezvous at {a.addr}:29555 within {JOIN} s" in error("host")
-    assert f"could not join the static rendezvous at 10.77.0.9:29555 within {JOIN} s: 10.77.0.9 does " \
-           f"not answer (from {b.addr} on {b.ifname})" in error("wrong")
-    assert f"could not join the static rendezvous at {a.addr}:29666 within {JOIN} s: nothing listens on " \
-           f"port 29666 of {a.addr}" in error("closed")
+    assert (
+        f"could not join the static rendezvous at 10.77.0.9:29555 within {JOIN} s: 10.77.0.9 does "
+        f"not answer (from {b.addr} on {b.ifname})" in error("wrong")
+    )
+    assert (
+        f"could not join the static rendezvous at {a.addr}:29666 within {JOIN} s: nothing listens on "
+        f"port 29666 of {a.addr}" in error("closed")
+    )
     assert "HINT: start node rank 0" in error("closed")
-    assert f"could not join the c10d rendezvous at {a.addr}:29777 within {JOIN} s: nothing listens on " \
-           f"port 29777 of {a.addr}" in error("c10d-closed")
+    assert (
+        f"could not join the c10d rendezvous at {a.addr}:29777 within {JOIN} s: nothing listens on "
+        f"port 29777 of {a.addr}" in error("c10d-closed")
+    )
     assert f"only 1 of 2 nodes arrived at the c10d rendezvous at {a.addr}:29888 within {JOIN} s" in error("c10d-alone")
 
 
 def test_an_unroutable_master_fails_before_anything_starts(two_nodes, tmp_path):
     _, b = two_nodes
-    item = shoal_on(b, ["run", "--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
-                        "10.77.5.1", STEPS, str(tmp_path)], tmp_path / "log")
+    item = shoal_on(
+        b,
+        [
+            "run",
+            "--nproc",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "10.77.5.1",
+            STEPS,
+            str(tmp_path),
+        ],
+        tmp_path / "log",
+    )
     wait_all([item], 60)
     assert item.returncode == 2
     assert item.output.strip().splitlines()[-2:] == [

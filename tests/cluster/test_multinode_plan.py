@@ -46,15 +46,24 @@ def test_static_plan_on_loopback():
     assert plan.rdzv_configs["timeout"] == 28  # 30 s, less 2 s to report the failure in time
     assert plan.environ == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "SHOAL_INIT_TIMEOUT": "30"}
     lines = plan.lines("shoal run", 2)
-    assert lines[0] == ("shoal run: 2 workers on this node (node 1 of 2), waiting for the static "
-                        "rendezvous at 127.0.0.1:29555 (join timeout 30 s)")
-    assert lines[1].startswith("shoal run: network: advertising 127.0.0.1 on lo (the master 127.0.0.1 "
-                               "is a loopback address: every node runs on this machine); GLOO_SOCKET_IFNAME=lo")
+    assert lines[0] == (
+        "shoal run: 2 workers on this node (node 1 of 2), waiting for the static "
+        "rendezvous at 127.0.0.1:29555 (join timeout 30 s)"
+    )
+    assert lines[1].startswith(
+        "shoal run: network: advertising 127.0.0.1 on lo (the master 127.0.0.1 "
+        "is a loopback address: every node runs on this machine); GLOO_SOCKET_IFNAME=lo"
+    )
 
 
 def test_the_users_settings_win():
-    plan = _plan({"GLOO_SOCKET_IFNAME": "eth7", "SHOAL_INIT_TIMEOUT": "5"}, nnodes="2",
-                 master_addr="127.0.0.1", local_addr="10.0.0.5", conf={"timeout": "99"})
+    plan = _plan(
+        {"GLOO_SOCKET_IFNAME": "eth7", "SHOAL_INIT_TIMEOUT": "5"},
+        nnodes="2",
+        master_addr="127.0.0.1",
+        local_addr="10.0.0.5",
+        conf={"timeout": "99"},
+    )
     assert plan.environ == {"NCCL_SOCKET_IFNAME": "lo"}
     assert plan.local_addr == "10.0.0.5" and plan.rdzv_configs["timeout"] == 99
     assert "GLOO_SOCKET_IFNAME=eth7 (yours)" in plan.network_line("shoal")
@@ -75,20 +84,29 @@ def test_c10d_plan():
 
 
 def test_the_budget_counts_from_the_start():
-    plan = plan_rendezvous(RendezvousOptions(nnodes="2", master_addr="127.0.0.1", join_timeout=20),
-                           environ={}, started=time.monotonic() - 4.5)
+    plan = plan_rendezvous(
+        RendezvousOptions(nnodes="2", master_addr="127.0.0.1", join_timeout=20),
+        environ={},
+        started=time.monotonic() - 4.5,
+    )
     assert plan.rdzv_configs["timeout"] == 13  # 20 - 5 s spent - 2 s to report
     assert 0 <= time.monotonic() - rendezvous.process_started() < 3600
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"nnodes": "2", "node_rank": 2}, "--node-rank 2 is not in 0..1"),
-    ({"nnodes": "1:2"}, "--nnodes 1:2 is elastic, which the static rendezvous cannot do"),
-    ({"nnodes": "2", "backend": "c10d", "master_addr": None}, "--rdzv-backend c10d needs --rdzv-endpoint HOST:PORT"),
-    ({"nnodes": "two"}, "--nnodes two is not N or MIN:MAX"),
-    ({"nnodes": "3:2"}, "--nnodes 3:2 is not a valid node count"),
-    ({"nnodes": "2", "backend": "c10d", "endpoint": "127.0.0.1:99999"}, "bad rendezvous endpoint"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"nnodes": "2", "node_rank": 2}, "--node-rank 2 is not in 0..1"),
+        ({"nnodes": "1:2"}, "--nnodes 1:2 is elastic, which the static rendezvous cannot do"),
+        (
+            {"nnodes": "2", "backend": "c10d", "master_addr": None},
+            "--rdzv-backend c10d needs --rdzv-endpoint HOST:PORT",
+        ),
+        ({"nnodes": "two"}, "--nnodes two is not N or MIN:MAX"),
+        ({"nnodes": "3:2"}, "--nnodes 3:2 is not a valid node count"),
+        ({"nnodes": "2", "backend": "c10d", "endpoint": "127.0.0.1:99999"}, "bad rendezvous endpoint"),
+    ],
+)
 def test_impossible_options(kw, message):
     with pytest.raises(ShoalError, match=message) as info:
         _plan(**{"master_addr": "127.0.0.1", **kw})
@@ -118,8 +136,9 @@ def test_failures_name_the_endpoint_the_arrivals_and_a_hint():
     host = _plan(nnodes="3", master_addr="127.0.0.1", master_port=29555, join_timeout=9)
     err = RuntimeError("Timed out after 8 seconds waiting for clients. 2/3 clients joined.")
     text = explain_failure(err, host).format()
-    assert text.splitlines()[0] == ("shoal: error: only 2 of 3 nodes arrived at the static rendezvous at "
-                                    "127.0.0.1:29555 within 9 s")
+    assert text.splitlines()[0] == (
+        "shoal: error: only 2 of 3 nodes arrived at the static rendezvous at 127.0.0.1:29555 within 9 s"
+    )
     assert text.splitlines()[1].startswith("HINT: start the missing node(s) with the same --nnodes")
 
     c10d = _plan(nnodes="2:4", backend="c10d", endpoint="127.0.0.1:29400")
@@ -131,8 +150,10 @@ def test_failures_name_the_endpoint_the_arrivals_and_a_hint():
     err = RuntimeError("The client socket has timed out after 10000ms while trying to connect")
     error = explain_failure(err, client)
     assert error.exit_code == 1
-    assert error.message == (f"could not join the static rendezvous at 127.0.0.1:{port} within 60 s: "
-                             f"nothing listens on port {port} of 127.0.0.1")
+    assert error.message == (
+        f"could not join the static rendezvous at 127.0.0.1:{port} within 60 s: "
+        f"nothing listens on port {port} of 127.0.0.1"
+    )
     assert error.hint.startswith("start node rank 0 (it hosts the store)")
 
     left = explain_failure(NodeLeft("another node ended the job"), client).format()
@@ -156,15 +177,21 @@ def test_what_a_namespaced_node_picks(two_nodes):
         "print(json.dumps(out))\n"
     )
     hostname = socket.gethostname()
-    proc = b.run([sys.executable, "-c", probe, a.addr, b.addr, "10.77.0.9", "10.77.5.1", hostname,
-                  "no-such-host.invalid"], capture_output=True, text=True, timeout=120)
+    proc = b.run(
+        [sys.executable, "-c", probe, a.addr, b.addr, "10.77.0.9", "10.77.5.1", hostname, "no-such-host.invalid"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert seen[a.addr] == [b.addr, b.ifname, False, False, f"the interface that routes to the master {a.addr}"]
     assert seen[b.addr] == [b.addr, b.ifname, True, False, f"the master {b.addr} is this node's own address"]
     assert seen["10.77.0.9"][:3] == [b.addr, b.ifname, False]  # on the link, even if nobody is there
-    assert seen["10.77.5.1"] == ["error", "no route from this node to the master 10.77.5.1 (10.77.5.1): "
-                                          "Network is unreachable"]
+    assert seen["10.77.5.1"] == [
+        "error",
+        "no route from this node to the master 10.77.5.1 (10.77.5.1): Network is unreachable",
+    ]
     # The hostname resolves to loopback here: this node's own name; the veth is its only way out.
     assert seen[hostname][:4] == [b.addr, b.ifname, True, False], seen
     assert seen["no-such-host.invalid"][0] == "error"

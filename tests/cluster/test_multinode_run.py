@@ -20,21 +20,34 @@ TIMEOUT = 240  # both nodes, on a busy 2-core machine
 
 
 def _static(node, rank, master, *extra):
-    return ["run", "--nproc", "2", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", master,
-            "--master-port", "29555", *extra]
+    return [
+        "run",
+        "--nproc",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        master,
+        "--master-port",
+        "29555",
+        *extra,
+    ]
 
 
 def _c10d(nnodes, endpoint, *extra):
-    return ["run", "--nproc", "2", "--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
-            endpoint, *extra]
+    return ["run", "--nproc", "2", "--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, *extra]
 
 
 def _check_network_lines(a, b, launched, backend):
     out_a, out_b = (item.output for item in launched)
     assert f"shoal run: network: advertising {a.addr} on {a.ifname}" in out_a, out_a
     assert f"GLOO_SOCKET_IFNAME={a.ifname}, NCCL_SOCKET_IFNAME={a.ifname}" in out_a
-    assert f"shoal run: network: advertising {b.addr} on {b.ifname} (the interface that routes to the " \
-           f"master {a.addr})" in out_b, out_b
+    assert (
+        f"shoal run: network: advertising {b.addr} on {b.ifname} (the interface that routes to the "
+        f"master {a.addr})" in out_b
+    ), out_b
     if backend == "c10d":
         assert "this node hosts the c10d store" in out_a
         assert f"the c10d store is hosted by {a.addr}" in out_b
@@ -68,8 +81,9 @@ def _restart_check(a, b, launched, out):
     assert "shoal run: restarting the workers (restart 1 of 1)" in launched[1].output, describe(launched)
     # Node a restarted too: for its own failed workers, or (c10d) for the changed group, which
     # torch does not count as one of node a's restarts.
-    assert re.search(r"shoal run: (restarting the workers \(restart 1 of 1\)|the other nodes changed)",
-                     launched[0].output), describe(launched)
+    assert re.search(
+        r"shoal run: (restarting the workers \(restart 1 of 1\)|the other nodes changed)", launched[0].output
+    ), describe(launched)
     return found
 
 
@@ -78,15 +92,15 @@ def test_elastic_c10d_a_killed_worker_restarts_the_group_and_the_job_completes(t
     a, b = two_nodes
     out = tmp_path / "out"
     out.mkdir()
-    args = _c10d("1:2", f"{a.addr}:29400", "--max-restarts", "1", STEPS, str(out), "--die-rank", "3",
-                 "--steps", "5")
+    args = _c10d("1:2", f"{a.addr}:29400", "--max-restarts", "1", STEPS, str(out), "--die-rank", "3", "--steps", "5")
     launched = [shoal_on(node, args, tmp_path / f"{node.name}.log") for node in (a, b)]
     wait_all(launched, TIMEOUT)
     found = _restart_check(a, b, launched, out)
     # The workers' store is on whichever node got rank 0, at its routable address, never loopback.
     assert {r["master_addr"] for r in found} in ({a.addr}, {b.addr})
     assert {(r["ifname"], r["rank"] // 2) for r in found} in (
-        {(a.ifname, 0), (b.ifname, 1)}, {(b.ifname, 0), (a.ifname, 1)}
+        {(a.ifname, 0), (b.ifname, 1)},
+        {(b.ifname, 0), (a.ifname, 1)},
     )
     assert [r["attempt"] for r in found if r["ifname"] == b.ifname] == [1, 1]  # node b restarted once
     _check_network_lines(a, b, launched, "c10d")
@@ -97,8 +111,11 @@ def test_static_a_killed_worker_restarts_the_group_and_the_job_completes(two_nod
     out = tmp_path / "out"
     out.mkdir()
     launched = [
-        shoal_on(node, _static(node, rank, a.addr, "--max-restarts", "1", STEPS, str(out), "--die-rank", "3",
-                               "--steps", "5"), tmp_path / f"{node.name}.log")
+        shoal_on(
+            node,
+            _static(node, rank, a.addr, "--max-restarts", "1", STEPS, str(out), "--die-rank", "3", "--steps", "5"),
+            tmp_path / f"{node.name}.log",
+        )
         for rank, node in enumerate((a, b))
     ]
     wait_all(launched, TIMEOUT)
@@ -114,8 +131,7 @@ def test_when_a_node_gives_up_the_other_stops_at_once(two_nodes, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     launched = [
-        shoal_on(node, _static(node, rank, a.addr, STEPS, str(out), "--raise-rank", "3"),
-                 tmp_path / f"{node.name}.log")
+        shoal_on(node, _static(node, rank, a.addr, STEPS, str(out), "--raise-rank", "3"), tmp_path / f"{node.name}.log")
         for rank, node in enumerate((a, b))
     ]
     wait_all(launched, 100)

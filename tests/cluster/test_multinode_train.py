@@ -14,8 +14,24 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 def test_digits_over_c10d_on_two_nodes(two_nodes, tmp_path):
     a, b = two_nodes
     out = tmp_path / "run"  # one directory both "nodes" see, as on a shared filesystem
-    args = ["train", "digits", "--epochs", "1", "--nproc", "2", "--out", str(out), "--nnodes", "2",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{a.addr}:29400", "--join-timeout", "120"]
+    args = [
+        "train",
+        "digits",
+        "--epochs",
+        "1",
+        "--nproc",
+        "2",
+        "--out",
+        str(out),
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{a.addr}:29400",
+        "--join-timeout",
+        "120",
+    ]
     launched = [shoal_on(node, args, tmp_path / f"{node.name}.log", cwd=tmp_path) for node in (a, b)]
     wait_all(launched, 300)
     assert [item.returncode for item in launched] == [0, 0], describe(launched)

@@ -43,8 +43,12 @@ def nodes():
 
 
 def _rsh_agent(tmp_path: Path, nodes, extra_env: dict[str, dict[str, str]] | None = None) -> str:
-    lines = ["#!/bin/sh", "# rsh agent: HOST COMMAND... runs the command line in HOST's namespace, as ssh would.",
-             "host=$1; shift", 'case "$host" in']
+    lines = [
+        "#!/bin/sh",
+        "# rsh agent: HOST COMMAND... runs the command line in HOST's namespace, as ssh would.",
+        "host=$1; shift",
+        'case "$host" in',
+    ]
     for node in nodes:
         env = " ".join(f"{k}={v}" for k, v in (extra_env or {}).get(node.name, {}).items())
         lines.append(f'  {node.addr}) exec ip netns exec {node.name} {"env " + env + " " if env else ""}sh -c "$*" ;;')
@@ -56,8 +60,12 @@ def _rsh_agent(tmp_path: Path, nodes, extra_env: dict[str, dict[str, str]] | Non
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "SLURM_", "GLOO_", "NCCL_"))
-           and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI_", "SLURM_", "GLOO_", "NCCL_"))
+        and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    }
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env["SHOAL_INIT_TIMEOUT"] = "40"  # a failure shows in well under the test's timeout
     env.update(extra)
@@ -70,21 +78,40 @@ def _results(out: Path, n: int) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in found), key=lambda r: r["rank"])
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None,
-                    reason="Open MPI's mpirun is not installed (scripts/install-system-deps.sh installs openmpi-bin)")
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None,
+    reason="Open MPI's mpirun is not installed (scripts/install-system-deps.sh installs openmpi-bin)",
+)
 def test_launch_hosts_via_mpirun_across_namespaces(nodes, tmp_path):
     a, b = nodes
     # Nobody sets GLOO_SOCKET_IFNAME: shoal.init() picks each node's interface that routes to the
     # main address (the machine's hostname resolves to 127.0.0.1 in both namespaces).
     agent = _rsh_agent(tmp_path, nodes)
-    proc = a.run([*LAUNCH, "--hosts", f"{a.addr}:1,{b.addr}:1", "--via", "mpirun", "--rsh", agent,
-                  "--", ALLREDUCE, str(tmp_path)],
-                 env=_env(), capture_output=True, text=True, timeout=240)
+    proc = a.run(
+        [
+            *LAUNCH,
+            "--hosts",
+            f"{a.addr}:1,{b.addr}:1",
+            "--via",
+            "mpirun",
+            "--rsh",
+            agent,
+            "--",
+            ALLREDUCE,
+            str(tmp_path),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"shoal launch: mpirun, 2 processes on {a.addr}:1,{b.addr}:1, rendezvous {a.addr}:" in proc.stderr
     results = _results(tmp_path, 2)
     assert [(r["scheme"], r["rank"], r["world_size"], r["node_rank"], r["num_nodes"]) for r in results] == [
-        ("openmpi", 0, 2, 0, 2), ("openmpi", 1, 2, 1, 2)]
+        ("openmpi", 0, 2, 0, 2),
+        ("openmpi", 1, 2, 1, 2),
+    ]
     assert [r["gloo_socket_ifname"] for r in results] == [a.ifname, b.ifname]  # rank 1 ran in b
     assert {r["main_address"] for r in results} == {a.addr} and {r["sum"] for r in results} == {3.0}
 
@@ -92,13 +119,30 @@ def test_launch_hosts_via_mpirun_across_namespaces(nodes, tmp_path):
 def test_launch_hosts_via_ssh_across_namespaces(nodes, tmp_path):
     """One `shoal run` per host; shoal run picks each node's interface itself."""
     a, b = nodes
-    proc = a.run([*LAUNCH, "--hosts", f"{a.addr}:1,{b.addr}:1", "--via", "ssh", "--rsh", _rsh_agent(tmp_path, nodes),
-                  "--", ALLREDUCE, str(tmp_path)],
-                 env=_env(), capture_output=True, text=True, timeout=240)
+    proc = a.run(
+        [
+            *LAUNCH,
+            "--hosts",
+            f"{a.addr}:1,{b.addr}:1",
+            "--via",
+            "ssh",
+            "--rsh",
+            _rsh_agent(tmp_path, nodes),
+            "--",
+            ALLREDUCE,
+            str(tmp_path),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = _results(tmp_path, 2)
     assert [(r["scheme"], r["rank"], r["world_size"], r["node_rank"]) for r in results] == [
-        ("torchrun", 0, 2, 0), ("torchrun", 1, 2, 1)]
+        ("torchrun", 0, 2, 0),
+        ("torchrun", 1, 2, 1),
+    ]
     assert [r["gloo_socket_ifname"] for r in results] == [a.ifname, b.ifname]
     assert {r["sum"] for r in results} == {3.0}
 
@@ -107,9 +151,24 @@ def test_a_failing_host_stops_the_others(nodes, tmp_path):
     """b's worker exits 3; a's would wait forever: shoal launch stops a's launcher and its worker."""
     a, b = nodes
     started = time.monotonic()
-    proc = a.run([*LAUNCH, "--hosts", f"{a.addr}:1,{b.addr}:1", "--via", "ssh", "--rsh", _rsh_agent(tmp_path, nodes),
-                  "--", FAILS, str(tmp_path)],
-                 env=_env(), capture_output=True, text=True, timeout=180)
+    proc = a.run(
+        [
+            *LAUNCH,
+            "--hosts",
+            f"{a.addr}:1,{b.addr}:1",
+            "--via",
+            "ssh",
+            "--rsh",
+            _rsh_agent(tmp_path, nodes),
+            "--",
+            FAILS,
+            str(tmp_path),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert f"host {b.addr} (node 1) exited with status 3; stopping the other hosts" in proc.stderr

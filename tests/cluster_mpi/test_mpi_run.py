@@ -31,9 +31,12 @@ needs_mpirun = pytest.mark.skipif(
 
 def _env(**extra: str) -> dict[str, str]:
     """This venv first on PATH (mpirun's ranks run `shoal` and `python` by name), no launcher leftovers."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_")) and k not in ("SHOAL_ENV", "MASTER_ADDR",
-                                                                                   "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))
+        and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env.pop("OMP_NUM_THREADS", None)
     env.update(extra)
@@ -61,7 +64,9 @@ def test_mpirun_runs_a_shoal_init_script(tmp_path):
     results = _results(tmp_path, 2)
     assert [r["scheme"] for r in results] == ["openmpi", "openmpi"]
     assert [(r["rank"], r["local_rank"], r["world_size"], r["local_world_size"]) for r in results] == [
-        (0, 0, 2, 2), (1, 1, 2, 2)]
+        (0, 0, 2, 2),
+        (1, 1, 2, 2),
+    ]
     assert {r["sum"] for r in results} == {3.0}
     assert "all_reduce over 2 ranks (openmpi): 3.0" in proc.stdout
 
@@ -86,9 +91,12 @@ def test_pmi_variables_of_mpich_style_launchers(tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, SCRIPT, str(tmp_path)],
-            env=_env(PMI_RANK=str(rank), PMI_SIZE="2", MPI_LOCALRANKID=str(rank), MPI_LOCALNRANKS="2",
-                     MASTER_PORT=port),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=_env(
+                PMI_RANK=str(rank), PMI_SIZE="2", MPI_LOCALRANKID=str(rank), MPI_LOCALNRANKS="2", MASTER_PORT=port
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for rank in range(2)
     ]
@@ -96,7 +104,9 @@ def test_pmi_variables_of_mpich_style_launchers(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
     results = _results(tmp_path, 2)
     assert [(r["scheme"], r["rank"], r["local_rank"], r["world_size"], r["sum"]) for r in results] == [
-        ("pmi", 0, 0, 2, 3.0), ("pmi", 1, 1, 2, 3.0)]
+        ("pmi", 0, 0, 2, 3.0),
+        ("pmi", 1, 1, 2, 3.0),
+    ]
 
 
 @needs_mpirun

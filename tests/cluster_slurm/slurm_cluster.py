@@ -77,10 +77,22 @@ class SlurmCluster:
         os.chmod(munge, 0o755)  # munged: clients need to reach the socket; the key stays 0600
         key = munge / "munge.key"
         self._run("runuser", "-u", "munge", "--", _which("mungekey"), "--create", f"--keyfile={key}")
-        self._daemon("munged", munge / "munged.pid",
-                     ["runuser", "-u", "munge", "--", _which("munged"), f"--socket={munge / 'socket'}",
-                      f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
-                      f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"])
+        self._daemon(
+            "munged",
+            munge / "munged.pid",
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                _which("munged"),
+                f"--socket={munge / 'socket'}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={munge / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
+        )
         for sub in ("state", "spool"):
             (self.root / sub).mkdir()
         self.conf.write_text(self._slurm_conf(munge / "socket"))
@@ -90,38 +102,40 @@ class SlurmCluster:
 
     def _slurm_conf(self, munge_socket: Path) -> str:
         r = self.root
-        return "\n".join([
-            "ClusterName=shoaltest",
-            f"SlurmctldHost={self.hostname}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={munge_socket}",
-            "MpiDefault=none",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "SlurmdParameters=config_overrides",
-            "ReturnToService=2",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "MinJobAge=300",  # finished jobs stay visible to `scontrol show job` for 5 minutes
-            "KillWait=5",
-            f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool'}",
-            f"SlurmctldPidFile={r / 'slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'slurmd.pid'}",
-            f"SlurmctldLogFile={r / 'slurmctld.log'}",
-            f"SlurmdLogFile={r / 'slurmd.log'}",
-            f"NodeName={self.hostname} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 State=UNKNOWN",
-            f"PartitionName=debug Nodes={self.hostname} Default=YES MaxTime=INFINITE State=UP",
-            "",
-        ])
+        return "\n".join(
+            [
+                "ClusterName=shoaltest",
+                f"SlurmctldHost={self.hostname}(127.0.0.1)",
+                f"SlurmctldPort={_free_port()}",
+                f"SlurmdPort={_free_port()}",
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                "AuthType=auth/munge",
+                "CredType=cred/munge",
+                f"AuthInfo=socket={munge_socket}",
+                "MpiDefault=none",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core",
+                "SlurmdParameters=config_overrides",
+                "ReturnToService=2",
+                "AccountingStorageType=accounting_storage/none",
+                "JobCompType=jobcomp/none",
+                "JobAcctGatherType=jobacct_gather/none",
+                "MinJobAge=300",  # finished jobs stay visible to `scontrol show job` for 5 minutes
+                "KillWait=5",
+                f"StateSaveLocation={r / 'state'}",
+                f"SlurmdSpoolDir={r / 'spool'}",
+                f"SlurmctldPidFile={r / 'slurmctld.pid'}",
+                f"SlurmdPidFile={r / 'slurmd.pid'}",
+                f"SlurmctldLogFile={r / 'slurmctld.log'}",
+                f"SlurmdLogFile={r / 'slurmd.log'}",
+                f"NodeName={self.hostname} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 State=UNKNOWN",
+                f"PartitionName=debug Nodes={self.hostname} Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )
 
     def _run(self, *argv: str) -> subprocess.CompletedProcess:
         proc = subprocess.run(list(argv), capture_output=True, text=True, env=self.env, timeout=60)

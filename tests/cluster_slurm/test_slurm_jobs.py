@@ -40,7 +40,10 @@ def test_srun_two_tasks_of_shoal_train(slurm, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         ["srun", "-n", "2", "shoal", "train", "digits", "--epochs", "1", "--device", "cpu", "--out", str(run_dir)],
-        env=slurm.env, capture_output=True, text=True, timeout=240,
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     _check(proc, slurm)
     assert _run_facts(run_dir) == ("slurm", 2)
@@ -51,18 +54,42 @@ def test_srun_two_tasks_of_shoal_train(slurm, tmp_path):
 def test_sbatch_of_the_rendered_script_one_launcher_per_node(slurm, tmp_path):
     run_dir = tmp_path / "run"
     rendered = subprocess.run(
-        [*LAUNCH, "slurm", "--nodes", "1", "--nproc-per-node", "2", "--job-name", "shoal-test",
-         "--output", str(tmp_path / "job-%j.out"), "--dry-run", "--",
-         "shoal", "train", "digits", "--epochs", "1", "--device", "cpu", "--out", str(run_dir)],
-        env=slurm.env, capture_output=True, text=True, timeout=60,
+        [
+            *LAUNCH,
+            "slurm",
+            "--nodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--job-name",
+            "shoal-test",
+            "--output",
+            str(tmp_path / "job-%j.out"),
+            "--dry-run",
+            "--",
+            "shoal",
+            "train",
+            "digits",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(run_dir),
+        ],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     _check(rendered, slurm)
     assert "srun --ntasks-per-node=1" in rendered.stdout and "--rdzv-backend c10d" in rendered.stdout
     script = tmp_path / "job.sbatch"
     script.write_text(rendered.stdout)
 
-    submitted = subprocess.run(["sbatch", "--parsable", str(script)], env=slurm.env, capture_output=True,
-                               text=True, timeout=60)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", str(script)], env=slurm.env, capture_output=True, text=True, timeout=60
+    )
     _check(submitted, slurm)
     job_id = submitted.stdout.strip().split(";")[0]
     info = slurm.wait_job(job_id, timeout=240)
@@ -78,9 +105,26 @@ def test_sbatch_one_task_per_process_submitted_by_shoal_launch(slurm, tmp_path):
     out.mkdir()
     script = tmp_path / "tasks.sbatch"
     proc = subprocess.run(
-        [*LAUNCH, "slurm", "--nodes", "1", "--nproc-per-node", "2", "--one-task-per-process",
-         "--script", str(script), "--output", str(tmp_path / "tasks-%j.out"), "--", str(INIT_SCRIPT), str(out)],
-        env=slurm.env, capture_output=True, text=True, timeout=60,
+        [
+            *LAUNCH,
+            "slurm",
+            "--nodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--one-task-per-process",
+            "--script",
+            str(script),
+            "--output",
+            str(tmp_path / "tasks-%j.out"),
+            "--",
+            str(INIT_SCRIPT),
+            str(out),
+        ],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     _check(proc, slurm)
     job_id = proc.stdout.strip()
@@ -93,13 +137,16 @@ def test_sbatch_one_task_per_process_submitted_by_shoal_launch(slurm, tmp_path):
     results = _results(out, 2)
     assert [r["scheme"] for r in results] == ["slurm", "slurm"]
     assert [(r["rank"], r["local_rank"], r["world_size"], r["sum"]) for r in results] == [
-        (0, 0, 2, 3.0), (1, 1, 2, 3.0)]
+        (0, 0, 2, 3.0),
+        (1, 1, 2, 3.0),
+    ]
     assert results[0]["main_address"] == slurm.hostname
     assert "all_reduce over 2 ranks (slurm): 3.0" in output
 
 
 def test_srun_runs_the_all_reduce_demo(slurm):
-    proc = subprocess.run(["srun", "-n", "2", "shoal", "demo", "all-reduce"], env=slurm.env,
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        ["srun", "-n", "2", "shoal", "demo", "all-reduce"], env=slurm.env, capture_output=True, text=True, timeout=180
+    )
     _check(proc, slurm)
     assert "all 2 ranks got the right sum" in proc.stdout

@@ -45,7 +45,16 @@ def test_single_process(tmp_path):
 @pytest.mark.multiprocess
 def test_three_processes_under_torchrun(tmp_path):
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", str(SCRIPT), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        str(SCRIPT),
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())

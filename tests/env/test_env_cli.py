@@ -14,8 +14,12 @@ import pytest
 from shoal.cli import env as env_cmd
 from shoal.errors import ShoalError
 
-OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+OMPI = {
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+}
 
 
 def run_env(argv: list[str], environ: dict[str, str]) -> int:

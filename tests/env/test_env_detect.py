@@ -12,20 +12,44 @@ from shoal.env import SCHEMES, EnvInfo, detect_environment, torch_env_vars
 from shoal.errors import ShoalError
 
 SLURM_STEP = {
-    "SLURM_JOB_ID": "777", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
-    "SLURM_LOCALID": "1", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "2",
-    "SLURM_STEP_NODELIST": "node07", "SLURM_NTASKS": "2",
+    "SLURM_JOB_ID": "777",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_STEP_NUM_NODES": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2",
+    "SLURM_STEP_NODELIST": "node07",
+    "SLURM_NTASKS": "2",
 }
 SBATCH_SHELL = {
-    "SLURM_JOB_ID": "777", "SLURM_NTASKS": "8", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-    "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "4(x2)",
+    "SLURM_JOB_ID": "777",
+    "SLURM_NTASKS": "8",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_JOB_NODELIST": "node[07-08]",
+    "SLURM_NNODES": "2",
+    "SLURM_TASKS_PER_NODE": "4(x2)",
 }
 TORCHRUN_WORKER = {
-    "TORCHELASTIC_RUN_ID": "r1", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-    "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "node07", "MASTER_PORT": "29400",
+    "TORCHELASTIC_RUN_ID": "r1",
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "GROUP_WORLD_SIZE": "2",
+    "MASTER_ADDR": "node07",
+    "MASTER_PORT": "29400",
 }
-OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+OMPI = {
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+}
 ARGV = ["train.py"]
 
 
@@ -57,7 +81,12 @@ def test_torchrun_under_srun_is_torchrun():
 def test_srun_step_is_slurm():
     info = detect_environment(SLURM_STEP, argv=ARGV)
     assert (info.scheme, info.rank, info.world_size, info.main_address, info.main_port) == (
-        "slurm", 1, 2, "node07", 15777)
+        "slurm",
+        1,
+        2,
+        "node07",
+        15777,
+    )
 
 
 def test_openmpi_beats_local_and_a_daemon_step():
@@ -121,13 +150,20 @@ def test_defaults_read_os_environ_and_sys_argv_without_changing_them():
 
 
 def test_torch_env_vars_round_trip():
-    info = detect_environment(SBATCH_SHELL | {"SLURM_STEP_ID": "3", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
-                                              "SLURM_NODEID": "1"}, argv=ARGV)
+    info = detect_environment(
+        SBATCH_SHELL | {"SLURM_STEP_ID": "3", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"}, argv=ARGV
+    )
     assert info.scheme == "slurm"
     exported = torch_env_vars(info)
     assert exported == {
-        "MASTER_ADDR": "node07", "MASTER_PORT": "15777", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
-        "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node07",
+        "MASTER_PORT": "15777",
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
     }
     assert all(isinstance(v, str) for v in exported.values())
     # a child process that inherits them sees the same place in the job (as torchrun)

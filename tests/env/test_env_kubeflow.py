@@ -30,8 +30,13 @@ def test_local_rank_means_not_kubeflow():
 
 
 def test_pet_variables_for_plain_python():
-    pet = {"PET_NODE_RANK": "1", "PET_NNODES": "2", "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "29400",
-           "PET_NPROC_PER_NODE": "1"}
+    pet = {
+        "PET_NODE_RANK": "1",
+        "PET_NNODES": "2",
+        "PET_MASTER_ADDR": "m",
+        "PET_MASTER_PORT": "29400",
+        "PET_NPROC_PER_NODE": "1",
+    }
     assert KubeflowEnvironment.detect(pet)
     info = KubeflowEnvironment.describe(pet)
     assert (info.rank, info.world_size, info.main_address, info.main_port) == (1, 2, "m", 29400)

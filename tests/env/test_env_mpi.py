@@ -50,8 +50,10 @@ def test_openmpi_node_rank_ignores_ompi_node_rank():
         (ompi(0, 2, 2, 2), "OMPI_COMM_WORLD_LOCAL_RANK=2 is not below OMPI_COMM_WORLD_LOCAL_SIZE=2"),
         (ompi(0, 2, 0, 3), "OMPI_COMM_WORLD_LOCAL_SIZE=3 is above OMPI_COMM_WORLD_SIZE=2"),
         (ompi(0, 2, 0, 2) | {"OMPI_COMM_WORLD_RANK": "x"}, "OMPI_COMM_WORLD_RANK='x' is not an integer"),
-        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"},
-         "openmpi: OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE not set"),
+        (
+            {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"},
+            "openmpi: OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE not set",
+        ),
     ],
 )
 def test_openmpi_bad_values(env, message):
@@ -69,8 +71,14 @@ def test_pmi_hydra():
 
 
 def test_pmi_pals_uses_its_node_id():
-    env = {"PMI_RANK": "3", "PMI_SIZE": "6", "PALS_LOCAL_RANKID": "0", "PALS_LOCAL_SIZE": "3",
-           "PALS_NODEID": "1", "MASTER_ADDR": "x1000c0s0b0n0"}
+    env = {
+        "PMI_RANK": "3",
+        "PMI_SIZE": "6",
+        "PALS_LOCAL_RANKID": "0",
+        "PALS_LOCAL_SIZE": "3",
+        "PALS_NODEID": "1",
+        "MASTER_ADDR": "x1000c0s0b0n0",
+    }
     info = PMIEnvironment.describe(env)
     assert (info.local_rank, info.local_world_size, info.node_rank, info.num_nodes) == (0, 3, 1, 2)
 

@@ -87,8 +87,15 @@ def test_mpirun_inside_allocation_defers_to_mpi():
 
 def test_job_level_fallbacks():
     env = {
-        "SLURM_STEP_ID": "1", "SLURM_JOB_ID": "42", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
-        "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NODELIST": "n[7-8]",
+        "SLURM_STEP_ID": "1",
+        "SLURM_JOB_ID": "42",
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_NNODES": "2",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_NODELIST": "n[7-8]",
     }
     info = SlurmEnvironment.describe(env)
     assert (info.rank, info.world_size, info.local_world_size, info.num_nodes) == (3, 4, 2, 2)
@@ -96,8 +103,10 @@ def test_job_level_fallbacks():
 
 
 def test_even_split_without_tasks_per_node():
-    env = {k: v for k, v in STEP.items() if "TASKS_PER_NODE" not in k} | {"SLURM_STEP_NUM_TASKS": "8",
-                                                                           "SLURM_NTASKS": "8"}
+    env = {k: v for k, v in STEP.items() if "TASKS_PER_NODE" not in k} | {
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_NTASKS": "8",
+    }
     assert SlurmEnvironment.describe(env).local_world_size == 2
     with pytest.raises(ShoalError, match="does not divide evenly"):
         SlurmEnvironment.describe(env | {"SLURM_STEP_NUM_TASKS": "7"})

@@ -63,7 +63,7 @@ def test_prefixed_lines_of_one_rank_among_others():
 def test_multi_line_message_kept():
     tb = TB.replace(
         "ValueError: boom at rank 1",
-        "RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s): \"fc.weight\".",
+        'RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s): "fc.weight".',
     )
     assert extract_last_traceback(tb + "\n\nbye\n") == tb
     assert exception_line(tb) == "RuntimeError: Error(s) in loading state_dict for Net:"
@@ -98,7 +98,7 @@ def _failure(local_rank: int, exitcode: int, error_file: str = "/nonexistent/err
 
 def test_root_cause_from_stderr_logs_not_the_consequence(tmp_path):
     now = time.time()
-    _log(tmp_path, 0, "Traceback (most recent call last):\n  File \"x\"\nRuntimeError: Connection closed by peer\n", now)
+    _log(tmp_path, 0, 'Traceback (most recent call last):\n  File "x"\nRuntimeError: Connection closed by peer\n', now)
     _log(tmp_path, 1, "step 1\n" + TB + "\n", now - 0.05)  # rank 1 wrote its traceback first
     err = ChildFailedError("train.py", {0: _failure(0, 1), 1: _failure(1, 1)})
     report = describe_child_failure(err, str(tmp_path))
@@ -109,7 +109,9 @@ def test_root_cause_from_stderr_logs_not_the_consequence(tmp_path):
     text = report.format()
     assert text.splitlines()[0] == "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:"
     assert TB in text
-    assert text.splitlines()[-1].startswith("shoal: error: rank 1 failed: ValueError: boom at rank 1; rank 0 failed too")
+    assert text.splitlines()[-1].startswith(
+        "shoal: error: rank 1 failed: ValueError: boom at rank 1; rank 0 failed too"
+    )
     assert str(tmp_path) not in text  # logs are not kept: don't point at them
 
 
@@ -164,8 +166,12 @@ def test_error_file_of_a_function_entrypoint(tmp_path):
     error_file = tmp_path / "error.json"
     error_file.write_text(
         json.dumps(
-            {"message": {"message": "ValueError: boom at rank 1",
-                         "extraInfo": {"py_callstack": TB + "\n", "timestamp": str(int(time.time()))}}}
+            {
+                "message": {
+                    "message": "ValueError: boom at rank 1",
+                    "extraInfo": {"py_callstack": TB + "\n", "timestamp": str(int(time.time()))},
+                }
+            }
         )
     )
     err = ChildFailedError("train_fn", {1: _failure(1, 1, str(error_file))})

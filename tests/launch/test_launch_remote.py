@@ -14,7 +14,9 @@ def _sh(script: str) -> list[str]:
 
 def test_the_cause_is_reported_even_when_its_consequence_ends_first(capsys):
     # Host a only saw another node end the job and exits at once; host b, the cause, a moment later.
-    status = remote.run_launchers([_sh(f"exit {EXIT_ANOTHER_NODE_FAILED}"), _sh("sleep 1; exit 3")], ["host a", "host b"])
+    status = remote.run_launchers(
+        [_sh(f"exit {EXIT_ANOTHER_NODE_FAILED}"), _sh("sleep 1; exit 3")], ["host a", "host b"]
+    )
     assert status == 3
     assert "shoal launch: host b exited with status 3" in capsys.readouterr().err
 

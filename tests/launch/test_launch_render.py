@@ -36,41 +36,112 @@ def _lines(argvs) -> str:
 
 
 CASES = {
-    "mpirun_hosts": lambda: shlex.join(render_mpirun(
-        JobSpec(command=TRAIN, hosts=TWO_NODES, env=(("PATH", None), ("LD_LIBRARY_PATH", None))), HEAD_AS_ROOT)),
-    "mpirun_local_oversubscribed": lambda: shlex.join(render_mpirun(
-        JobSpec(command=("train.py", "--lr", "0.1"), np=4, env=(("PATH", None),)), LAPTOP)),
-    "mpirun_hostfile_rsh": lambda: shlex.join(render_mpirun(
-        JobSpec(command=("-m", "mypkg.train"), hosts=(Host("10.0.0.1", 4), Host("10.0.0.2", 4)),
-                hostfile="hosts.txt", master_port=23456, rsh="/usr/local/bin/my-rsh",
-                env=(("PATH", None), ("NCCL_DEBUG", "INFO"))), HEAD_AS_ROOT)),
-    "mpirun_local_host_more_slots_than_cores": lambda: shlex.join(render_mpirun(
-        JobSpec(command=("python", "-c", "print('hi there')"), hosts=(Host("laptop", 4),)), LAPTOP)),
+    "mpirun_hosts": lambda: shlex.join(
+        render_mpirun(
+            JobSpec(command=TRAIN, hosts=TWO_NODES, env=(("PATH", None), ("LD_LIBRARY_PATH", None))), HEAD_AS_ROOT
+        )
+    ),
+    "mpirun_local_oversubscribed": lambda: shlex.join(
+        render_mpirun(JobSpec(command=("train.py", "--lr", "0.1"), np=4, env=(("PATH", None),)), LAPTOP)
+    ),
+    "mpirun_hostfile_rsh": lambda: shlex.join(
+        render_mpirun(
+            JobSpec(
+                command=("-m", "mypkg.train"),
+                hosts=(Host("10.0.0.1", 4), Host("10.0.0.2", 4)),
+                hostfile="hosts.txt",
+                master_port=23456,
+                rsh="/usr/local/bin/my-rsh",
+                env=(("PATH", None), ("NCCL_DEBUG", "INFO")),
+            ),
+            HEAD_AS_ROOT,
+        )
+    ),
+    "mpirun_local_host_more_slots_than_cores": lambda: shlex.join(
+        render_mpirun(JobSpec(command=("python", "-c", "print('hi there')"), hosts=(Host("laptop", 4),)), LAPTOP)
+    ),
     "sbatch_launcher_per_node": lambda: render_sbatch(
-        JobSpec(command=("shoal", "train", "cifar10", "--data", "~/my data"), nodes=2, gpus_per_node=4,
-                nproc_per_node=4, cpus_per_node=32, partition="gpu", time_limit="1:00:00", job_name="cifar",
-                env=(("NCCL_DEBUG", "INFO"), ("PATH", None)), max_restarts=1)),
+        JobSpec(
+            command=("shoal", "train", "cifar10", "--data", "~/my data"),
+            nodes=2,
+            gpus_per_node=4,
+            nproc_per_node=4,
+            cpus_per_node=32,
+            partition="gpu",
+            time_limit="1:00:00",
+            job_name="cifar",
+            env=(("NCCL_DEBUG", "INFO"), ("PATH", None)),
+            max_restarts=1,
+        )
+    ),
     "sbatch_launcher_fixed_port": lambda: render_sbatch(
-        JobSpec(command=("train.py", "--lr", "0.1"), nodes=1, nproc_per_node=2, master_port=29555,
-                output="/scratch/logs/%x-%j.out", error="/scratch/logs/%x-%j.err", workdir="/scratch/run")),
+        JobSpec(
+            command=("train.py", "--lr", "0.1"),
+            nodes=1,
+            nproc_per_node=2,
+            master_port=29555,
+            output="/scratch/logs/%x-%j.out",
+            error="/scratch/logs/%x-%j.err",
+            workdir="/scratch/run",
+        )
+    ),
     "sbatch_one_task_per_process": lambda: render_sbatch(
-        JobSpec(command=TRAIN, nodes=2, nproc_per_node=4, gpus_per_node=4, cpus_per_node=32,
-                one_task_per_process=True, time_limit="30", partition="gpu")),
-    "manual_static": lambda: "\n".join(render_manual(
-        JobSpec(command=("train.py", "--lr", "0.1"), hosts=(Host("node1", 4), Host("node2", 2)),
-                env=(("OMP_NUM_THREADS", "8"), ("PATH", None), ("TAG", "a b"))))),
-    "manual_c10d": lambda: "\n".join(render_manual(
-        JobSpec(command=TRAIN, hosts=TWO_NODES, rdzv="c10d", master_addr="10.0.0.1", master_port=29400,
-                max_restarts=2, job_name="digits"))),
-    "manual_program": lambda: "\n".join(render_manual(
-        JobSpec(command=("./bin/train", "--steps", "10"), hosts=(Host("fd00::1", 1), Host("fd00::2", 1))))),
-    "ssh_from_head": lambda: _lines(render_ssh(
-        JobSpec(command=TRAIN, hosts=(Host("head", 2), Host("node2", 2)), workdir="/home/me/proj",
-                shoal=("/opt/venv/bin/python", "-m", "shoal"), env=(("PATH", None), ("UNSET", None), ("A", "1"))),
-        HEAD_AS_ROOT, {"PATH": "/opt/venv/bin:/usr/bin"})),
-    "ssh_rsh_c10d": lambda: _lines(render_ssh(
-        JobSpec(command=("train.py",), hosts=TWO_NODES, rdzv="c10d", rsh="ip netns exec-wrapper --quiet"),
-        HEAD_AS_ROOT, {})),
+        JobSpec(
+            command=TRAIN,
+            nodes=2,
+            nproc_per_node=4,
+            gpus_per_node=4,
+            cpus_per_node=32,
+            one_task_per_process=True,
+            time_limit="30",
+            partition="gpu",
+        )
+    ),
+    "manual_static": lambda: "\n".join(
+        render_manual(
+            JobSpec(
+                command=("train.py", "--lr", "0.1"),
+                hosts=(Host("node1", 4), Host("node2", 2)),
+                env=(("OMP_NUM_THREADS", "8"), ("PATH", None), ("TAG", "a b")),
+            )
+        )
+    ),
+    "manual_c10d": lambda: "\n".join(
+        render_manual(
+            JobSpec(
+                command=TRAIN,
+                hosts=TWO_NODES,
+                rdzv="c10d",
+                master_addr="10.0.0.1",
+                master_port=29400,
+                max_restarts=2,
+                job_name="digits",
+            )
+        )
+    ),
+    "manual_program": lambda: "\n".join(
+        render_manual(JobSpec(command=("./bin/train", "--steps", "10"), hosts=(Host("fd00::1", 1), Host("fd00::2", 1))))
+    ),
+    "ssh_from_head": lambda: _lines(
+        render_ssh(
+            JobSpec(
+                command=TRAIN,
+                hosts=(Host("head", 2), Host("node2", 2)),
+                workdir="/home/me/proj",
+                shoal=("/opt/venv/bin/python", "-m", "shoal"),
+                env=(("PATH", None), ("UNSET", None), ("A", "1")),
+            ),
+            HEAD_AS_ROOT,
+            {"PATH": "/opt/venv/bin:/usr/bin"},
+        )
+    ),
+    "ssh_rsh_c10d": lambda: _lines(
+        render_ssh(
+            JobSpec(command=("train.py",), hosts=TWO_NODES, rdzv="c10d", rsh="ip netns exec-wrapper --quiet"),
+            HEAD_AS_ROOT,
+            {},
+        )
+    ),
 }
 
 
@@ -95,8 +166,18 @@ def test_no_golden_file_is_stale():
 def test_mpirun_flags_the_tutorials_use():
     argv = render_mpirun(JobSpec(command=TRAIN, hosts=TWO_NODES, env=(("PATH", None),)), HEAD_AS_ROOT)
     text = shlex.join(argv)
-    for flags in ("-np 4", "-H node1:2,node2:2", "--allow-run-as-root", "-bind-to none", "-map-by slot",
-                  "-mca pml ob1", "-mca btl '^openib'", "-x MASTER_ADDR=node1", "-x MASTER_PORT=29500", "-x PATH"):
+    for flags in (
+        "-np 4",
+        "-H node1:2,node2:2",
+        "--allow-run-as-root",
+        "-bind-to none",
+        "-map-by slot",
+        "-mca pml ob1",
+        "-mca btl '^openib'",
+        "-x MASTER_ADDR=node1",
+        "-x MASTER_PORT=29500",
+        "-x PATH",
+    ):
         assert flags in text
     assert "--oversubscribe" not in text
     assert argv[-5:] == list(TRAIN)
@@ -140,15 +221,18 @@ def test_parse_hosts():
     assert str(Host("fd00::1", 2)) == "[fd00::1]:2"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "--hosts is empty"),
-    ("node1:x", "slots 'x' is not a whole number"),
-    ("node1:0", "slots '0' is not a whole number of at least 1"),
-    ("node1:2,,node2", "has no valid host name"),
-    (":2", "has no valid host name"),
-    ("fd00::1:2", "an IPv6 address needs brackets"),
-    ("no/de:2", "has no valid host name"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "--hosts is empty"),
+        ("node1:x", "slots 'x' is not a whole number"),
+        ("node1:0", "slots '0' is not a whole number of at least 1"),
+        ("node1:2,,node2", "has no valid host name"),
+        (":2", "has no valid host name"),
+        ("fd00::1:2", "an IPv6 address needs brackets"),
+        ("no/de:2", "has no valid host name"),
+    ],
+)
 def test_malformed_hosts(text, message):
     with pytest.raises(ShoalError, match=message) as err:
         parse_hosts(text)
@@ -169,16 +253,19 @@ def test_hostfile(tmp_path):
         read_hostfile(str(tmp_path / "missing"))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(command=()), "no command given"),
-    (dict(command=TRAIN, hosts=(Host("a", 1), Host("a", 2))), "host listed twice: a"),
-    (dict(command=TRAIN, hosts=(Host("localhost", 2), Host("node2", 2))), "the first host is localhost"),
-    (dict(command=TRAIN, master_port=70000), "port 70000 is not a TCP port"),
-    (dict(command=TRAIN, time_limit="1h"), "not a Slurm time limit"),
-    (dict(command=TRAIN, env=(("1BAD", "x"),)), "is not a variable name"),
-    (dict(command=TRAIN, nodes=0), "nodes must be at least 1"),
-    (dict(command=TRAIN, rdzv="etcd"), "unknown rendezvous"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(command=()), "no command given"),
+        (dict(command=TRAIN, hosts=(Host("a", 1), Host("a", 2))), "host listed twice: a"),
+        (dict(command=TRAIN, hosts=(Host("localhost", 2), Host("node2", 2))), "the first host is localhost"),
+        (dict(command=TRAIN, master_port=70000), "port 70000 is not a TCP port"),
+        (dict(command=TRAIN, time_limit="1h"), "not a Slurm time limit"),
+        (dict(command=TRAIN, env=(("1BAD", "x"),)), "is not a variable name"),
+        (dict(command=TRAIN, nodes=0), "nodes must be at least 1"),
+        (dict(command=TRAIN, rdzv="etcd"), "unknown rendezvous"),
+    ],
+)
 def test_bad_job_descriptions(kwargs, message):
     with pytest.raises(ShoalError, match=message) as err:
         JobSpec(**kwargs)
@@ -189,7 +276,11 @@ def test_env_forwarding():
     extra = parse_env(["NCCL_DEBUG=INFO", "HOME", "PATH=/x"])
     assert extra == (("NCCL_DEBUG", "INFO"), ("HOME", None), ("PATH", "/x"))
     assert forwarded_env({"PATH": "/bin", "PYTHONPATH": "/p", "OTHER": "1"}, extra) == (
-        ("PYTHONPATH", None), ("NCCL_DEBUG", "INFO"), ("HOME", None), ("PATH", "/x"))
+        ("PYTHONPATH", None),
+        ("NCCL_DEBUG", "INFO"),
+        ("HOME", None),
+        ("PATH", "/x"),
+    )
 
 
 def test_here_knows_its_own_addresses():
@@ -215,15 +306,18 @@ def test_cli_hosts_dry_run_via_mpirun(capsys):
 
 
 def test_cli_hosts_dry_run_via_ssh(capsys):
-    out = _dry(capsys, "--hosts", "node1,node2", "--nproc-per-node", "3", "--via", "ssh", "--dry-run",
-               "train.py", "--dry-run")  # without --: the command's own flags stay its own
+    out = _dry(
+        capsys, "--hosts", "node1,node2", "--nproc-per-node", "3", "--via", "ssh", "--dry-run", "train.py", "--dry-run"
+    )  # without --: the command's own flags stay its own
     lines = out.splitlines()
     assert lines[0] == "# node1:3" and lines[2] == "# node2:3"
     ssh = shlex.split(lines[3])
     assert ssh[:4] == ["ssh", "-o", "BatchMode=yes", "node2"]
     assert f"cd {os.getcwd()} || exit 1;" in ssh[4]
-    assert "-m shoal run --nnodes 2 --node-rank 1 --nproc 3 --master-addr node1 --master-port 29500 " \
-           "train.py --dry-run 3<&-" in ssh[4]
+    assert (
+        "-m shoal run --nnodes 2 --node-rank 1 --nproc 3 --master-addr node1 --master-port 29500 "
+        "train.py --dry-run 3<&-" in ssh[4]
+    )
 
 
 def test_cli_mpirun_and_manual(capsys):
@@ -247,26 +341,32 @@ def test_cli_mpirun_inside_a_slurm_allocation(capsys, monkeypatch):
 
 
 def test_cli_slurm_dry_run(capsys):
-    out = _dry(capsys, "slurm", "--nodes", "2", "--gpus-per-node", "4", "--time", "1:00:00", "--dry-run", "--",
-               *TRAIN)
+    out = _dry(capsys, "slurm", "--nodes", "2", "--gpus-per-node", "4", "--time", "1:00:00", "--dry-run", "--", *TRAIN)
     assert "#SBATCH --gpus-per-node=4\n" in out and "--nproc 4" in out  # one process per GPU by default
-    out = _dry(capsys, "slurm", "--nodes", "2", "--nproc-per-node", "2", "--one-task-per-process", "--dry-run",
-               "--", *TRAIN)
+    out = _dry(
+        capsys, "slurm", "--nodes", "2", "--nproc-per-node", "2", "--one-task-per-process", "--dry-run", "--", *TRAIN
+    )
     assert "#SBATCH --ntasks-per-node=2\n" in out and out.rstrip().endswith(shlex.join(TRAIN))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--hosts", "node1:2", "--dry-run"], "no command given"),
-    (["--hosts", "node1:2", "--dry-run", "--"], "no command given"),
-    (["--dry-run", "--", "train.py"], "no hosts given"),
-    (["--hosts", "node1:two", "--", "train.py"], "slots 'two' is not a whole number"),
-    (["--hosts", "a:1", "--hostfile", "f", "--", "train.py"], "--hosts and --hostfile both given"),
-    (["--hosts", "a:1", "--via", "mpirun", "--rdzv", "c10d", "--dry-run", "--", "x.py"], "--rdzv and --max-restarts"),
-    (["mpirun", "--dry-run", "--", "train.py"], "no process count"),
-    (["slurm", "--nodes", "0", "--", "train.py"], "nodes must be at least 1"),
-    (["slurm", "--one-task-per-process", "--max-restarts", "1", "--", "x.py"], "--max-restarts needs"),
-    (["manual", "--", "train.py"], "no hosts given"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--hosts", "node1:2", "--dry-run"], "no command given"),
+        (["--hosts", "node1:2", "--dry-run", "--"], "no command given"),
+        (["--dry-run", "--", "train.py"], "no hosts given"),
+        (["--hosts", "node1:two", "--", "train.py"], "slots 'two' is not a whole number"),
+        (["--hosts", "a:1", "--hostfile", "f", "--", "train.py"], "--hosts and --hostfile both given"),
+        (
+            ["--hosts", "a:1", "--via", "mpirun", "--rdzv", "c10d", "--dry-run", "--", "x.py"],
+            "--rdzv and --max-restarts",
+        ),
+        (["mpirun", "--dry-run", "--", "train.py"], "no process count"),
+        (["slurm", "--nodes", "0", "--", "train.py"], "nodes must be at least 1"),
+        (["slurm", "--one-task-per-process", "--max-restarts", "1", "--", "x.py"], "--max-restarts needs"),
+        (["manual", "--", "train.py"], "no hosts given"),
+    ],
+)
 def test_cli_bad_input(argv, message):
     with pytest.raises(ShoalError, match=message) as err:
         launch_cli.main_raw(argv)

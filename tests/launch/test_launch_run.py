@@ -81,7 +81,10 @@ def _clean_env(env: dict) -> dict:
 
 def _run(*args: str, tmp_path: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        shoal_cmd("run", *args), capture_output=True, text=True, timeout=timeout,
+        shoal_cmd("run", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env=_clean_env(_env(tmp_path, **env)),
     )
 
@@ -98,8 +101,10 @@ def test_two_jobs_at_once_each_get_a_free_port(tmp_path):
     spellings = [["--nproc", "2"], ["--nproc_per_node=2"]]
     procs = [
         subprocess.Popen(
-            shoal_cmd("run", *flags, ALLREDUCE, str(out)), env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            shoal_cmd("run", *flags, ALLREDUCE, str(out)),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         for flags, out in zip(spellings, outs)
     ]
@@ -134,7 +139,12 @@ def test_three_workers_on_an_explicit_port_with_the_users_thread_count(tmp_path)
     out.mkdir()
     port = find_free_port()
     proc = _run(
-        "--nproc-per-node", "3", f"--master_port={port}", ALLREDUCE, str(out), tmp_path=tmp_path,
+        "--nproc-per-node",
+        "3",
+        f"--master_port={port}",
+        ALLREDUCE,
+        str(out),
+        tmp_path=tmp_path,
         OMP_NUM_THREADS="5",
     )
     assert proc.returncode == 0, proc.stderr
@@ -156,14 +166,17 @@ def test_failing_rank_shows_its_own_traceback_and_no_worker_survives(tmp_path):
     start = time.monotonic()
     with open(log, "w") as stderr:
         proc = subprocess.run(
-            shoal_cmd("run", "--nproc", "2", FAIL, str(pids), "raise"), stdout=subprocess.DEVNULL,
-            stderr=stderr, env=_clean_env(_env(tmp_path)), timeout=120,
+            shoal_cmd("run", "--nproc", "2", FAIL, str(pids), "raise"),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=_clean_env(_env(tmp_path)),
+            timeout=120,
         )
     elapsed = time.monotonic() - start
     err = log.read_text()
     assert proc.returncode == 1, err
     assert "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:\n" in err
-    report = err[err.index("shoal: rank 1 (local rank 1)"):].splitlines()
+    report = err[err.index("shoal: rank 1 (local rank 1)") :].splitlines()
     assert report[1] == "Traceback (most recent call last):"
     assert 'raise ValueError(f"boom at rank {value}")' in "\n".join(report)
     assert "ValueError: boom at rank 1" in report
@@ -195,7 +208,10 @@ def test_workers_die_with_the_launcher(tmp_path, sig):
     pids.mkdir()
     proc = subprocess.Popen(
         shoal_cmd("run", "--nproc", "2", str(SCRIPTS / "sleep_forever.py"), str(pids)),
-        env=_clean_env(_env(tmp_path)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=_clean_env(_env(tmp_path)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while len(list(pids.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
@@ -290,8 +306,17 @@ def test_help_shows_torchruns_flags_shoals_and_examples(capsys):
         main(["run", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for text in ("usage: shoal run", "--nproc N", "--nproc-per-node", "--nproc_per_node",
-                 "--master-port", "--rdzv-endpoint", "--standalone", "--join-timeout", "examples:"):
+    for text in (
+        "usage: shoal run",
+        "--nproc N",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        "--master-port",
+        "--rdzv-endpoint",
+        "--standalone",
+        "--join-timeout",
+        "examples:",
+    ):
         assert text in out
 
 

@@ -34,9 +34,26 @@ def test_batches_move_to_channels_last_after_the_workload_transform():
 
 
 def _train(out, *flags):
-    return run_shoal("train", "synthetic", "--arch", "resnet18", "--image-size", "16", "--samples", "64",
-                     "--batch-size", "16", "--epochs", "1", "--device", "cpu", "--out", str(out), *flags,
-                     timeout=240)
+    return run_shoal(
+        "train",
+        "synthetic",
+        "--arch",
+        "resnet18",
+        "--image-size",
+        "16",
+        "--samples",
+        "64",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *flags,
+        timeout=240,
+    )
 
 
 @pytest.mark.multiprocess
@@ -53,4 +70,3 @@ def test_resnet_trains_in_channels_last_by_default_and_the_switch_turns_it_off(t
         fresh.load_state_dict(state)
         assert all(torch.equal(p, state[k]) for k, p in fresh.state_dict().items())
     assert results == {"auto": True, "off": False}
-

@@ -73,8 +73,24 @@ def test_grad_accum_matches_larger_batch(tmp_path):
 
 def test_lr_scaling_is_applied_and_logged(tmp_path):
     out = tmp_path / "run"
-    result = run_shoal("train", "digits", "--nproc", "2", "--device", "cpu", "--epochs", "1",
-                       "--lr", "0.01", "--lr-scaling", "linear", "--warmup-epochs", "0", "--out", str(out))
+    result = run_shoal(
+        "train",
+        "digits",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--lr",
+        "0.01",
+        "--lr-scaling",
+        "linear",
+        "--warmup-epochs",
+        "0",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert "lr 0.02 (base 0.01)" in result.stdout
     assert json.loads((out / "config.json").read_text())["extra"]["scaled_lr"] == pytest.approx(0.02)
@@ -82,8 +98,9 @@ def test_lr_scaling_is_applied_and_logged(tmp_path):
 
 def test_worker_failure_shows_its_error_and_exits_nonzero(tmp_path):
     """A workload error raised inside the workers is reported once per failing rank, exit non-zero."""
-    result = run_shoal("train", "digits", "--nproc", "2", "--device", "cpu", "--amp", "fp16",
-                       "--out", str(tmp_path / "run"))
+    result = run_shoal(
+        "train", "digits", "--nproc", "2", "--device", "cpu", "--amp", "fp16", "--out", str(tmp_path / "run")
+    )
     assert result.returncode != 0
     assert "--amp fp16 needs a CUDA device" in result.stderr
     assert "HINT:" in result.stderr

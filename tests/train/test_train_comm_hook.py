@@ -13,8 +13,23 @@ from shoal.train.config import TrainConfig
 
 
 def _run(out, hook: str):
-    return run_shoal("train", "digits", "--nproc", "2", "--epochs", "2", "--device", "cpu", "--seed", "0",
-                     "--comm-hook", hook, "--out", str(out), timeout=240)
+    return run_shoal(
+        "train",
+        "digits",
+        "--nproc",
+        "2",
+        "--epochs",
+        "2",
+        "--device",
+        "cpu",
+        "--seed",
+        "0",
+        "--comm-hook",
+        hook,
+        "--out",
+        str(out),
+        timeout=240,
+    )
 
 
 @pytest.mark.multiprocess

@@ -30,8 +30,14 @@ def _run_script(path: Path, *args: str, timeout: float, env: dict | None = None)
     """Run ``python path args`` in its own session; on timeout kill the whole session (hung workers
     included) and fail."""
     env = {**{k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}, **(env or {})}
-    proc = subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -111,7 +117,7 @@ def test_eight_fork_launches_in_a_row_with_parallel_torch_work(tmp_path):
     assert time.monotonic() - started < 240
 
 
-HAZARD = '''
+HAZARD = """
 import os, sys, time
 
 import torch
@@ -145,7 +151,7 @@ else:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     print("child hung", flush=True)
-'''
+"""
 
 
 def test_fork_safe_guard_keeps_forked_children_working(tmp_path):
@@ -203,8 +209,9 @@ def test_torch_work_in_prepare_does_not_hang_forked_workers(tmp_path):
 
 
 def _train(out: Path, *extra: str):
-    return run_shoal("train", "digits", "--nproc", "2", "--epochs", "1", "--device", "cpu", "--out", str(out),
-                     *extra, timeout=240)
+    return run_shoal(
+        "train", "digits", "--nproc", "2", "--epochs", "1", "--device", "cpu", "--out", str(out), *extra, timeout=240
+    )
 
 
 @pytest.mark.slow
@@ -238,8 +245,10 @@ def test_bad_start_method_is_one_line_with_hint(tmp_path):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == ["shoal: error: --start-method 'bogus' is not one of: auto, fork, spawn",
-                     "HINT: pass --start-method auto"], result.stderr
+    assert lines == [
+        "shoal: error: --start-method 'bogus' is not one of: auto, fork, spawn",
+        "HINT: pass --start-method auto",
+    ], result.stderr
     assert not out.exists()
 
 
@@ -291,8 +300,12 @@ def test_forked_worker_gets_default_signal_handlers_and_dies_with_launcher(tmp_p
     workers = eval(lines["worker"])
     assert sorted(workers) == [0, 1]
     for rank, seen in workers.items():
-        assert seen["handlers"] == {"SIGTERM": "SIG_DFL", "SIGINT": "default_int_handler",
-                                    "SIGHUP": "SIG_DFL", "SIGQUIT": "SIG_DFL"}, (rank, seen)
+        assert seen["handlers"] == {
+            "SIGTERM": "SIG_DFL",
+            "SIGINT": "default_int_handler",
+            "SIGHUP": "SIG_DFL",
+            "SIGQUIT": "SIG_DFL",
+        }, (rank, seen)
         assert seen["pdeathsig"] == signal.SIGKILL and seen["parent_is_launcher"], (rank, seen)
 
 
@@ -304,9 +317,28 @@ def test_forked_workers_die_with_a_killed_launcher(tmp_path):
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shoal", "train", "digits", "--nproc", "2", "--epochs", "500", "--device", "cpu",
-         "--checkpoint-every", "0", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "train",
+            "digits",
+            "--nproc",
+            "2",
+            "--epochs",
+            "500",
+            "--device",
+            "cpu",
+            "--checkpoint-every",
+            "0",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 180

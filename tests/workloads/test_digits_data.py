@@ -15,17 +15,21 @@ from shoal.workloads.digits import TEST_SIZE, load_digits_arrays, stratified_spl
 
 def test_same_arrays_as_scikit_learn():
     # In a child: importing scikit-learn sets environment variables (the suite checks for leaks).
-    code = ("import numpy as np; from sklearn.datasets import load_digits; "
-            "from shoal.workloads.digits import load_digits_arrays; "
-            "x, y = load_digits(return_X_y=True); ox, oy = load_digits_arrays(); "
-            "print(np.array_equal(x, ox), np.array_equal(y, oy), ox.dtype, oy.dtype)")
+    code = (
+        "import numpy as np; from sklearn.datasets import load_digits; "
+        "from shoal.workloads.digits import load_digits_arrays; "
+        "x, y = load_digits(return_X_y=True); ox, oy = load_digits_arrays(); "
+        "print(np.array_equal(x, ox), np.array_equal(y, oy), ox.dtype, oy.dtype)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True", "float64", "int64"]
 
 
 def test_loading_does_not_import_scikit_learn():
-    code = ("import sys; from shoal.workloads.digits import load_digits_arrays; load_digits_arrays(); "
-            "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    code = (
+        "import sys; from shoal.workloads.digits import load_digits_arrays; load_digits_arrays(); "
+        "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -14,8 +14,21 @@ SCRIPT = ROOT / "examples" / "mnist_per_sample.py"
 @pytest.mark.multiprocess
 def test_per_sample_example_trains_on_two_workers(mnist_root, tmp_path):
     out = tmp_path / "out.json"
-    result = run_shoal("run", "--nproc", "2", str(SCRIPT), "--data", str(mnist_root), "--epochs", "1",
-                       "--limit", "2048", "--json", str(out), timeout=300)
+    result = run_shoal(
+        "run",
+        "--nproc",
+        "2",
+        str(SCRIPT),
+        "--data",
+        str(mnist_root),
+        "--epochs",
+        "1",
+        "--limit",
+        "2048",
+        "--json",
+        str(out),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(out.read_text())
     (epoch,) = summary["epochs"]

@@ -46,8 +46,21 @@ def test_mnist_extracts_gz_only_copy(tmp_path):
 @pytest.mark.multiprocess
 def test_mnist_trains_one_epoch_on_two_workers(mnist_root, tmp_path):
     out = tmp_path / "run"
-    result = run_shoal("train", "mnist", "--data", str(mnist_root), "--nproc", "2", "--epochs", "1",
-                       "--batch-size", "128", "--out", str(out), timeout=300)
+    result = run_shoal(
+        "train",
+        "mnist",
+        "--data",
+        str(mnist_root),
+        "--nproc",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "128",
+        "--out",
+        str(out),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     (record,) = _metrics(out)
     assert record["samples_seen"] == 60000
@@ -99,8 +112,21 @@ def test_random_crop_flip_moves_pixels_not_values():
 def test_cifar10_trains_through_the_cli(tmp_path):
     _fake_cifar(tmp_path / "data")
     out = tmp_path / "run"
-    result = run_shoal("train", "cifar10", "--data", str(tmp_path / "data"), "--nproc", "2", "--epochs", "1",
-                       "--batch-size", "8", "--out", str(out), timeout=300)
+    result = run_shoal(
+        "train",
+        "cifar10",
+        "--data",
+        str(tmp_path / "data"),
+        "--nproc",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     (record,) = _metrics(out)
     assert record["samples_seen"] == 40 and record["world_size"] == 2
@@ -108,8 +134,19 @@ def test_cifar10_trains_through_the_cli(tmp_path):
 
 def test_synthetic_reports_throughput(tmp_path):
     out = tmp_path / "run"
-    result = run_shoal("train", "synthetic", "--arch", "resnet18", "--samples", "64", "--batch-size", "16",
-                       "--out", str(out), timeout=300)
+    result = run_shoal(
+        "train",
+        "synthetic",
+        "--arch",
+        "resnet18",
+        "--samples",
+        "64",
+        "--batch-size",
+        "16",
+        "--out",
+        str(out),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     (record,) = _metrics(out)
     assert record["samples_per_s"] > 0 and record["samples_seen"] == 64

@@ -61,16 +61,21 @@ class AllreduceConfig:
         if self.dtype not in DTYPES:
             raise ShoalError(f"unknown dtype {self.dtype!r}", f"use one of: {', '.join(DTYPES)}")
         if self.nproc == 1 or self.nproc < 0:
-            raise ShoalError(f"an all-reduce needs at least 2 processes, got --nproc {self.nproc}",
-                             "pass --nproc 2 or more")
+            raise ShoalError(
+                f"an all-reduce needs at least 2 processes, got --nproc {self.nproc}", "pass --nproc 2 or more"
+            )
         if not (0 < self.min_bytes <= self.max_bytes):
-            raise ShoalError(f"message sizes must satisfy 0 < min <= max, got {self.min_bytes}..{self.max_bytes}",
-                             "pass e.g. --min-bytes 4K --max-bytes 256M")
+            raise ShoalError(
+                f"message sizes must satisfy 0 < min <= max, got {self.min_bytes}..{self.max_bytes}",
+                "pass e.g. --min-bytes 4K --max-bytes 256M",
+            )
         if self.factor < 2:
             raise ShoalError(f"--factor must be at least 2, got {self.factor}", "pass --factor 2 (or 4)")
         if self.min_iters < 1 or self.max_iters < self.min_iters or self.target_time <= 0 or self.warmup < 0:
-            raise ShoalError("iteration limits must satisfy 1 <= min_iters <= max_iters, target_time > 0",
-                             "use the defaults, or --iters-target-time 0.25")
+            raise ShoalError(
+                "iteration limits must satisfy 1 <= min_iters <= max_iters, target_time > 0",
+                "use the defaults, or --iters-target-time 0.25",
+            )
 
         check_start_method(self.start_method)
 
@@ -111,8 +116,15 @@ def allreduce_worker(cfg: AllreduceConfig, device_type: str) -> list[dict[str, f
                 copy_s, copy_iters = _time_op(lambda dst=dst, src=src: dst.copy_(src), cfg, ctx, collective=False)
                 del src, dst
             ctx.barrier()
-            rows.append({"bytes": nbytes, "seconds": seconds, "iters": iters,
-                         "memcpy_seconds": copy_s, "memcpy_iters": copy_iters})
+            rows.append(
+                {
+                    "bytes": nbytes,
+                    "seconds": seconds,
+                    "iters": iters,
+                    "memcpy_seconds": copy_s,
+                    "memcpy_iters": copy_iters,
+                }
+            )
             del buf
         return rows if ctx.is_main else None
     finally:
@@ -160,16 +172,21 @@ def run_allreduce(cfg: AllreduceConfig, *, log: Callable[[str], None] = print, a
     nproc = cfg.nproc or (gpus if use_gpus else usable_cores())
     if nproc < 2:
         what = "GPU" if use_gpus else "core"
-        raise ShoalError(f"an all-reduce needs at least 2 processes, but this machine has {nproc} {what}(s)",
-                         "pass --nproc 2 (CPU processes may share a core; use --device cpu without 2 GPUs)")
+        raise ShoalError(
+            f"an all-reduce needs at least 2 processes, but this machine has {nproc} {what}(s)",
+            "pass --nproc 2 (CPU processes may share a core; use --device cpu without 2 GPUs)",
+        )
     device = choose_device(cfg.device, 0, nproc)
     backend = choose_backend("auto", device)
     cfg = replace(cfg, nproc=nproc)
     threads = cfg.threads or max(1, usable_cores() // nproc)
     start_method = resolve_start_method(cfg.start_method, device.type)
-    report = rep.new_report("allreduce", {**asdict(cfg), "threads": threads, "backend": backend,
-                                          "start_method": start_method, "sizes": cfg.sizes()},
-                            device=device.type, argv=argv)
+    report = rep.new_report(
+        "allreduce",
+        {**asdict(cfg), "threads": threads, "backend": backend, "start_method": start_method, "sizes": cfg.sizes()},
+        device=device.type,
+        argv=argv,
+    )
     log(f"  launching {nproc} processes ({backend}, {device.type}), {len(cfg.sizes())} sizes")
     raw = launch_workers(allreduce_worker, (replace(cfg, threads=threads), device.type), nproc, start_method)
     factor = 2 * (nproc - 1) / nproc
@@ -177,23 +194,26 @@ def run_allreduce(cfg: AllreduceConfig, *, log: Callable[[str], None] = print, a
     for r in raw:
         algbw = r["bytes"] / r["seconds"] / 1e9
         memcpy = r["bytes"] / r["memcpy_seconds"] / 1e9
-        rows.append({
-            "bytes": r["bytes"],
-            "time_us": r["seconds"] * 1e6,
-            "iters": r["iters"],
-            "algbw_gbps": algbw,
-            "busbw_gbps": algbw * factor,
-            "memcpy_gbps": memcpy,
-            "memcpy_iters": r["memcpy_iters"],
-            "busbw_vs_memcpy": algbw * factor / memcpy,
-        })
+        rows.append(
+            {
+                "bytes": r["bytes"],
+                "time_us": r["seconds"] * 1e6,
+                "iters": r["iters"],
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * factor,
+                "memcpy_gbps": memcpy,
+                "memcpy_iters": r["memcpy_iters"],
+                "busbw_vs_memcpy": algbw * factor / memcpy,
+            }
+        )
     report["rows"] = rows
     report["busbw_factor"] = factor
     big = rows[-1]
     report["notes"].append(
         f"at {rep.size(big['bytes'])}: busbw {big['busbw_gbps']:.2f} GB/s = {big['busbw_vs_memcpy']:.0%} of "
         f"single-process memcpy ({big['memcpy_gbps']:.2f} GB/s, {threads} thread(s)); "
-        f"latency at {rep.size(rows[0]['bytes'])}: {rows[0]['time_us']:.0f} us")
+        f"latency at {rep.size(rows[0]['bytes'])}: {rows[0]['time_us']:.0f} us"
+    )
     return rep.finish_report(report)
 
 
@@ -207,8 +227,17 @@ def format_allreduce(report: dict[str, Any]) -> str:
         "",
         rep.table(
             ["size", "time (us)", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "busbw/memcpy"],
-            [[rep.size(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}",
-              f"{r['memcpy_gbps']:.2f}", f"{r['busbw_vs_memcpy']:.1%}"] for r in report["rows"]],
+            [
+                [
+                    rep.size(r["bytes"]),
+                    f"{r['time_us']:.1f}",
+                    f"{r['algbw_gbps']:.3f}",
+                    f"{r['busbw_gbps']:.3f}",
+                    f"{r['memcpy_gbps']:.2f}",
+                    f"{r['busbw_vs_memcpy']:.1%}",
+                ]
+                for r in report["rows"]
+            ],
         ),
     ]
     lines += [f"- {note}" for note in report["notes"]]

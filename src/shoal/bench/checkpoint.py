@@ -77,16 +77,22 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.repeat < 1 or self.warmup < 0:
-            raise ShoalError(f"--repeat must be at least 1 and --warmup at least 0, got {self.repeat} and {self.warmup}",
-                             "pass e.g. --repeat 5 --warmup 1")
+            raise ShoalError(
+                f"--repeat must be at least 1 and --warmup at least 0, got {self.repeat} and {self.warmup}",
+                "pass e.g. --repeat 5 --warmup 1",
+            )
         if self.model.lower().startswith("mb:"):
             synthetic_bytes(self.model)  # raises on a bad size
         elif self.model not in _torchvision_models():
-            raise ShoalError(f"unknown model {self.model!r}",
-                             "pass a torchvision model name such as resnet18 or resnet50, or mb:N for N MB of tensors")
+            raise ShoalError(
+                f"unknown model {self.model!r}",
+                "pass a torchvision model name such as resnet18 or resnet50, or mb:N for N MB of tensors",
+            )
         if self.directory is not None and not Path(self.directory).expanduser().is_dir():
-            raise ShoalError(f"--dir {self.directory} is not an existing directory",
-                             "create it first, or leave --dir out to use the system temp dir")
+            raise ShoalError(
+                f"--dir {self.directory} is not an existing directory",
+                "create it first, or leave --dir out to use the system temp dir",
+            )
 
 
 SMOKE = dict(model="mb:2", repeat=2, warmup=0)
@@ -159,8 +165,13 @@ def same(a: Any, b: Any) -> bool:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -201,25 +212,45 @@ def run_checkpoint(cfg: CheckpointConfig, *, log: Callable[[str], None] = print,
     fs = filesystem(parent)
     # At most: three plain files, two manager checkpoints (before retention) and a temporary.
     if fs["free_bytes"] < 6 * state_bytes:
-        raise ShoalError(f"{parent} has {fs['free_bytes'] / 1e6:,.0f} MB free; the benchmark needs about "
-                         f"{6 * state_bytes / 1e6:,.0f} MB (6 x the {state_bytes / 1e6:,.1f} MB state)",
-                         "pass --dir on a disk with more room, or a smaller --model (e.g. mb:100)")
+        raise ShoalError(
+            f"{parent} has {fs['free_bytes'] / 1e6:,.0f} MB free; the benchmark needs about "
+            f"{6 * state_bytes / 1e6:,.0f} MB (6 x the {state_bytes / 1e6:,.1f} MB state)",
+            "pass --dir on a disk with more room, or a smaller --model (e.g. mb:100)",
+        )
     work = Path(tempfile.mkdtemp(prefix="shoal-bench-checkpoint-", dir=parent))
     try:
         runs, nbytes, files = _measure(cfg, state, objects, work, log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    config = {**asdict(cfg), "path": str(work), "filesystem": fs, "state": described, "state_bytes": state_bytes,
-              "tensors": len(tensors)}
+    config = {
+        **asdict(cfg),
+        "path": str(work),
+        "filesystem": fs,
+        "state": described,
+        "state_bytes": state_bytes,
+        "tensors": len(tensors),
+    }
     report = rep.new_report("checkpoint", config, argv=argv, load_start=load_start, started=started)
     rows = []
     for v in VARIANTS:
         save_s, load_s = median(runs[v]["save"]), median(runs[v]["load"])
-        rows.append({"variant": v, "description": DESCRIPTIONS[v], "durable": DURABLE[v], "atomic": ATOMIC[v],
-                     "bytes": nbytes[v], "save_s": save_s, "save_s_runs": runs[v]["save"],
-                     "save_mbps": nbytes[v] / 1e6 / save_s, "load_s": load_s, "load_s_runs": runs[v]["load"],
-                     "load_mbps": nbytes[v] / 1e6 / load_s, "verified": True})
+        rows.append(
+            {
+                "variant": v,
+                "description": DESCRIPTIONS[v],
+                "durable": DURABLE[v],
+                "atomic": ATOMIC[v],
+                "bytes": nbytes[v],
+                "save_s": save_s,
+                "save_s_runs": runs[v]["save"],
+                "save_mbps": nbytes[v] / 1e6 / save_s,
+                "load_s": load_s,
+                "load_s_runs": runs[v]["load"],
+                "load_mbps": nbytes[v] / 1e6 / load_s,
+                "verified": True,
+            }
+        )
     by = {r["variant"]: r for r in rows}
     for r in rows:
         r["vs_torch_save"] = r["save_mbps"] / by[BASELINE]["save_mbps"]
@@ -234,26 +265,37 @@ def run_checkpoint(cfg: CheckpointConfig, *, log: Callable[[str], None] = print,
     notes.append(
         f"target {'met' if report['target_met'] else 'not met'}; against torch.save + fsync (the same durability) "
         f"shoal's atomic save is {atomic['vs_torch_save_fsync']:.2f}x (the cost of the temp file, rename and "
-        f"directory fsync), a whole CheckpointManager save {manager['vs_torch_save_fsync']:.2f}x")
+        f"directory fsync), a whole CheckpointManager save {manager['vs_torch_save_fsync']:.2f}x"
+    )
     where = "--dir" if cfg.directory else "the system temp dir (pass --dir to measure another disk)"
-    notes.append(f"files written in {work} on {fs['device']} ({fs['type']}, mounted at {fs['mount']}), the "
-                 f"filesystem of {where}: what fsync costs depends entirely on that disk")
+    notes.append(
+        f"files written in {work} on {fs['device']} ({fs['type']}, mounted at {fs['mount']}), the "
+        f"filesystem of {where}: what fsync costs depends entirely on that disk"
+    )
     if fs["type"] in ("tmpfs", "ramfs"):
-        notes.append(f"{fs['mount']} is {fs['type']}, held in memory: fsync costs nothing there and a reboot loses "
-                     "everything; measure a real disk with --dir")
-    notes.append("loads read from the page cache (dropping it needs root): load MB/s is unpickling and copying, "
-                 "not the disk")
-    notes.append("each save starts after an untimed os.sync(), so none pays for write-back left by another; plain "
-                 "torch.save's figure is the speed of writing into the page cache, the disk write happens later")
-    notes.append(f"shoal_manager: one process (no process group needed), keep=1; its file is "
-                 f"{manager['bytes'] - by[BASELINE]['bytes']:+,} bytes beside torch_save's (RNG states, metadata), "
-                 f"plus the 'latest' pointer")
+        notes.append(
+            f"{fs['mount']} is {fs['type']}, held in memory: fsync costs nothing there and a reboot loses "
+            "everything; measure a real disk with --dir"
+        )
+    notes.append(
+        "loads read from the page cache (dropping it needs root): load MB/s is unpickling and copying, not the disk"
+    )
+    notes.append(
+        "each save starts after an untimed os.sync(), so none pays for write-back left by another; plain "
+        "torch.save's figure is the speed of writing into the page cache, the disk write happens later"
+    )
+    notes.append(
+        f"shoal_manager: one process (no process group needed), keep=1; its file is "
+        f"{manager['bytes'] - by[BASELINE]['bytes']:+,} bytes beside torch_save's (RNG states, metadata), "
+        f"plus the 'latest' pointer"
+    )
     notes.append("verified: every load of every variant matched the saved state (torch.equal on each tensor)")
     return rep.finish_report(report)
 
 
-def _measure(cfg: CheckpointConfig, state: dict[str, Any], objects: dict[str, Any], work: Path,
-             log: Callable[[str], None]) -> tuple[dict[str, dict[str, list[float]]], dict[str, int], list[str]]:
+def _measure(
+    cfg: CheckpointConfig, state: dict[str, Any], objects: dict[str, Any], work: Path, log: Callable[[str], None]
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, int], list[str]]:
     import torch
 
     from shoal.checkpoint.manager import CheckpointManager
@@ -299,16 +341,20 @@ def _measure(cfg: CheckpointConfig, state: dict[str, Any], objects: dict[str, An
             loaded = loads[v]()
             done = time.perf_counter()
             if not same(loaded, state) or manager.warnings:
-                raise ShoalError(f"{v}: the checkpoint loaded from {written} differs from the state saved",
-                                 "the disk or shoal's checkpoint code is broken: report it with this command")
+                raise ShoalError(
+                    f"{v}: the checkpoint loaded from {written} differs from the state saved",
+                    "the disk or shoal's checkpoint code is broken: report it with this command",
+                )
             del loaded
             nbytes[v] = written.stat().st_size
             if timed:
                 runs[v]["save"].append(saved - start)
                 runs[v]["load"].append(done - saved)
         if timed:
-            log(f"  round {r + 1}/{len(rounds)}: save MB/s " + ", ".join(
-                f"{v} {rep.rate(nbytes[v] / 1e6 / runs[v]['save'][-1])}" for v in VARIANTS))
+            log(
+                f"  round {r + 1}/{len(rounds)}: save MB/s "
+                + ", ".join(f"{v} {rep.rate(nbytes[v] / 1e6 / runs[v]['save'][-1])}" for v in VARIANTS)
+            )
         else:
             log(f"  round {r + 1}/{len(rounds)}: warm-up done")
     files = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
@@ -325,11 +371,35 @@ def format_checkpoint(report: dict[str, Any]) -> str:
         f"files in {cfg['path']} on {fs['device']} ({fs['type']}, mounted at {fs['mount']})",
         "",
         rep.table(
-            ["variant", "durable", "atomic", "file MB", "save (s)", "save MB/s", "vs torch.save", "vs +fsync",
-             "load (s)", "load MB/s", "what"],
-            [[r["variant"], _yes(r["durable"]), _yes(r["atomic"]), f"{r['bytes'] / 1e6:,.1f}", f"{r['save_s']:.3f}",
-              rep.rate(r["save_mbps"]), f"{r['vs_torch_save']:.2f}x", f"{r['vs_torch_save_fsync']:.2f}x",
-              f"{r['load_s']:.3f}", rep.rate(r["load_mbps"]), r["description"]] for r in report["rows"]],
+            [
+                "variant",
+                "durable",
+                "atomic",
+                "file MB",
+                "save (s)",
+                "save MB/s",
+                "vs torch.save",
+                "vs +fsync",
+                "load (s)",
+                "load MB/s",
+                "what",
+            ],
+            [
+                [
+                    r["variant"],
+                    _yes(r["durable"]),
+                    _yes(r["atomic"]),
+                    f"{r['bytes'] / 1e6:,.1f}",
+                    f"{r['save_s']:.3f}",
+                    rep.rate(r["save_mbps"]),
+                    f"{r['vs_torch_save']:.2f}x",
+                    f"{r['vs_torch_save_fsync']:.2f}x",
+                    f"{r['load_s']:.3f}",
+                    rep.rate(r["load_mbps"]),
+                    r["description"],
+                ]
+                for r in report["rows"]
+            ],
             align="lllrrrrrrrl",
         ),
         "",
@@ -355,8 +425,10 @@ def plot_checkpoint(report: dict[str, Any], path) -> tuple[Any, str | None]:
                 ax.text(i + offset, v, rep.rate(v), ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, [r["variant"] for r in rows])
         ax.set_ylabel("MB/s (10^6 bytes/s)")
-        ax.set_title(f"checkpoint save/load, {report['config']['state_bytes'] / 1e6:,.0f} MB "
-                     f"on {report['config']['filesystem']['type']}")
+        ax.set_title(
+            f"checkpoint save/load, {report['config']['state_bytes'] / 1e6:,.0f} MB "
+            f"on {report['config']['filesystem']['type']}"
+        )
         ax.legend()
 
     return rep.save_plot(path, draw)

@@ -85,7 +85,9 @@ def write_fake_mnist(root: Path, train_size: int, *, test_size: int = 16, seed: 
         images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=gen)
         labels = torch.randint(0, 10, (n,), dtype=torch.uint8, generator=gen)
         # idx format: magic (0x0803 images / 0x0801 labels: unsigned bytes, 3 or 1 dims), big-endian sizes.
-        (raw / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 0x0803, n, 28, 28) + images.numpy().tobytes())
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(
+            struct.pack(">IIII", 0x0803, n, 28, 28) + images.numpy().tobytes()
+        )
         (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 0x0801, n) + labels.numpy().tobytes())
     return Path(root)
 
@@ -96,9 +98,11 @@ def _check_root(root: Path) -> None:
     raw = root / "MNIST" / "raw"
     missing = [name for name in RAW_FILES if not (raw / name).is_file()]
     if missing:
-        raise ShoalError(f"MNIST not found in {raw}: missing {', '.join(missing)}",
-                         "put the four (uncompressed) MNIST files in DIR/MNIST/raw and pass --data DIR, "
-                         "or `shoal train mnist --data DIR` once to extract .gz files there")
+        raise ShoalError(
+            f"MNIST not found in {raw}: missing {', '.join(missing)}",
+            "put the four (uncompressed) MNIST files in DIR/MNIST/raw and pass --data DIR, "
+            "or `shoal train mnist --data DIR` once to extract .gz files there",
+        )
 
 
 def run_data(cfg: DataConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
@@ -132,8 +136,12 @@ def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, A
     load_start, started = load_average(), rep.now()
     setup: dict[str, float] = {}
     start = time.perf_counter()
-    tutorial = datasets.MNIST(str(root), train=True, download=False,
-                              transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))]))
+    tutorial = datasets.MNIST(
+        str(root),
+        train=True,
+        download=False,
+        transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))]),
+    )
     setup["per_sample"] = time.perf_counter() - start
     start = time.perf_counter()
     raw = datasets.MNIST(str(root), train=True, download=False)
@@ -190,8 +198,14 @@ def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, A
     x, y = next(iter(shoal_loader))
     shape_check = {"shoal_batch_shape": list(x.shape), "shoal_batch_dtype": str(x.dtype)}
 
-    config = {**asdict(cfg), "samples": samples, "batches_per_pass": batches, "threads": torch.get_num_threads(),
-              "dataset_size": n, "source": source}
+    config = {
+        **asdict(cfg),
+        "samples": samples,
+        "batches_per_pass": batches,
+        "threads": torch.get_num_threads(),
+        "dataset_size": n,
+        "source": source,
+    }
     report = rep.new_report("data", config, argv=argv, load_start=load_start, started=started)
     per_sample = median(runs["per_sample"])
     ceiling = median(runs["slicing"])
@@ -201,22 +215,26 @@ def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, A
         "slicing": "X[perm[i:i+B]] on the same tensors (the tutorials' ceiling)",
         "index_select": "X.index_select(0, perm[i:i+B]): the fastest hand-written loop",
     }
-    report["rows"] = [{
-        "variant": v,
-        "description": descriptions[v],
-        "samples_per_s": median(runs[v]),
-        "samples_per_s_runs": runs[v],
-        "vs_per_sample": median(runs[v]) / per_sample,
-        "vs_slicing": median(runs[v]) / ceiling,
-        "setup_s": setup[v],
-    } for v in VARIANTS]
+    report["rows"] = [
+        {
+            "variant": v,
+            "description": descriptions[v],
+            "samples_per_s": median(runs[v]),
+            "samples_per_s_runs": runs[v],
+            "vs_per_sample": median(runs[v]) / per_sample,
+            "vs_slicing": median(runs[v]) / ceiling,
+            "setup_s": setup[v],
+        }
+        for v in VARIANTS
+    ]
     report.update(shape_check)
     shoal_row = report["rows"][0]
     report["notes"].append(
         f"shoal's loader: {shoal_row['vs_per_sample']:.0f}x the per-sample pipeline, "
         f"{shoal_row['vs_slicing']:.0%} of raw slicing, "
         f"{shoal_row['samples_per_s'] / median(runs['index_select']):.0%} of a hand-written index_select loop "
-        f"(batch {b}, {torch.get_num_threads()} thread(s))")
+        f"(batch {b}, {torch.get_num_threads()} thread(s))"
+    )
     return rep.finish_report(report)
 
 
@@ -229,8 +247,17 @@ def format_data(report: dict[str, Any]) -> str:
         "",
         rep.table(
             ["loader", "samples/s", "vs per-sample", "vs slicing", "setup (s)", "what"],
-            [[r["variant"], rep.rate(r["samples_per_s"]), f"{r['vs_per_sample']:.1f}x", f"{r['vs_slicing']:.0%}",
-              f"{r['setup_s']:.2f}", r["description"]] for r in report["rows"]],
+            [
+                [
+                    r["variant"],
+                    rep.rate(r["samples_per_s"]),
+                    f"{r['vs_per_sample']:.1f}x",
+                    f"{r['vs_slicing']:.0%}",
+                    f"{r['setup_s']:.2f}",
+                    r["description"],
+                ]
+                for r in report["rows"]
+            ],
             align="lrrrrl",
         ),
     ]

@@ -90,12 +90,15 @@ class OverheadConfig:
         require_at_least(self, 1, "batch_size", "epochs", "nproc", "repeat", "threads")
         require_at_least(self, 0, "image_size", "samples", "warmup")
         if self.warmup >= self.epochs:
-            raise ShoalError(f"--warmup {self.warmup} leaves no timed epoch of --epochs {self.epochs}",
-                             f"pass --epochs {self.warmup + 1} or more")
+            raise ShoalError(
+                f"--warmup {self.warmup} leaves no timed epoch of --epochs {self.epochs}",
+                f"pass --epochs {self.warmup + 1} or more",
+            )
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown or not self.variants:
-            raise ShoalError(f"unknown variant(s): {', '.join(unknown) or '(none given)'}",
-                             f"choose from: {', '.join(VARIANTS)}")
+            raise ShoalError(
+                f"unknown variant(s): {', '.join(unknown) or '(none given)'}", f"choose from: {', '.join(VARIANTS)}"
+            )
         check_start_method(self.start_method)
 
     @property
@@ -129,6 +132,7 @@ class Job:
 
 # The job's pieces, written as a user would (the plain loop and the peers share them) -----------
 
+
 def make_data(job: Job):
     """The training set: random images and labels, drawn exactly as the synthetic workload does."""
     import torch
@@ -155,7 +159,9 @@ def cosine_lr(job: Job, progress: float) -> float:
     return job.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress / job.epochs)))
 
 
-def hand_written_loop(job: Job, model, optimizer, backward: Callable[[Any], None], rank: int, world_size: int) -> list[float]:
+def hand_written_loop(
+    job: Job, model, optimizer, backward: Callable[[Any], None], rank: int, world_size: int
+) -> list[float]:
     """The tutorials' DDP loop over pre-loaded tensors; returns the seconds of each epoch's training."""
     import torch
     import torch.nn.functional as F
@@ -171,7 +177,7 @@ def hand_written_loop(job: Job, model, optimizer, backward: Callable[[Any], None
         sampler.set_epoch(epoch)
         order = torch.tensor(list(sampler))
         for step, first in enumerate(range(0, len(order), job.batch_size)):
-            index = order[first:first + job.batch_size]
+            index = order[first : first + job.batch_size]
             inputs, targets = images.index_select(0, index), labels.index_select(0, index)
             loss = F.cross_entropy(model(inputs), targets)
             backward(loss)
@@ -207,11 +213,16 @@ def _result(job: Job, seconds: list[float], world_size: int, variant: str, state
         digest.update(state[key].numpy().tobytes())
     path = Path(job.out) / f"{variant}.pt"
     torch.save(state, path)
-    return {"epoch_s": seconds, "steps": _steps_per_epoch(job, world_size), "weights": str(path),
-            "digest": digest.hexdigest()}
+    return {
+        "epoch_s": seconds,
+        "steps": _steps_per_epoch(job, world_size),
+        "weights": str(path),
+        "digest": digest.hexdigest(),
+    }
 
 
 # One module-level worker per variant (module-level: spawn must be able to pickle them) ----------
+
 
 def plain_worker(job: Job) -> dict[str, Any] | None:
     import torch
@@ -240,9 +251,21 @@ def shoal_worker(job: Job) -> dict[str, Any] | None:
 
     os.environ["OMP_NUM_THREADS"] = str(job.threads)
     cfg = TrainConfig(
-        workload="synthetic", arch=job.model, image_size=job.side, samples=job.samples, batch_size=job.batch_size,
-        epochs=job.epochs, lr=job.lr, optimizer="sgd", weight_decay=0.0, seed=job.seed, device="cpu",
-        out=str(Path(job.out) / "shoal-run"), checkpoint_every="0", resume="never", progress=False,
+        workload="synthetic",
+        arch=job.model,
+        image_size=job.side,
+        samples=job.samples,
+        batch_size=job.batch_size,
+        epochs=job.epochs,
+        lr=job.lr,
+        optimizer="sgd",
+        weight_decay=0.0,
+        seed=job.seed,
+        device="cpu",
+        out=str(Path(job.out) / "shoal-run"),
+        checkpoint_every="0",
+        resume="never",
+        progress=False,
         channels_last=False,  # the plain loop's memory format: the same arithmetic, bit for bit
     )
     rank = int(os.environ.get("RANK", "0"))
@@ -297,11 +320,15 @@ def fabric_worker(job: Job) -> dict[str, Any] | None:
 
 
 WORKERS: dict[str, Callable[[Job], dict[str, Any] | None]] = {
-    "plain": plain_worker, "shoal": shoal_worker, "accelerate": accelerate_worker, "fabric": fabric_worker,
+    "plain": plain_worker,
+    "shoal": shoal_worker,
+    "accelerate": accelerate_worker,
+    "fabric": fabric_worker,
 }
 
 
 # The orchestration, in the parent process --------------------------------------------------------
+
 
 def largest_difference(a_path: str, b_path: str) -> float:
     """The largest absolute difference between two saved state dicts with the same keys.
@@ -317,8 +344,10 @@ def largest_difference(a_path: str, b_path: str) -> float:
         a = torch.load(a_path, weights_only=True)
         b = torch.load(b_path, weights_only=True)
         if a.keys() != b.keys():
-            raise ShoalError(f"weights of {a_path} and {b_path} have different keys",
-                             "this is a bug in shoal bench overhead; please report it")
+            raise ShoalError(
+                f"weights of {a_path} and {b_path} have different keys",
+                "this is a bug in shoal bench overhead; please report it",
+            )
         return max(((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel()), default=0.0)
     finally:
         torch.set_num_threads(threads)
@@ -335,8 +364,11 @@ def run_overhead(cfg: OverheadConfig, *, log: Callable[[str], None] = print, arg
         if package and importlib.util.find_spec(package) is None:
             variants.remove(name)
             notes.append(f"{name}: skipped, {package} is not installed (pip install 'shoal[bench]')")
-    report = rep.new_report("overhead", {**asdict(cfg), "variants": variants, "image_size": cfg.side,
-                                         "samples": cfg.epoch_samples}, argv=argv)
+    report = rep.new_report(
+        "overhead",
+        {**asdict(cfg), "variants": variants, "image_size": cfg.side, "samples": cfg.epoch_samples},
+        argv=argv,
+    )
     report["notes"] += notes
     cores = usable_cores()
     if cfg.nproc * cfg.threads > cores:
@@ -360,15 +392,17 @@ def run_overhead(cfg: OverheadConfig, *, log: Callable[[str], None] = print, arg
                     job = Job(cfg.model, cfg.side, cfg.batch_size, cfg.epoch_samples, cfg.epochs, cfg.threads, str(out))
                     loads.append(load_average())
                     result = launch_workers(WORKERS[name], (job,), cfg.nproc, start_method)
-                    step_s = median(s / result["steps"] for s in result["epoch_s"][cfg.warmup:])
+                    step_s = median(s / result["steps"] for s in result["epoch_s"][cfg.warmup :])
                     runs[name].append({"round": index, "step_s": step_s, "epoch_s": result["epoch_s"]})
                     digests[name].append(result["digest"])
                     if name in first_weights:
                         os.remove(result["weights"])  # the digest is enough; keep one file per variant
                     else:
                         first_weights[name] = result["weights"]
-                log(f"  round {index + 1}/{cfg.repeat}: " + ", ".join(
-                    f"{name} {runs[name][-1]['step_s'] * 1e3:.2f} ms/step" for name in order))
+                log(
+                    f"  round {index + 1}/{cfg.repeat}: "
+                    + ", ".join(f"{name} {runs[name][-1]['step_s'] * 1e3:.2f} ms/step" for name in order)
+                )
         finally:
             os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.__setitem__("OMP_NUM_THREADS", saved)
         # All launches are done: torch computation in this process is safe from here on.
@@ -379,7 +413,8 @@ def run_overhead(cfg: OverheadConfig, *, log: Callable[[str], None] = print, arg
         raise ShoalError(
             f"shoal's trainer and the plain DDP loop ended with different weights "
             f"(largest difference {report['weights']['shoal']['max_abs_diff']:.3g})",
-            "this is a bug in shoal (its step must match plain DDP bit for bit); please report it")
+            "this is a bug in shoal (its step must match plain DDP bit for bit); please report it",
+        )
     return rep.finish_report(report)
 
 
@@ -403,20 +438,24 @@ def _rows(variants: list[str], runs: dict[str, list[dict[str, Any]]]) -> list[di
     for name in variants:
         step_s = median(r["step_s"] for r in runs[name])
         ratios = [r["step_s"] / base_by_round[r["round"]] for r in runs[name]]
-        rows.append({
-            "variant": name,
-            "step_ms": step_s * 1e3,
-            "step_ms_runs": [r["step_s"] * 1e3 for r in runs[name]],
-            "vs_plain": step_s / base,
-            "vs_plain_paired": median(ratios),
-            "paired_ratios": ratios,
-            "paired_min": min(ratios),
-            "paired_max": max(ratios),
-        })
+        rows.append(
+            {
+                "variant": name,
+                "step_ms": step_s * 1e3,
+                "step_ms_runs": [r["step_s"] * 1e3 for r in runs[name]],
+                "vs_plain": step_s / base,
+                "vs_plain_paired": median(ratios),
+                "paired_ratios": ratios,
+                "paired_min": min(ratios),
+                "paired_max": max(ratios),
+            }
+        )
     return rows
 
 
-def _weights_summary(variants: list[str], digests: dict[str, list[str]], files: dict[str, str]) -> dict[str, dict[str, Any]]:
+def _weights_summary(
+    variants: list[str], digests: dict[str, list[str]], files: dict[str, str]
+) -> dict[str, dict[str, Any]]:
     """Per variant: bit-identical to plain in every round (by digest), and the largest difference."""
     out = {}
     for name in variants[1:]:
@@ -434,14 +473,22 @@ def _verdicts(report: dict[str, Any]) -> list[str]:
     lines = []
     if "shoal" in by:
         weights = report["weights"]["shoal"]
-        same = "bit-identical weights" if weights["identical"] else f"weights differ by up to {weights['max_abs_diff']:.3g}"
-        lines.append(f"shoal / plain DDP step time: {by['shoal']['vs_plain_paired']:.3f} (paired median; "
-                     f"target <= 1.02), {same} in every round")
+        same = (
+            "bit-identical weights"
+            if weights["identical"]
+            else f"weights differ by up to {weights['max_abs_diff']:.3g}"
+        )
+        lines.append(
+            f"shoal / plain DDP step time: {by['shoal']['vs_plain_paired']:.3f} (paired median; "
+            f"target <= 1.02), {same} in every round"
+        )
     for name in ("accelerate", "fabric"):
         if name in by:
             diff = report["weights"][name]["max_abs_diff"]
-            lines.append(f"{name} / plain: {by[name]['vs_plain_paired']:.3f}; weights vs plain: "
-                         + ("bit-identical" if report["weights"][name]["identical"] else f"max |diff| {diff:.3g}"))
+            lines.append(
+                f"{name} / plain: {by[name]['vs_plain_paired']:.3f}; weights vs plain: "
+                + ("bit-identical" if report["weights"][name]["identical"] else f"max |diff| {diff:.3g}")
+            )
             if "shoal" in by:
                 lines.append(f"shoal / {name}: {by['shoal']['vs_plain_paired'] / by[name]['vs_plain_paired']:.3f}")
     return lines
@@ -457,9 +504,17 @@ def format_overhead(report: dict[str, Any]) -> str:
         "",
         rep.table(
             ["variant", "ms/step", "vs plain", "paired", "paired range", "weights vs plain"],
-            [[r["variant"], f"{r['step_ms']:.2f}", f"{r['vs_plain']:.3f}", f"{r['vs_plain_paired']:.3f}",
-              f"{r['paired_min']:.2f}-{r['paired_max']:.2f}", _weights_cell(report, r["variant"])]
-             for r in report["rows"]],
+            [
+                [
+                    r["variant"],
+                    f"{r['step_ms']:.2f}",
+                    f"{r['vs_plain']:.3f}",
+                    f"{r['vs_plain_paired']:.3f}",
+                    f"{r['paired_min']:.2f}-{r['paired_max']:.2f}",
+                    _weights_cell(report, r["variant"]),
+                ]
+                for r in report["rows"]
+            ],
             align="lrrrrl",
         ),
     ]

@@ -48,8 +48,15 @@ def machine_info(device: Any = None) -> dict[str, Any]:
     return info
 
 
-def new_report(benchmark: str, config: dict[str, Any], *, device: Any = None, argv: Sequence[str] | None = None,
-               load_start: float | None = None, started: str | None = None) -> dict:
+def new_report(
+    benchmark: str,
+    config: dict[str, Any],
+    *,
+    device: Any = None,
+    argv: Sequence[str] | None = None,
+    load_start: float | None = None,
+    started: str | None = None,
+) -> dict:
     """The common head of a report; the benchmark adds its rows and notes.
 
     A benchmark that builds its report after measuring passes ``load_start`` and ``started``
@@ -167,6 +174,7 @@ def save_plot(path: str | os.PathLike, draw: Callable[[Any], None]) -> tuple[Pat
 
 # Number formatting -------------------------------------------------------------------------------
 
+
 def rate(value: float) -> str:
     """1234567 -> '1.23M', 4887 -> '4,887', 97.13 -> '97.1'."""
     if value != value:
@@ -197,6 +205,7 @@ def less_time(reduction: float) -> str:
 
 
 # Internals ---------------------------------------------------------------------------------------
+
 
 def _jsonable(value: Any) -> Any:
     """NaN/inf become None (JSON has no NaN); tuples become lists; paths become strings."""

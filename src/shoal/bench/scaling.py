@@ -86,8 +86,9 @@ class ScalingConfig:
         require_at_least(self, 1, "image_size", "batch_size", "steps", "repeat", "threads", "blocks")
         require_at_least(self, 0, "warmup")
         if any(n < 1 for n in self.world_sizes):
-            raise ShoalError(f"world sizes must be at least 1, got {list(self.world_sizes)}",
-                             "pass --world-sizes 1,2 for example")
+            raise ShoalError(
+                f"world sizes must be at least 1, got {list(self.world_sizes)}", "pass --world-sizes 1,2 for example"
+            )
         check_comm_hook(self.comm_hook)
         check_start_method(self.start_method)
 
@@ -153,8 +154,9 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
         for v in spec.variants:
             model, optimizer = models[(v.hook, v.torch_defaults)]
             model.train()
-            steppers[v.name] = _stepper(model, optimizer, _cycle(ctx.loader((images, labels), batch_size=v.batch_size)),
-                                        v.sync, F.cross_entropy)
+            steppers[v.name] = _stepper(
+                model, optimizer, _cycle(ctx.loader((images, labels), batch_size=v.batch_size)), v.sync, F.cross_entropy
+            )
 
         def use(v: Variant) -> None:
             if ctx.device.type == "cpu":
@@ -182,8 +184,11 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
         results: dict[str, dict[str, float]] = {}
         for v in spec.variants:
             samples = v.batch_size * ctx.world_size * spec.steps
-            results[v.name] = {"seconds": seconds[v.name], "samples": samples,
-                               "samples_per_s": samples / seconds[v.name]}
+            results[v.name] = {
+                "seconds": seconds[v.name],
+                "samples": samples,
+                "samples_per_s": samples / seconds[v.name],
+            }
         return results if ctx.is_main else None
     finally:
         ctx.shutdown()
@@ -217,6 +222,7 @@ def _cycle(loader):
 
 # The orchestration, in the parent process --------------------------------------------------------
 
+
 def plan_launches(cfg: ScalingConfig, world_sizes: list[int], on_cpu: bool) -> dict[int, tuple[Variant, ...]]:
     """The variants each world size's launch measures."""
     b, t = cfg.batch_size, cfg.threads
@@ -245,12 +251,14 @@ def run_scaling(cfg: ScalingConfig, *, log: Callable[[str], None] = print, argv=
     world_sizes = sorted(set(cfg.world_sizes or range(1, _default_max(cfg.device, cores) + 1)) | {1})
     device = choose_device(cfg.device, 0, max(world_sizes))  # cuda: a GPU per process, or an error
     on_cpu = device.type == "cpu"
-    report = rep.new_report("scaling", {**asdict(cfg), "world_sizes": world_sizes, "workload": "synthetic"},
-                            device=device.type, argv=argv)
+    report = rep.new_report(
+        "scaling", {**asdict(cfg), "world_sizes": world_sizes, "workload": "synthetic"}, device=device.type, argv=argv
+    )
     if on_cpu and max(world_sizes) * cfg.threads > cores:
         report["notes"].append(
             f"oversubscribed: up to {max(world_sizes) * cfg.threads} threads on {cores} cores; "
-            "rows beyond the core count measure time-sharing, not scaling")
+            "rows beyond the core count measure time-sharing, not scaling"
+        )
     launches = plan_launches(cfg, world_sizes, on_cpu)
     start_method = resolve_start_method(cfg.start_method, device.type)
     report["config"]["start_method"] = start_method
@@ -292,23 +300,25 @@ def _rows(cfg: ScalingConfig, launches, runs, on_cpu: bool) -> list[dict[str, An
             tput = median(values)
             total_threads = n * v.threads if on_cpu else None
             scale = (n * v.threads / cfg.threads) if on_cpu else n
-            rows.append({
-                "world_size": n,
-                "variant": v.name,
-                "label": _label(n, v, on_cpu),
-                "processes": n,
-                "threads_per_process": v.threads if on_cpu else None,
-                "total_threads": total_threads,
-                "batch_per_process": v.batch_size,
-                "global_batch": v.batch_size * n,
-                "scale": scale,
-                "samples_per_s": tput,
-                "samples_per_s_runs": values,
-                "step_s": v.batch_size * n / tput,
-                "speedup": tput / base,
-                "efficiency": tput / (scale * base),
-                "time_reduction": 1.0 - base / tput,
-            })
+            rows.append(
+                {
+                    "world_size": n,
+                    "variant": v.name,
+                    "label": _label(n, v, on_cpu),
+                    "processes": n,
+                    "threads_per_process": v.threads if on_cpu else None,
+                    "total_threads": total_threads,
+                    "batch_per_process": v.batch_size,
+                    "global_batch": v.batch_size * n,
+                    "scale": scale,
+                    "samples_per_s": tput,
+                    "samples_per_s_runs": values,
+                    "step_s": v.batch_size * n / tput,
+                    "speedup": tput / base,
+                    "efficiency": tput / (scale * base),
+                    "time_reduction": 1.0 - base / tput,
+                }
+            )
     return rows
 
 
@@ -372,8 +382,11 @@ def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
     ctl, share = s["efficiency_no_allreduce"], s["allreduce_share"]
     lost_to_comm, lost_to_contention = ctl - eff, 1.0 - ctl
     # A control slower than the job itself means the all-reduce cost is below the run-to-run noise.
-    cost = (f"{share:.0%} of each step waits for the gradient all-reduce" if share >= 0.01 else
-            f"the gradient all-reduce costs less than the noise ({share:+.0%})")
+    cost = (
+        f"{share:.0%} of each step waits for the gradient all-reduce"
+        if share >= 0.01
+        else f"the gradient all-reduce costs less than the noise ({share:+.0%})"
+    )
     if eff >= 0.9:
         bound, why = "scales well", cost
     elif lost_to_comm >= lost_to_contention:
@@ -381,14 +394,18 @@ def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
         why = f"communication-bound: {cost} ({ctl:.2f} efficiency without it)"
     else:
         bound = "contention-bound"
-        why = (f"compute contention: the processes slow each other down ({ctl:.2f} efficiency even "
-               f"without all-reduce); {cost}")
+        why = (
+            f"compute contention: the processes slow each other down ({ctl:.2f} efficiency even "
+            f"without all-reduce); {cost}"
+        )
     extra = ""
     if "hook_gain" in s:
         extra += f"; {s['hook']} hook: {s['hook_gain']:+.1%} throughput (efficiency {s['efficiency_hook']:.2f})"
     if "settings_gain" in s:
-        extra += (f"; shoal's DDP settings: {s['settings_gain']:+.1%} throughput over torch's defaults "
-                  f"(efficiency {s['efficiency_torch_defaults']:.2f} with those)")
+        extra += (
+            f"; shoal's DDP settings: {s['settings_gain']:+.1%} throughput over torch's defaults "
+            f"(efficiency {s['efficiency_torch_defaults']:.2f} with those)"
+        )
     if "processes_vs_threads" in s:
         extra += f"; {n} processes give {s['processes_vs_threads']:.2f}x the throughput of 1 process with {n}x threads"
     return bound, f"{text}, {why}{extra}"
@@ -407,18 +424,23 @@ def format_scaling(report: dict[str, Any]) -> str:
     rows = []
     for r in report["rows"]:
         control = r["variant"] != "ddp"
-        rows.append([
-            r["label"],
-            r["global_batch"],
-            rep.rate(r["samples_per_s"]),
-            f"{r['step_s'] * 1000:.0f}",
-            f"{r['speedup']:.2f}x",
-            f"{r['efficiency']:.2f}",
-            rep.less_time(r["time_reduction"]) + (" *" if control else ""),
-        ])
-    lines.append(rep.table(
-        ["configuration", "global batch", "samples/s", "ms/step", "speedup", "efficiency", "fixed work vs 1 proc"],
-        rows))
+        rows.append(
+            [
+                r["label"],
+                r["global_batch"],
+                rep.rate(r["samples_per_s"]),
+                f"{r['step_s'] * 1000:.0f}",
+                f"{r['speedup']:.2f}x",
+                f"{r['efficiency']:.2f}",
+                rep.less_time(r["time_reduction"]) + (" *" if control else ""),
+            ]
+        )
+    lines.append(
+        rep.table(
+            ["configuration", "global batch", "samples/s", "ms/step", "speedup", "efficiency", "fixed work vs 1 proc"],
+            rows,
+        )
+    )
     lines.append("efficiency = samples/s / (scale x samples/s of 1 process); * = control/comparison, not the job")
     lines += [f"- {note}" for note in report["notes"]]
     return "\n".join(lines)
@@ -438,12 +460,18 @@ def plot_scaling(report: dict[str, Any], path) -> tuple[Any, str | None]:
         top = max(xs)
         ax.plot([1, top], [base, base * top], "k--", label="ideal linear")
         ax.plot(xs, ys, "o-", label="measured (DDP)")
-        for name, style, label in (("no_allreduce", "s:", "no all-reduce (control)"),
-                                   (f"hook:{report['config']['comm_hook']}", "^-", f"{report['config']['comm_hook']} hook")):
-            cx, cy = series(lambda r, name=name: r["variant"] == name or (r["variant"] == "ddp" and r["world_size"] == 1))
+        for name, style, label in (
+            ("no_allreduce", "s:", "no all-reduce (control)"),
+            (f"hook:{report['config']['comm_hook']}", "^-", f"{report['config']['comm_hook']} hook"),
+        ):
+            cx, cy = series(
+                lambda r, name=name: r["variant"] == name or (r["variant"] == "ddp" and r["world_size"] == 1)
+            )
             if len(cx) > 1:
                 ax.plot(cx, cy, style, label=label)
-        tx, ty = series(lambda r: r["variant"].startswith("threads:") or (r["variant"] == "ddp" and r["world_size"] == 1))
+        tx, ty = series(
+            lambda r: r["variant"].startswith("threads:") or (r["variant"] == "ddp" and r["world_size"] == 1)
+        )
         if len(tx) > 1:
             ax.plot(tx, ty, "d-.", label="1 process, more threads")
         cfg = report["config"]

@@ -48,8 +48,17 @@ from shoal.bench.timing import load_average, median, rotations
 from shoal.errors import ShoalError
 from shoal.launch.ports import find_free_port
 
-ALL_VARIANTS = ("torchrun", "shoal_run", "launch_spawn", "launch_fork", "train_synthetic", "train_digits",
-                "accelerate", "fabric", "import_torch")
+ALL_VARIANTS = (
+    "torchrun",
+    "shoal_run",
+    "launch_spawn",
+    "launch_fork",
+    "train_synthetic",
+    "train_digits",
+    "accelerate",
+    "fabric",
+    "import_torch",
+)
 BASELINE = "torchrun"
 RUN_TIMEOUT_S = 180.0
 
@@ -94,11 +103,14 @@ class StartupConfig:
     def __post_init__(self) -> None:
         unknown = [v for v in self.variants if v not in ALL_VARIANTS]
         if unknown or not self.variants:
-            raise ShoalError(f"unknown startup variant(s): {', '.join(unknown) or '(none given)'}",
-                             f"choose --variants from: {', '.join(ALL_VARIANTS)}")
+            raise ShoalError(
+                f"unknown startup variant(s): {', '.join(unknown) or '(none given)'}",
+                f"choose --variants from: {', '.join(ALL_VARIANTS)}",
+            )
         if self.nproc < 1 or self.repeat < 1 or self.warmup < 0:
-            raise ShoalError("--nproc and --repeat must be at least 1, --warmup at least 0",
-                             "pass e.g. --nproc 2 --repeat 5")
+            raise ShoalError(
+                "--nproc and --repeat must be at least 1, --warmup at least 0", "pass e.g. --nproc 2 --repeat 5"
+            )
 
 
 SMOKE = dict(nproc=1, repeat=1, warmup=0, variants=("torchrun", "shoal_run"))
@@ -132,27 +144,97 @@ def _commands(cfg: StartupConfig, script: Path, work: Path) -> tuple[dict[str, C
     py, n = sys.executable, str(cfg.nproc)
     notes: list[str] = []
     made: dict[str, Callable[[Path], _Command]] = {
-        "torchrun": lambda out: _Command([py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n,
-                                          str(script), str(out)], cfg.nproc),
+        "torchrun": lambda out: _Command(
+            [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, str(script), str(out)], cfg.nproc
+        ),
         "shoal_run": lambda out: _Command([py, "-m", "shoal", "run", "--nproc", n, str(script), str(out)], cfg.nproc),
         "launch_spawn": lambda out: _Command([py, "-c", _probe_call("spawn", cfg.nproc, out)], cfg.nproc),
         "launch_fork": lambda out: _Command([py, "-c", _probe_call("fork", cfg.nproc, out)], cfg.nproc),
         # One step per rank per epoch: synthetic with nproc x 32 samples at batch 32; digits' 1,440
         # training images at batch 1024 (each rank's shard fits one batch).
         "train_synthetic": lambda out: _Command(
-            [py, "-m", "shoal", "train", "synthetic", "--nproc", n, "--epochs", "1", "--batch-size", "32",
-             "--samples", str(32 * cfg.nproc), "--device", "cpu", "--no-progress", "--out", str(out / "run")],
-            line="epoch 1/1"),
+            [
+                py,
+                "-m",
+                "shoal",
+                "train",
+                "synthetic",
+                "--nproc",
+                n,
+                "--epochs",
+                "1",
+                "--batch-size",
+                "32",
+                "--samples",
+                str(32 * cfg.nproc),
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(out / "run"),
+            ],
+            line="epoch 1/1",
+        ),
         "train_digits": lambda out: _Command(
-            [py, "-m", "shoal", "train", "digits", "--nproc", n, "--epochs", "1", "--batch-size", "1024",
-             "--device", "cpu", "--no-progress", "--out", str(out / "run")], line="epoch 1/1"),
+            [
+                py,
+                "-m",
+                "shoal",
+                "train",
+                "digits",
+                "--nproc",
+                n,
+                "--epochs",
+                "1",
+                "--batch-size",
+                "1024",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(out / "run"),
+            ],
+            line="epoch 1/1",
+        ),
         # accelerate and fabric rendezvous on fixed default ports (29500, 29400): give them a free
         # one, or a concurrent job on the machine makes them fail with EADDRINUSE.
-        "accelerate": lambda out: _Command([py, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", n,
-                                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                                            "--main_process_port", str(find_free_port()), str(script), str(out)], cfg.nproc),
-        "fabric": lambda out: _Command([py, "-m", "lightning.fabric.cli", "--accelerator", "cpu", "--devices", n,
-                                        "--main-port", str(find_free_port()), str(script), str(out)], cfg.nproc),
+        "accelerate": lambda out: _Command(
+            [
+                py,
+                "-m",
+                "accelerate.commands.launch",
+                "--multi_gpu",
+                "--num_processes",
+                n,
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "--main_process_port",
+                str(find_free_port()),
+                str(script),
+                str(out),
+            ],
+            cfg.nproc,
+        ),
+        "fabric": lambda out: _Command(
+            [
+                py,
+                "-m",
+                "lightning.fabric.cli",
+                "--accelerator",
+                "cpu",
+                "--devices",
+                n,
+                "--main-port",
+                str(find_free_port()),
+                str(script),
+                str(out),
+            ],
+            cfg.nproc,
+        ),
         "import_torch": lambda out: _Command([py, "-c", _import_call(out)], 1),
     }
     chosen = {}
@@ -181,8 +263,7 @@ def _probe_call(method: str, nproc: int, out: Path) -> str:
 
 
 def _import_call(out: Path) -> str:
-    return ("import time, torch, torch.distributed; "
-            f"open({str(out / 'rank0.txt')!r}, 'w').write(repr(time.time()))")
+    return f"import time, torch, torch.distributed; open({str(out / 'rank0.txt')!r}, 'w').write(repr(time.time()))"
 
 
 def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
@@ -190,8 +271,9 @@ def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
     out.mkdir(parents=True)
     seen: dict[str, float] = {}
     start = time.time()
-    proc = subprocess.Popen(cmd.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=_env())
+    proc = subprocess.Popen(
+        cmd.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=_env()
+    )
     lines: list[str] = []
 
     def watch() -> None:
@@ -215,15 +297,19 @@ def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
     reader.join(timeout=5)
     if rc != 0:
         tail = "".join(lines[-15:]).rstrip()
-        raise ShoalError(f"`{shlex.join(cmd.argv)}` failed with exit status {rc}:\n{tail}",
-                         "run the command by hand to see the whole output")
+        raise ShoalError(
+            f"`{shlex.join(cmd.argv)}` failed with exit status {rc}:\n{tail}",
+            "run the command by hand to see the whole output",
+        )
     if cmd.ranks:
         stamps = [float((out / f"rank{r}.txt").read_text()) for r in range(cmd.ranks)]
         first = max(stamps)
     else:
         if "first" not in seen:
-            raise ShoalError(f"`{shlex.join(cmd.argv)}` never printed a line starting with {cmd.line!r}",
-                             "has the epoch line of shoal train changed?")
+            raise ShoalError(
+                f"`{shlex.join(cmd.argv)}` never printed a line starting with {cmd.line!r}",
+                "has the epoch line of shoal train changed?",
+            )
         first = seen["first"]
     return {"first_step_s": first - start, "exit_s": done - start}
 
@@ -276,8 +362,9 @@ def run_startup(cfg: StartupConfig, *, log: Callable[[str], None] = print, argv=
                 done.append(f"{name} {result['first_step_s']:.2f} s")
             log(f"  round {index + 1}/{total}{'' if timed else ' (warm-up, not counted)'}: " + ", ".join(done))
         sample = {name: _display(commands[name](work / "OUT").argv) for name in names}
-    report = rep.new_report("startup", {**asdict(cfg), "variants": names}, argv=argv,
-                            load_start=load_start, started=started)
+    report = rep.new_report(
+        "startup", {**asdict(cfg), "variants": names}, argv=argv, load_start=load_start, started=started
+    )
     report["meta"]["load_averages"] = loads  # sampled before each round: how noisy it was
     report["notes"] += notes
     for name, errors in failures.items():
@@ -289,26 +376,34 @@ def run_startup(cfg: StartupConfig, *, log: Callable[[str], None] = print, argv=
     for name in names:
         first = median(r["first_step_s"] for r in runs[name])
         # Paired: each run against torchrun's in the same round (the same spell of a shared machine).
-        paired = median(r["first_step_s"] / base_by_round[r["round"]] for r in runs[name] if r["round"] in base_by_round)
-        rows.append({
-            "variant": name,
-            "command": sample[name].replace(str(work / "OUT"), "OUT").replace(str(work), "TMP"),
-            "first_step_s": first,
-            "first_step_runs": [r["first_step_s"] for r in runs[name]],
-            "failed_runs": len(failures[name]),
-            "exit_s": median(r["exit_s"] for r in runs[name]),
-            "vs_torchrun": first / base,
-            "vs_torchrun_paired": paired,
-            "kind": "reference" if name == "import_torch" else ("upper bound" if name.startswith("train_") else "launcher"),
-        })
+        paired = median(
+            r["first_step_s"] / base_by_round[r["round"]] for r in runs[name] if r["round"] in base_by_round
+        )
+        rows.append(
+            {
+                "variant": name,
+                "command": sample[name].replace(str(work / "OUT"), "OUT").replace(str(work), "TMP"),
+                "first_step_s": first,
+                "first_step_runs": [r["first_step_s"] for r in runs[name]],
+                "failed_runs": len(failures[name]),
+                "exit_s": median(r["exit_s"] for r in runs[name]),
+                "vs_torchrun": first / base,
+                "vs_torchrun_paired": paired,
+                "kind": "reference"
+                if name == "import_torch"
+                else ("upper bound" if name.startswith("train_") else "launcher"),
+            }
+        )
     report["rows"] = rows
     if BASELINE not in runs:
         report["notes"].append("torchrun not measured: the ratios are n/a")
     by = {r["variant"]: r for r in rows}
     if "launch_fork" in by and "launch_spawn" in by:
         fork, spawn = by["launch_fork"]["first_step_s"], by["launch_spawn"]["first_step_s"]
-        report["notes"].append(f"launch_local: fork {fork:.2f} s vs spawn {spawn:.2f} s to the first step "
-                               f"({spawn - fork:+.2f} s for spawn)")
+        report["notes"].append(
+            f"launch_local: fork {fork:.2f} s vs spawn {spawn:.2f} s to the first step "
+            f"({spawn - fork:+.2f} s for spawn)"
+        )
     return rep.finish_report(report)
 
 
@@ -322,8 +417,18 @@ def format_startup(report: dict[str, Any]) -> str:
         "",
         rep.table(
             ["variant", "first step (s)", "vs torchrun", "paired", "exit (s)", "kind", "command"],
-            [[r["variant"], f"{r['first_step_s']:.2f}", _ratio(r["vs_torchrun"]), _ratio(r["vs_torchrun_paired"]),
-              f"{r['exit_s']:.2f}", r["kind"], _short(r["command"])] for r in report["rows"]],
+            [
+                [
+                    r["variant"],
+                    f"{r['first_step_s']:.2f}",
+                    _ratio(r["vs_torchrun"]),
+                    _ratio(r["vs_torchrun_paired"]),
+                    f"{r['exit_s']:.2f}",
+                    r["kind"],
+                    _short(r["command"]),
+                ]
+                for r in report["rows"]
+            ],
             align="lrrrrll",
         ),
     ]

@@ -39,7 +39,7 @@ def rotations(items: Sequence[T], rounds: int) -> list[list[T]]:
     """
     items = list(items)
     n = len(items) or 1
-    return [items[r % n:] + items[: r % n] for r in range(rounds)]
+    return [items[r % n :] + items[: r % n] for r in range(rounds)]
 
 
 def load_average() -> float | None:

@@ -83,7 +83,9 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------------
 
-    def maybe_save(self, *, epoch: int, step: int, epoch_end: bool, objects: Mapping[str, Any], **kwargs: Any) -> Path | None:
+    def maybe_save(
+        self, *, epoch: int, step: int, epoch_end: bool, objects: Mapping[str, Any], **kwargs: Any
+    ) -> Path | None:
         """Save if the cadence says so (see :meth:`save`)."""
         if self.every.due(step=step, epoch=epoch, epoch_end=epoch_end):
             return self.save(epoch=epoch, step=step, objects=objects, **kwargs)

@@ -92,11 +92,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=lambda args: _help(parser))
     benches = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
 
-    p = _sub(benches, "scaling", "throughput, speedup and efficiency over 1..N processes (ResNet, random data)",
-             "Train a torchvision ResNet (or an MLP) on random images with 1..N processes "
-             "started by shoal's launcher; report global samples/s, speedup, scaling efficiency and the time "
-             "saved on fixed work, with a no-all-reduce control and (CPU) 1 process with N x threads.",
-             SCALING_EXAMPLES)
+    p = _sub(
+        benches,
+        "scaling",
+        "throughput, speedup and efficiency over 1..N processes (ResNet, random data)",
+        "Train a torchvision ResNet (or an MLP) on random images with 1..N processes "
+        "started by shoal's launcher; report global samples/s, speedup, scaling efficiency and the time "
+        "saved on fixed work, with a no-all-reduce control and (CPU) 1 process with N x threads.",
+        SCALING_EXAMPLES,
+    )
     p.add_argument("--world-sizes", type=_int_list, help="comma-separated process counts (default 1..cores)")
     p.add_argument("--arch", help="resnet18 (default) ... resnet152, or mlp")
     p.add_argument("--image-size", type=int, help="side of the random images (default 32)")
@@ -109,14 +113,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--comm-hook", help="also measure DDP with gradient compression: none (default), bf16, fp16")
     p.add_argument("--device", help="auto (default), cpu or cuda")
     p.add_argument("--start-method", help="auto (default: fork on CPU, spawn with CUDA), fork or spawn")
-    p.add_argument("--no-controls", dest="controls", action="store_false", default=None,
-                   help="skip the no-all-reduce control and the equal-threads process")
+    p.add_argument(
+        "--no-controls",
+        dest="controls",
+        action="store_false",
+        default=None,
+        help="skip the no-all-reduce control and the equal-threads process",
+    )
     p.set_defaults(func=_runner("scaling"))
 
-    p = _sub(benches, "allreduce", "all-reduce latency, algbw and busbw vs memcpy across N processes",
-             "Time torch.distributed.all_reduce of 4 KB .. 256 MB across N processes (gloo on CPU, nccl on "
-             "GPU); algbw = bytes/time, busbw = algbw x 2(n-1)/n (nccl-tests), beside one process's "
-             "dst.copy_(src) of the same size measured in the same run.", ALLREDUCE_EXAMPLES)
+    p = _sub(
+        benches,
+        "allreduce",
+        "all-reduce latency, algbw and busbw vs memcpy across N processes",
+        "Time torch.distributed.all_reduce of 4 KB .. 256 MB across N processes (gloo on CPU, nccl on "
+        "GPU); algbw = bytes/time, busbw = algbw x 2(n-1)/n (nccl-tests), beside one process's "
+        "dst.copy_(src) of the same size measured in the same run.",
+        ALLREDUCE_EXAMPLES,
+    )
     p.add_argument("--nproc", type=int, help="processes (default: cores, or GPUs)")
     p.add_argument("--min-bytes", type=_bytes, help="smallest message, e.g. 4K (default)")
     p.add_argument("--max-bytes", type=_bytes, help="largest message, e.g. 256M (default)")
@@ -128,13 +142,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--start-method", help="auto (default: fork on CPU, spawn with CUDA), fork or spawn")
     p.set_defaults(func=_runner("allreduce"))
 
-    p = _sub(benches, "overhead", "shoal's trainer vs a hand-written DDP loop, Accelerate and Fabric: ms/step",
-             "The same model, data, batches, optimizer and lr schedule run by a plain DDP loop, by shoal train, "
-             "and (when installed) by Accelerate and Lightning Fabric, launches interleaved; median ms/step and "
-             "the ratio to the plain loop. The plain loop and shoal must end with bit-identical weights.",
-             OVERHEAD_EXAMPLES)
+    p = _sub(
+        benches,
+        "overhead",
+        "shoal's trainer vs a hand-written DDP loop, Accelerate and Fabric: ms/step",
+        "The same model, data, batches, optimizer and lr schedule run by a plain DDP loop, by shoal train, "
+        "and (when installed) by Accelerate and Lightning Fabric, launches interleaved; median ms/step and "
+        "the ratio to the plain loop. The plain loop and shoal must end with bit-identical weights.",
+        OVERHEAD_EXAMPLES,
+    )
     p.add_argument("--model", help="mlp (default: tiny, per-step costs show) or a torchvision ResNet (resnet18 ...)")
-    p.add_argument("--image-size", type=int, help="side of the random 3xSxS inputs (default 16 for mlp, 32 for ResNets)")
+    p.add_argument(
+        "--image-size", type=int, help="side of the random 3xSxS inputs (default 16 for mlp, 32 for ResNets)"
+    )
     p.add_argument("--batch-size", type=int, help="samples per process per step (default 32)")
     p.add_argument("--samples", type=int, help="training samples per epoch (default: 64 steps' worth, 8 for ResNets)")
     p.add_argument("--epochs", type=int, help="epochs per launch (default 6)")
@@ -146,10 +166,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--start-method", help="auto (default: fork on CPU), fork or spawn")
     p.set_defaults(func=_runner("overhead"))
 
-    p = _sub(benches, "data", "samples/s of shoal's loader vs the tutorials' per-sample MNIST pipeline",
-             "Shuffled MNIST batches three ways in one process: shoal's in-memory loader, torchvision's "
-             "MNIST with ToTensor/Normalize through a DataLoader (the tutorials' pipeline), and raw "
-             "X[perm[i:i+B]] slicing (the ceiling).", DATA_EXAMPLES)
+    p = _sub(
+        benches,
+        "data",
+        "samples/s of shoal's loader vs the tutorials' per-sample MNIST pipeline",
+        "Shuffled MNIST batches three ways in one process: shoal's in-memory loader, torchvision's "
+        "MNIST with ToTensor/Normalize through a DataLoader (the tutorials' pipeline), and raw "
+        "X[perm[i:i+B]] slicing (the ceiling).",
+        DATA_EXAMPLES,
+    )
     p.add_argument("--data", help="real MNIST root (DIR/MNIST/raw); default: random images in MNIST's format")
     p.add_argument("--batch-size", type=int, help="samples per batch (default 64)")
     p.add_argument("--samples", type=int, help="samples per timed pass (default 60000: one epoch)")
@@ -158,34 +183,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default 1; 0: torch's choice, all cores)")
     p.set_defaults(func=_runner("data"))
 
-    p = _sub(benches, "startup", "time from the command to the first step on every rank, vs torchrun",
-             "Start N workers that finish one DDP training step, through torchrun, shoal run, shoal's launch_local "
-             "(spawn and fork), shoal train, accelerate and Lightning Fabric (when installed); report the "
-             "median seconds to the first step and the ratio to torchrun.", STARTUP_EXAMPLES)
+    p = _sub(
+        benches,
+        "startup",
+        "time from the command to the first step on every rank, vs torchrun",
+        "Start N workers that finish one DDP training step, through torchrun, shoal run, shoal's launch_local "
+        "(spawn and fork), shoal train, accelerate and Lightning Fabric (when installed); report the "
+        "median seconds to the first step and the ratio to torchrun.",
+        STARTUP_EXAMPLES,
+    )
     p.add_argument("--nproc", type=int, help="workers (default 2)")
     p.add_argument("--repeat", type=int, help="timed rounds, interleaved (default 5)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
     p.add_argument("--variants", type=_name_list, help="comma-separated; default: all (see the list above)")
     p.set_defaults(func=_runner("startup"))
 
-    p = _sub(benches, "checkpoint", "save/load MB/s of shoal's atomic, durable checkpoint writer vs plain torch.save",
-             "Save the same state (a torchvision model + SGD momentum state, or mb:N MB of tensors) four ways to "
-             "the same disk: torch.save, torch.save + fsync, shoal's atomic writer (temp file, fsync, rename, "
-             "directory fsync) and a whole CheckpointManager save; load each back, check it, report MB/s and the "
-             "ratio to torch.save (target: shoal's atomic save >= 0.8x).", CHECKPOINT_EXAMPLES)
-    p.add_argument("--model", help="torchvision model whose state + SGD momentum is saved (default resnet18), "
-                   "or mb:N for N MB (10^6 bytes) of float32 tensors")
-    p.add_argument("--dir", dest="directory", metavar="DIR",
-                   help="existing directory on the disk to measure (default: the system temp dir); "
-                   "files go to a temporary folder inside it, removed afterwards")
+    p = _sub(
+        benches,
+        "checkpoint",
+        "save/load MB/s of shoal's atomic, durable checkpoint writer vs plain torch.save",
+        "Save the same state (a torchvision model + SGD momentum state, or mb:N MB of tensors) four ways to "
+        "the same disk: torch.save, torch.save + fsync, shoal's atomic writer (temp file, fsync, rename, "
+        "directory fsync) and a whole CheckpointManager save; load each back, check it, report MB/s and the "
+        "ratio to torch.save (target: shoal's atomic save >= 0.8x).",
+        CHECKPOINT_EXAMPLES,
+    )
+    p.add_argument(
+        "--model",
+        help="torchvision model whose state + SGD momentum is saved (default resnet18), "
+        "or mb:N for N MB (10^6 bytes) of float32 tensors",
+    )
+    p.add_argument(
+        "--dir",
+        dest="directory",
+        metavar="DIR",
+        help="existing directory on the disk to measure (default: the system temp dir); "
+        "files go to a temporary folder inside it, removed afterwards",
+    )
     p.add_argument("--repeat", type=int, help="timed rounds, interleaved; median reported (default 5)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
     p.set_defaults(func=_runner("checkpoint"))
 
 
 def _sub(benches, name: str, help_text: str, description: str, examples: str) -> argparse.ArgumentParser:
-    p = benches.add_parser(name, help=help_text, description=description, epilog=examples,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = benches.add_parser(
+        name,
+        help=help_text,
+        description=description,
+        epilog=examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes: runs in seconds, the numbers mean nothing")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON (and a PNG plot beside it)")
     p.add_argument("--plot", metavar="PATH", help="write the plot here (PNG; needs matplotlib)")
@@ -199,26 +246,97 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 # name: (module, config class, run, format, plot, {flag dest: config field})
 _BENCHES: dict[str, tuple[str, str, str, str, str, dict[str, str]]] = {
-    "scaling": ("shoal.bench.scaling", "ScalingConfig", "run_scaling", "format_scaling", "plot_scaling",
-                {"world_sizes": "world_sizes", "arch": "arch", "image_size": "image_size", "batch_size": "batch_size",
-                 "steps": "steps", "warmup": "warmup", "blocks": "blocks", "repeat": "repeat", "threads": "threads",
-                 "comm_hook": "comm_hook", "device": "device", "start_method": "start_method",
-                 "controls": "controls"}),
-    "allreduce": ("shoal.bench.allreduce", "AllreduceConfig", "run_allreduce", "format_allreduce", "plot_allreduce",
-                  {"nproc": "nproc", "min_bytes": "min_bytes", "max_bytes": "max_bytes", "factor": "factor",
-                   "dtype": "dtype", "target_time": "target_time", "threads": "threads", "device": "device",
-                   "start_method": "start_method"}),
-    "data": ("shoal.bench.data", "DataConfig", "run_data", "format_data", "plot_data",
-             {"data": "data", "batch_size": "batch_size", "samples": "samples", "repeat": "repeat",
-              "num_workers": "num_workers", "threads": "threads"}),
-    "overhead": ("shoal.bench.overhead", "OverheadConfig", "run_overhead", "format_overhead", "plot_overhead",
-                 {"model": "model", "image_size": "image_size", "batch_size": "batch_size", "samples": "samples",
-                  "epochs": "epochs", "warmup": "warmup", "nproc": "nproc", "repeat": "repeat", "threads": "threads",
-                  "variants": "variants", "start_method": "start_method"}),
-    "checkpoint": ("shoal.bench.checkpoint", "CheckpointConfig", "run_checkpoint", "format_checkpoint",
-                   "plot_checkpoint", {"model": "model", "directory": "directory", "repeat": "repeat", "warmup": "warmup"}),
-    "startup": ("shoal.bench.startup", "StartupConfig", "run_startup", "format_startup", "plot_startup",
-                {"nproc": "nproc", "repeat": "repeat", "warmup": "warmup", "variants": "variants"}),
+    "scaling": (
+        "shoal.bench.scaling",
+        "ScalingConfig",
+        "run_scaling",
+        "format_scaling",
+        "plot_scaling",
+        {
+            "world_sizes": "world_sizes",
+            "arch": "arch",
+            "image_size": "image_size",
+            "batch_size": "batch_size",
+            "steps": "steps",
+            "warmup": "warmup",
+            "blocks": "blocks",
+            "repeat": "repeat",
+            "threads": "threads",
+            "comm_hook": "comm_hook",
+            "device": "device",
+            "start_method": "start_method",
+            "controls": "controls",
+        },
+    ),
+    "allreduce": (
+        "shoal.bench.allreduce",
+        "AllreduceConfig",
+        "run_allreduce",
+        "format_allreduce",
+        "plot_allreduce",
+        {
+            "nproc": "nproc",
+            "min_bytes": "min_bytes",
+            "max_bytes": "max_bytes",
+            "factor": "factor",
+            "dtype": "dtype",
+            "target_time": "target_time",
+            "threads": "threads",
+            "device": "device",
+            "start_method": "start_method",
+        },
+    ),
+    "data": (
+        "shoal.bench.data",
+        "DataConfig",
+        "run_data",
+        "format_data",
+        "plot_data",
+        {
+            "data": "data",
+            "batch_size": "batch_size",
+            "samples": "samples",
+            "repeat": "repeat",
+            "num_workers": "num_workers",
+            "threads": "threads",
+        },
+    ),
+    "overhead": (
+        "shoal.bench.overhead",
+        "OverheadConfig",
+        "run_overhead",
+        "format_overhead",
+        "plot_overhead",
+        {
+            "model": "model",
+            "image_size": "image_size",
+            "batch_size": "batch_size",
+            "samples": "samples",
+            "epochs": "epochs",
+            "warmup": "warmup",
+            "nproc": "nproc",
+            "repeat": "repeat",
+            "threads": "threads",
+            "variants": "variants",
+            "start_method": "start_method",
+        },
+    ),
+    "checkpoint": (
+        "shoal.bench.checkpoint",
+        "CheckpointConfig",
+        "run_checkpoint",
+        "format_checkpoint",
+        "plot_checkpoint",
+        {"model": "model", "directory": "directory", "repeat": "repeat", "warmup": "warmup"},
+    ),
+    "startup": (
+        "shoal.bench.startup",
+        "StartupConfig",
+        "run_startup",
+        "format_startup",
+        "plot_startup",
+        {"nproc": "nproc", "repeat": "repeat", "warmup": "warmup", "variants": "variants"},
+    ),
 }
 
 
@@ -285,7 +403,7 @@ def _bytes(text: str) -> int:
     """'4K' -> 4096, '256M' -> 268435456, '1G', '4096' (binary units, as nccl-tests)."""
     raw = text.strip().upper()
     number = raw.rstrip("KMGB")
-    unit = raw[len(number):]
+    unit = raw[len(number) :]
     try:
         value = float(number) * _UNITS[unit]
     except (ValueError, KeyError):

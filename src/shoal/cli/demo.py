@@ -54,15 +54,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     demos = parser.add_subparsers(dest="demo", metavar="DEMO", required=True)
     for name, help_text in DEMOS.items():
-        p = demos.add_parser(name, help=help_text, description=help_text, epilog=EXAMPLES,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--size", type=int, default=1 << 20 if name == "all-reduce" else 1000,
-                       metavar="N", help="floats per tensor (default: %(default)s)")
+        p = demos.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=EXAMPLES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument(
+            "--size",
+            type=int,
+            default=1 << 20 if name == "all-reduce" else 1000,
+            metavar="N",
+            help="floats per tensor (default: %(default)s)",
+        )
         if name == "all-reduce":
-            p.add_argument("--iters", type=int, default=5, metavar="K",
-                           help="timed all-reduces for the bandwidth figure (default 5; 0: none)")
-        p.add_argument("--nproc", type=int, default=None, metavar="N",
-                       help="start N local worker processes (not under another launcher)")
+            p.add_argument(
+                "--iters",
+                type=int,
+                default=5,
+                metavar="K",
+                help="timed all-reduces for the bandwidth figure (default 5; 0: none)",
+            )
+        p.add_argument(
+            "--nproc",
+            type=int,
+            default=None,
+            metavar="N",
+            help="start N local worker processes (not under another launcher)",
+        )
         add_rendezvous_arguments(p, max_restarts=True)
         p.set_defaults(func=main_args)
 
@@ -94,8 +114,9 @@ def main_args(args: argparse.Namespace) -> int:
         return run_demo(args.demo, args.size, iters)
     from shoal.launch.local import launch_local
 
-    launch_local(run_worker, (args.demo, args.size, iters), nproc,
-                 max_restarts=args.max_restarts, rendezvous=rendezvous)
+    launch_local(
+        run_worker, (args.demo, args.size, iters), nproc, max_restarts=args.max_restarts, rendezvous=rendezvous
+    )
     return 0
 
 
@@ -113,8 +134,11 @@ def run_demo(demo: str, size: int, iters: int = 0) -> int:
     ctx = shoal.init()
     try:
         if ctx.world_size == 1:
-            print(f"shoal demo {demo}: only one process ({_where(ctx)}): nothing to exchange; "
-                  f"try `shoal demo {demo} --nproc 2` or run it under a launcher", flush=True)
+            print(
+                f"shoal demo {demo}: only one process ({_where(ctx)}): nothing to exchange; "
+                f"try `shoal demo {demo} --nproc 2` or run it under a launcher",
+                flush=True,
+            )
             return 0
         if demo == "send-recv":
             return _send_recv(ctx, size)
@@ -126,8 +150,10 @@ def run_demo(demo: str, size: int, iters: int = 0) -> int:
 def _where(ctx) -> str:
     name = "GLOO_SOCKET_IFNAME" if ctx.backend == "gloo" else "NCCL_SOCKET_IFNAME"
     iface = f" via {os.environ[name]}" if os.environ.get(name) else ""
-    return (f"rank {ctx.rank}/{ctx.world_size} on {socket.gethostname()}{iface} (node {ctx.node_rank}, "
-            f"local rank {ctx.local_rank}, {ctx.device}, {ctx.backend})")
+    return (
+        f"rank {ctx.rank}/{ctx.world_size} on {socket.gethostname()}{iface} (node {ctx.node_rank}, "
+        f"local rank {ctx.local_rank}, {ctx.device}, {ctx.backend})"
+    )
 
 
 def _payload(rank: int, size: int, device):
@@ -168,8 +194,10 @@ def _send_recv(ctx, size: int) -> int:
             dist.send(_payload(dst, size, ctx.device), dst=dst)
         _sync(ctx)
         took = (time.perf_counter() - start) * 1e3
-        print(f"[{_where(ctx)}] sent ranks 1..{ctx.world_size - 1} their tensors "
-              f"({size:,} floats each) in {took:.1f} ms", flush=True)
+        print(
+            f"[{_where(ctx)}] sent ranks 1..{ctx.world_size - 1} their tensors ({size:,} floats each) in {took:.1f} ms",
+            flush=True,
+        )
     else:
         got = torch.empty(size, dtype=torch.float32, device=ctx.device)
         start = time.perf_counter()
@@ -178,17 +206,18 @@ def _send_recv(ctx, size: int) -> int:
         took = (time.perf_counter() - start) * 1e3
         bad = not torch.equal(got, _payload(ctx.rank, size, ctx.device))
         verdict = f"WRONG: expected {_show(_payload(ctx.rank, size, ctx.device))}" if bad else "OK"
-        print(f"[{_where(ctx)}] received {_show(got.cpu())} from rank 0 in {took:.1f} ms: {verdict}",
-              flush=True)
+        print(f"[{_where(ctx)}] received {_show(got.cpu())} from rank 0 in {took:.1f} ms: {verdict}", flush=True)
     wrong = _count_bad(ctx, bad)
     if ctx.rank == 0:
         others = ctx.world_size - 1
         if wrong:
             print(f"shoal demo send-recv: {wrong} of {others} ranks received a wrong tensor", flush=True)
         else:
-            print(f"shoal demo send-recv: all {others} other ranks received their tensor from rank 0 "
-                  f"({ctx.world_size} ranks, {ctx.num_nodes} node{'s' if ctx.num_nodes != 1 else ''})",
-                  flush=True)
+            print(
+                f"shoal demo send-recv: all {others} other ranks received their tensor from rank 0 "
+                f"({ctx.world_size} ranks, {ctx.num_nodes} node{'s' if ctx.num_nodes != 1 else ''})",
+                flush=True,
+            )
     return 1 if wrong else 0
 
 
@@ -205,8 +234,11 @@ def _all_reduce(ctx, size: int, iters: int) -> int:
     expected = world * (world + 1) / 2
     bad = not bool(torch.all(t == expected))
     got = f"{t[0].item():g}" if not bad else f"{t.min().item():g}..{t.max().item():g}"
-    print(f"[{_where(ctx)}] all_reduce(sum) of {size:,} floats = {got} (expected {expected:g}) in "
-          f"{took:.1f} ms: {'OK' if not bad else 'WRONG'}", flush=True)
+    print(
+        f"[{_where(ctx)}] all_reduce(sum) of {size:,} floats = {got} (expected {expected:g}) in "
+        f"{took:.1f} ms: {'OK' if not bad else 'WRONG'}",
+        flush=True,
+    )
     wrong = _count_bad(ctx, bad)
     if iters and not wrong:
         dist.barrier()
@@ -220,9 +252,12 @@ def _all_reduce(ctx, size: int, iters: int) -> int:
         nbytes = size * 4
         busbw = 2 * (world - 1) / world * nbytes / seconds / 1e9  # what every link carried
         if ctx.rank == 0:
-            print(f"shoal demo all-reduce: {world} ranks on {ctx.num_nodes} node"
-                  f"{'s' if ctx.num_nodes != 1 else ''}: {nbytes / 1e6:.1f} MB in {seconds * 1e3:.2f} ms "
-                  f"(mean of {iters}), bus bandwidth {busbw:.2f} GB/s", flush=True)
+            print(
+                f"shoal demo all-reduce: {world} ranks on {ctx.num_nodes} node"
+                f"{'s' if ctx.num_nodes != 1 else ''}: {nbytes / 1e6:.1f} MB in {seconds * 1e3:.2f} ms "
+                f"(mean of {iters}), bus bandwidth {busbw:.2f} GB/s",
+                flush=True,
+            )
     if ctx.rank == 0:
         if wrong:
             print(f"shoal demo all-reduce: {wrong} of {world} ranks got a wrong sum", flush=True)

@@ -43,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--backend", choices=BACKENDS, default="auto", help="backend request to resolve (default: auto)"
     )
     parser.add_argument(
-        "--scheme", choices=scheme_names(), default=None,
+        "--scheme",
+        choices=scheme_names(),
+        default=None,
         help="use this launch scheme instead of detecting it (same as SHOAL_ENV)",
     )
     parser.set_defaults(func=run)

@@ -37,8 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("workload", nargs="?", default="digits", metavar="WORKLOAD",
-                   help=f"one of: {', '.join(WORKLOADS)} (default: digits)")
+    p.add_argument(
+        "workload",
+        nargs="?",
+        default="digits",
+        metavar="WORKLOAD",
+        help=f"one of: {', '.join(WORKLOADS)} (default: digits)",
+    )
     p.add_argument("--nproc", type=int, default=1, help="local worker processes to start (default 1)")
     p.add_argument("--epochs", type=int, help="passes over the training set (workload default)")
     p.add_argument("--batch-size", type=int, help="samples per process per step (workload default)")
@@ -59,30 +64,63 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=32, help="synthetic: input side (default 32)")
     p.add_argument("--samples", type=int, help="synthetic: training samples (default 1024)")
     p.add_argument("--eval-batch-size", type=int, help="per-process evaluation batch (default 4 x batch)")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="run convolutions in channels-last (NHWC) memory format (default: on for conv models; "
-                   "faster on CPU and GPU)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on rank 0 (default: when stderr is a terminal)")
-    p.add_argument("--comm-hook", default="none", metavar="none|bf16|fp16",
-                   help="DDP gradient compression: all-reduce the gradients in bf16 or fp16, half the bytes "
-                        "of float32 (parameters and optimizer stay float32); pays off when communication is "
-                        "the bottleneck (e.g. a slow network between nodes), costs two casts per bucket "
-                        "otherwise; measure with `shoal bench scaling --comm-hook bf16` (default none)")
-    p.add_argument("--start-method", default="auto", metavar="auto|fork|spawn",
-                   help="how --nproc starts the workers: fork (they inherit this process's imports: "
-                        "seconds sooner) or spawn (fresh interpreters); auto: fork on CPU, spawn with CUDA")
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run convolutions in channels-last (NHWC) memory format (default: on for conv models; "
+        "faster on CPU and GPU)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on rank 0 (default: when stderr is a terminal)",
+    )
+    p.add_argument(
+        "--comm-hook",
+        default="none",
+        metavar="none|bf16|fp16",
+        help="DDP gradient compression: all-reduce the gradients in bf16 or fp16, half the bytes "
+        "of float32 (parameters and optimizer stay float32); pays off when communication is "
+        "the bottleneck (e.g. a slow network between nodes), costs two casts per bucket "
+        "otherwise; measure with `shoal bench scaling --comm-hook bf16` (default none)",
+    )
+    p.add_argument(
+        "--start-method",
+        default="auto",
+        metavar="auto|fork|spawn",
+        help="how --nproc starts the workers: fork (they inherit this process's imports: "
+        "seconds sooner) or spawn (fresh interpreters); auto: fork on CPU, spawn with CUDA",
+    )
     ck = p.add_argument_group("checkpoints and resume")
-    ck.add_argument("--checkpoint-every", default="1", metavar="N",
-                    help="checkpoint every N epochs (2, 2epochs) or steps (500steps); 0: only at the end")
+    ck.add_argument(
+        "--checkpoint-every",
+        default="1",
+        metavar="N",
+        help="checkpoint every N epochs (2, 2epochs) or steps (500steps); 0: only at the end",
+    )
     ck.add_argument("--checkpoint-dir", help="where checkpoints go (default OUT/checkpoints)")
     ck.add_argument("--keep", type=int, default=3, help="keep the newest K checkpoints (default 3)")
-    ck.add_argument("--resume", default="auto", metavar="auto|never|PATH",
-                    help="auto: continue from the newest valid checkpoint in the output directory (default)")
-    ck.add_argument("--preempt-grace", type=float, default=25.0, metavar="S",
-                    help="after SIGTERM/SIGUSR1: checkpoint and exit within S seconds (default 25)")
-    ck.add_argument("--max-restarts", type=int, default=0,
-                    help="restart the local workers up to K times after a failure; they resume (default 0)")
+    ck.add_argument(
+        "--resume",
+        default="auto",
+        metavar="auto|never|PATH",
+        help="auto: continue from the newest valid checkpoint in the output directory (default)",
+    )
+    ck.add_argument(
+        "--preempt-grace",
+        type=float,
+        default=25.0,
+        metavar="S",
+        help="after SIGTERM/SIGUSR1: checkpoint and exit within S seconds (default 25)",
+    )
+    ck.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart the local workers up to K times after a failure; they resume (default 0)",
+    )
     from shoal.launch.rendezvous import add_rendezvous_arguments
 
     add_rendezvous_arguments(p)  # --nnodes, --node-rank, --master-addr, ...: docs/MULTINODE.md
@@ -93,15 +131,37 @@ def config_from_args(args: argparse.Namespace):
     from shoal.train.config import TrainConfig
 
     return TrainConfig(
-        workload=args.workload, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        lr_scaling=args.lr_scaling, optimizer=args.optimizer, weight_decay=args.weight_decay,
-        warmup_epochs=args.warmup_epochs, seed=args.seed, data=args.data, download=args.download,
-        out=args.out, device=args.device, backend=args.backend, amp=args.amp, grad_accum=args.grad_accum,
-        nproc=args.nproc, arch=args.arch, image_size=args.image_size, samples=args.samples,
-        eval_batch_size=args.eval_batch_size, progress=args.progress, channels_last=args.channels_last,
-        checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, keep=args.keep,
-        resume=args.resume, preempt_grace=args.preempt_grace, max_restarts=args.max_restarts,
-        start_method=args.start_method, comm_hook=args.comm_hook,
+        workload=args.workload,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        lr_scaling=args.lr_scaling,
+        optimizer=args.optimizer,
+        weight_decay=args.weight_decay,
+        warmup_epochs=args.warmup_epochs,
+        seed=args.seed,
+        data=args.data,
+        download=args.download,
+        out=args.out,
+        device=args.device,
+        backend=args.backend,
+        amp=args.amp,
+        grad_accum=args.grad_accum,
+        nproc=args.nproc,
+        arch=args.arch,
+        image_size=args.image_size,
+        samples=args.samples,
+        eval_batch_size=args.eval_batch_size,
+        progress=args.progress,
+        channels_last=args.channels_last,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir,
+        keep=args.keep,
+        resume=args.resume,
+        preempt_grace=args.preempt_grace,
+        max_restarts=args.max_restarts,
+        start_method=args.start_method,
+        comm_hook=args.comm_hook,
     )
 
 
@@ -119,13 +179,18 @@ def run(args: argparse.Namespace) -> int:
             "drop --nproc: the launcher already starts one process per rank",
         )
     if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
-        raise ShoalError(f"--resume {cfg.resume}: no such checkpoint file", "pass --resume auto, never, or a ckpt-*.pt file")
+        raise ShoalError(
+            f"--resume {cfg.resume}: no such checkpoint file", "pass --resume auto, never, or a ckpt-*.pt file"
+        )
     from shoal.launch.rendezvous import options_from_args
 
     rendezvous = options_from_args(args)  # None: this machine only
     if env.world_size > 1 and rendezvous is not None:
-        raise ShoalError(f"rendezvous flags given, but {env.scheme} already started this process as "
-                         f"rank {env.rank} of {env.world_size}", "drop --nnodes/--master-addr/--rdzv-*")
+        raise ShoalError(
+            f"rendezvous flags given, but {env.scheme} already started this process as "
+            f"rank {env.rank} of {env.world_size}",
+            "drop --nnodes/--master-addr/--rdzv-*",
+        )
     in_process = (cfg.nproc == 1 and rendezvous is None) or env.world_size > 1
     # Data present (or downloaded) before workers start. The workers may be forked from this
     # process: see _fork_safe for why no torch computation here may use intra-op threads.
@@ -159,8 +224,14 @@ def _launch_workers(cfg, rendezvous=None) -> int:
             )
         cfg.out = default_out_dir(cfg.workload)
     prepare_out_dir(cfg.out)
-    launch_local(run_local_worker, (cfg,), cfg.nproc, max_restarts=cfg.max_restarts, rendezvous=rendezvous,
-                 start_method=start_method)
+    launch_local(
+        run_local_worker,
+        (cfg,),
+        cfg.nproc,
+        max_restarts=cfg.max_restarts,
+        rendezvous=rendezvous,
+        start_method=start_method,
+    )
     return 0
 
 

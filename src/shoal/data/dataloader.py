@@ -48,8 +48,7 @@ class ShardedDataLoader(ResumableLoader):
         super().__init__(batch_size, sampler)
         if len(dataset) != sampler.num_samples:  # type: ignore[arg-type]
             raise ValueError(
-                f"the sampler covers {sampler.num_samples} samples but the dataset holds "
-                f"{len(dataset)}"  # type: ignore[arg-type]
+                f"the sampler covers {sampler.num_samples} samples but the dataset holds {len(dataset)}"  # type: ignore[arg-type]
             )
         self.device = as_device(device)
         on_cuda = self.device is not None and self.device.type == "cuda"

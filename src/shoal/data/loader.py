@@ -81,9 +81,7 @@ class TensorBatchLoader(ResumableLoader):
             on_device = {d: idx.to(d) for d in devices}
             pin = target is not None and target.type == "cuda" and self.non_blocking and torch.cuda.is_available()
             for start in range(0, len(idx), bs):
-                batch = tuple(
-                    [self._gather(t, on_device[t.device][start : start + bs], target, pin) for t in tensors]
-                )
+                batch = tuple([self._gather(t, on_device[t.device][start : start + bs], target, pin) for t in tensors])
                 if self.transform is not None:
                     batch = _as_batch(self.transform(batch))
                 self._sampler.advance(step)
@@ -124,11 +122,7 @@ def check_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _is_tensor_tuple(dataset: Any) -> bool:
-    return (
-        isinstance(dataset, (tuple, list))
-        and len(dataset) > 0
-        and all(isinstance(t, torch.Tensor) for t in dataset)
-    )
+    return isinstance(dataset, (tuple, list)) and len(dataset) > 0 and all(isinstance(t, torch.Tensor) for t in dataset)
 
 
 def make_loader(

@@ -229,14 +229,11 @@ class ShardedSampler(Sampler[int]):
         if missing:
             raise ValueError(f"sampler state is missing {', '.join(missing)}")
         if state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"sampler state version {state['version']} is not supported (expected {STATE_VERSION})"
-            )
+            raise ValueError(f"sampler state version {state['version']} is not supported (expected {STATE_VERSION})")
         for key, mine in (("num_samples", self.num_samples), ("seed", self.seed), ("shuffle", self.shuffle)):
             if state[key] != mine:
                 raise ValueError(
-                    f"sampler state mismatch: {key} is {state[key]!r} in the saved state "
-                    f"but {mine!r} in this sampler"
+                    f"sampler state mismatch: {key} is {state[key]!r} in the saved state but {mine!r} in this sampler"
                 )
         consumed, epoch = int(state["consumed"]), int(state["epoch"])
         if not 0 <= consumed <= self.num_samples:

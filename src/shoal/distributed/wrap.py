@@ -59,7 +59,7 @@ def clean_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
             stripped = False
             for prefix in _WRAPPER_PREFIXES:
                 if key.startswith(prefix):
-                    key = key[len(prefix):]
+                    key = key[len(prefix) :]
                     stripped = True
         cleaned[key] = value
     return cleaned

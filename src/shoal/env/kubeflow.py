@@ -52,9 +52,16 @@ class KubeflowEnvironment(LaunchEnvironment):
         world = read_int(environ, world_name, minimum=1)
         check_below(rank_name, rank, world_name, world)
         return EnvInfo(
-            scheme=cls.name, rank=rank, local_rank=0, world_size=world, local_world_size=1,
-            node_rank=rank, num_nodes=world, main_address=environ[address_name],
-            main_port=read_port(environ, port_name), reason=seen(environ, *names, "PET_NPROC_PER_NODE"),
+            scheme=cls.name,
+            rank=rank,
+            local_rank=0,
+            world_size=world,
+            local_world_size=1,
+            node_rank=rank,
+            num_nodes=world,
+            main_address=environ[address_name],
+            main_port=read_port(environ, port_name),
+            reason=seen(environ, *names, "PET_NPROC_PER_NODE"),
         )
 
 

@@ -20,6 +20,14 @@ class LocalEnvironment(LaunchEnvironment):
     @classmethod
     def describe(cls, environ: Mapping[str, str], *, argv: Sequence[str] | None = None) -> EnvInfo:
         return EnvInfo(
-            scheme=cls.name, rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
-            main_address=LOOPBACK, main_port=read_port(environ), reason=(),
+            scheme=cls.name,
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            local_world_size=1,
+            node_rank=0,
+            num_nodes=1,
+            main_address=LOOPBACK,
+            main_port=read_port(environ),
+            reason=(),
         )

@@ -142,9 +142,7 @@ def interface_of(addr: str) -> str | None:
 
 def _interface_from_ip_command(addr: str) -> str | None:
     try:
-        out = subprocess.run(
-            ["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=5
-        ).stdout
+        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     for line in out.splitlines():  # "3: eth0    inet 10.0.0.2/24 brd ... scope global eth0:1"
@@ -174,8 +172,7 @@ def _own_routable_address() -> tuple[str, str] | None:
     The default route's interface; else the only interface with a non-loopback IPv4 address.
     """
     addrs = {
-        name: [a for a in found if ":" not in a and not is_loopback(a)]
-        for name, found in interface_addresses().items()
+        name: [a for a in found if ":" not in a and not is_loopback(a)] for name, found in interface_addresses().items()
     }
     addrs = {name: found for name, found in addrs.items() if found}
     default = default_route_interface()
@@ -198,21 +195,40 @@ def route_to(master: str) -> Route:
     name = master.strip("[]").lower()
     if is_loopback(master_ip):
         if is_loopback(name):
-            return Route(master, master_ip, master_ip, "lo" if os.path.exists("/sys/class/net/lo") else None,
-                         f"the master {master} is a loopback address: every node runs on this machine",
-                         master_is_local=True, loopback=True)
+            return Route(
+                master,
+                master_ip,
+                master_ip,
+                "lo" if os.path.exists("/sys/class/net/lo") else None,
+                f"the master {master} is a loopback address: every node runs on this machine",
+                master_is_local=True,
+                loopback=True,
+            )
         # A host name that resolves to loopback *here*: it is this machine's own name mapped to
         # 127.x in /etc/hosts. This node is the master; advertise its real address instead.
         own = _own_routable_address()
         if own is None:
-            return Route(master, master_ip, master_ip, None,
-                         f"{master} resolves to {master_ip} here and no single outward interface "
-                         "was found", master_is_local=True, loopback=True)
+            return Route(
+                master,
+                master_ip,
+                master_ip,
+                None,
+                f"{master} resolves to {master_ip} here and no single outward interface was found",
+                master_is_local=True,
+                loopback=True,
+            )
         ifname, addr = own
-        return Route(master, master_ip, addr, ifname,
-                     f"{master} resolves to {master_ip} here (this machine's own name), so the "
-                     f"address of the {'default route' if ifname == default_route_interface() else 'only'} "
-                     "interface is used", master_is_local=True, loopback=False)
+        return Route(
+            master,
+            master_ip,
+            addr,
+            ifname,
+            f"{master} resolves to {master_ip} here (this machine's own name), so the "
+            f"address of the {'default route' if ifname == default_route_interface() else 'only'} "
+            "interface is used",
+            master_is_local=True,
+            loopback=False,
+        )
     last_err: OSError | None = None
     for ip in ips:
         try:
@@ -249,4 +265,3 @@ def probe_tcp(host: str, port: int, timeout: float = 1.0) -> str:
         if err.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
             return "unreachable"
         return err.strerror or str(err)
-

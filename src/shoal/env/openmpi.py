@@ -56,8 +56,15 @@ class OpenMPIEnvironment(LaunchEnvironment):
 
     @classmethod
     def describe(cls, environ: Mapping[str, str], *, argv: Sequence[str] | None = None) -> EnvInfo:
-        require(environ, cls.name, _RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE,
-                hint="start the processes with Open MPI's `mpirun -np N ...`")
+        require(
+            environ,
+            cls.name,
+            _RANK,
+            _SIZE,
+            _LOCAL_RANK,
+            _LOCAL_SIZE,
+            hint="start the processes with Open MPI's `mpirun -np N ...`",
+        )
         rank = read_int(environ, _RANK)
         world = read_int(environ, _SIZE, minimum=1)
         check_below(_RANK, rank, _SIZE, world)
@@ -66,13 +73,22 @@ class OpenMPIEnvironment(LaunchEnvironment):
         local_rank = read_int(environ, _LOCAL_RANK)
         check_below(_LOCAL_RANK, local_rank, _LOCAL_SIZE, local_world)
         address = mpi_main_address(
-            environ, cls.name, world, local_world,
+            environ,
+            cls.name,
+            world,
+            local_world,
             hint="mpirun -x MASTER_ADDR=<head node address> -x MASTER_PORT=29500 ... "
-                 "(or launch with `shoal`, which sets it)",
+            "(or launch with `shoal`, which sets it)",
         )
         return EnvInfo(
-            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
-            node_rank=rank // local_world, num_nodes=-(-world // local_world), main_address=address,
+            scheme=cls.name,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=rank // local_world,
+            num_nodes=-(-world // local_world),
+            main_address=address,
             main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT),
             reason=seen(environ, _RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, "MASTER_ADDR", "MASTER_PORT"),
         )

@@ -56,16 +56,29 @@ class PMIEnvironment(LaunchEnvironment):
             assumption = ()
         num_nodes = -(-world // local_world)
         node_rank = read_int(environ, "PALS_NODEID") if "PALS_NODEID" in environ else rank // local_world
-        check_below("PALS_NODEID" if "PALS_NODEID" in environ else "PMI_RANK/local size", node_rank,
-                    "PMI_SIZE/local size", num_nodes)
+        check_below(
+            "PALS_NODEID" if "PALS_NODEID" in environ else "PMI_RANK/local size",
+            node_rank,
+            "PMI_SIZE/local size",
+            num_nodes,
+        )
         address = mpi_main_address(
-            environ, cls.name, world, local_world,
+            environ,
+            cls.name,
+            world,
+            local_world,
             hint="mpiexec -genv MASTER_ADDR <head node address> -genv MASTER_PORT 29500 ... "
-                 "(or launch with `shoal`, which sets it)",
+            "(or launch with `shoal`, which sets it)",
         )
         return EnvInfo(
-            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
-            node_rank=node_rank, num_nodes=num_nodes, main_address=address,
+            scheme=cls.name,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            main_address=address,
             main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT),
             reason=seen(environ, "PMI_RANK", "PMI_SIZE", *(pair or ()), "PALS_NODEID", "MASTER_ADDR", "MASTER_PORT")
             + assumption,

@@ -71,7 +71,9 @@ class SlurmEnvironment(LaunchEnvironment):
             return False
         tasks = first_set(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
         # srun --mpi=pmi2 sets PMI_SIZE to the step's task count; another value is an MPI launcher's.
-        return "PMI_SIZE" not in environ or (tasks is not None and environ["PMI_SIZE"].strip() == environ[tasks].strip())
+        return "PMI_SIZE" not in environ or (
+            tasks is not None and environ["PMI_SIZE"].strip() == environ[tasks].strip()
+        )
 
     @classmethod
     def describe(cls, environ: Mapping[str, str], *, argv: Sequence[str] | None = None) -> EnvInfo:
@@ -80,8 +82,11 @@ class SlurmEnvironment(LaunchEnvironment):
         tasks_name = first_set(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
         nodes_name = first_set(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
         if tasks_name is None or nodes_name is None:
-            missing = [n for n, found in (("SLURM_STEP_NUM_TASKS", tasks_name), ("SLURM_STEP_NUM_NODES", nodes_name))
-                       if found is None]
+            missing = [
+                n
+                for n, found in (("SLURM_STEP_NUM_TASKS", tasks_name), ("SLURM_STEP_NUM_NODES", nodes_name))
+                if found is None
+            ]
             raise ShoalError(f"slurm: {', '.join(missing)} not set", _HINT)
 
         rank = read_int(environ, "SLURM_PROCID")
@@ -95,24 +100,43 @@ class SlurmEnvironment(LaunchEnvironment):
         check_below("SLURM_LOCALID", local_rank, local_name, local_world)
 
         return EnvInfo(
-            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
-            node_rank=node_rank, num_nodes=num_nodes, main_address=_main_address(environ),
+            scheme=cls.name,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            main_address=_main_address(environ),
             main_port=_main_port(environ),
-            reason=seen(environ, "SLURM_JOB_ID", step, "SLURM_PROCID", tasks_name, "SLURM_LOCALID", "SLURM_NODEID",
-                        nodes_name, "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "MASTER_ADDR",
-                        "MASTER_PORT"),
+            reason=seen(
+                environ,
+                "SLURM_JOB_ID",
+                step,
+                "SLURM_PROCID",
+                tasks_name,
+                "SLURM_LOCALID",
+                "SLURM_NODEID",
+                nodes_name,
+                "SLURM_STEP_TASKS_PER_NODE",
+                "SLURM_STEP_NODELIST",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            ),
         )
 
 
-def _tasks_on_node(environ: Mapping[str, str], node_rank: int, num_nodes: int, nodes_name: str,
-                   world: int, tasks_name: str) -> tuple[str, int]:
+def _tasks_on_node(
+    environ: Mapping[str, str], node_rank: int, num_nodes: int, nodes_name: str, world: int, tasks_name: str
+) -> tuple[str, int]:
     """(label, count): how many tasks of the step run on node ``node_rank``."""
     name = first_set(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     if name is None:
         if world % num_nodes:
             raise ShoalError(
                 f"slurm: SLURM_STEP_TASKS_PER_NODE not set and {tasks_name}={world} does not divide evenly "
-                f"over {nodes_name}={num_nodes}", _HINT,
+                f"over {nodes_name}={num_nodes}",
+                _HINT,
             )
         return f"{tasks_name}/{nodes_name}", world // num_nodes
     try:
@@ -133,13 +157,16 @@ def _main_address(environ: Mapping[str, str]) -> str:
         return environ["MASTER_ADDR"]
     name = first_set(environ, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
     if name is None:
-        raise ShoalError("slurm: none of SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST, MASTER_ADDR is set",
-                         "export MASTER_ADDR=<first node> in the job script, or launch with srun")
+        raise ShoalError(
+            "slurm: none of SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST, MASTER_ADDR is set",
+            "export MASTER_ADDR=<first node> in the job script, or launch with srun",
+        )
     try:
         return expand_hostlist(environ[name])[0]
     except ValueError as err:
-        raise ShoalError(f"{name}={environ[name]!r} is malformed: {err}",
-                         "export MASTER_ADDR=<first node> to bypass the host list") from None
+        raise ShoalError(
+            f"{name}={environ[name]!r} is malformed: {err}", "export MASTER_ADDR=<first node> to bypass the host list"
+        ) from None
 
 
 def _main_port(environ: Mapping[str, str]) -> int:

@@ -89,18 +89,35 @@ class TorchrunEnvironment(LaunchEnvironment):
             )
         node_rank = read_int(environ, "GROUP_RANK") if "GROUP_RANK" in environ else rank // local_world
         nodes_name = "GROUP_WORLD_SIZE" if "GROUP_WORLD_SIZE" in environ else "WORLD_SIZE/LOCAL_WORLD_SIZE"
-        check_below("GROUP_RANK" if "GROUP_RANK" in environ else "RANK/LOCAL_WORLD_SIZE", node_rank,
-                    nodes_name, num_nodes)
+        check_below(
+            "GROUP_RANK" if "GROUP_RANK" in environ else "RANK/LOCAL_WORLD_SIZE", node_rank, nodes_name, num_nodes
+        )
 
-        names = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        names = (
+            "TORCHELASTIC_RUN_ID",
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "GROUP_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        )
         reason = seen(environ, *names)
         if local_name != "LOCAL_RANK":
             reason += (f"argv {local_name}={local_rank}",)
         return EnvInfo(
-            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
-            node_rank=node_rank, num_nodes=num_nodes, main_address=environ["MASTER_ADDR"],
-            main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT), reason=reason,
+            scheme=cls.name,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            main_address=environ["MASTER_ADDR"],
+            main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT),
+            reason=reason,
         )
 
 

@@ -69,7 +69,7 @@ def extract_last_traceback(text: str) -> str | None:
     else:
         return None
     prefix = lines[start][:pos]
-    own = [line[len(prefix):] for line in lines if line.startswith(prefix)] if prefix else lines
+    own = [line[len(prefix) :] for line in lines if line.startswith(prefix)] if prefix else lines
     last = max(i for i, line in enumerate(own) if line.rstrip() == _TB_HEADER)
     first = _chain_start(own, last)
 
@@ -109,7 +109,7 @@ def exception_line(traceback_text: str) -> str:
     """The ``Type: message`` line of the last exception in a traceback block."""
     lines = traceback_text.splitlines()
     last_header = max((i for i, ln in enumerate(lines) if ln.rstrip() == _TB_HEADER), default=-1)
-    for line in lines[last_header + 1:]:
+    for line in lines[last_header + 1 :]:
         if line.strip() and line[:1] not in (" ", "\t"):
             return line.strip()
     return lines[-1].strip() if lines else ""
@@ -268,9 +268,7 @@ def format_child_failure(
 ) -> str:
     """The text to print for a failed job: see :func:`describe_child_failure` and
     :meth:`FailureReport.format`."""
-    return describe_child_failure(
-        err, log_dir, stderr_logs=stderr_logs, keep_logs=keep_logs
-    ).format()
+    return describe_child_failure(err, log_dir, stderr_logs=stderr_logs, keep_logs=keep_logs).format()
 
 
 def _failure_time(failure: ProcessFailure, stderr_log: str | None) -> float:

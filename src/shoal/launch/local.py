@@ -204,11 +204,13 @@ def _join_nodes(config: Any, rendezvous: RendezvousOptions) -> RendezvousPlan:
         first, last = int(env["RANK"]), int(env["RANK"]) + config.nproc_per_node - 1
         ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
         restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        why = f"restart {restart} of {config.max_restarts}: " if restart else (
-            "the other nodes changed: " if starts else "")
+        why = (
+            f"restart {restart} of {config.max_restarts}: "
+            if restart
+            else ("the other nodes changed: " if starts else "")
+        )
         starts.append(restart)
-        print(f"shoal: {why}rendezvous done; starting {ranks} of {env['WORLD_SIZE']}", file=sys.stderr,
-              flush=True)
+        print(f"shoal: {why}rendezvous done; starting {ranks} of {env['WORLD_SIZE']}", file=sys.stderr, flush=True)
 
     config.logs_specs = _recording_logs_specs(config.logs_specs, tee=False, on_start=on_start)
     return plan

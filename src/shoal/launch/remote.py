@@ -39,6 +39,7 @@ class _Stop(Exception):
 @contextmanager
 def _signals_raise() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP raise :class:`_Stop` in the main thread while inside."""
+
     def handler(signum, _frame):
         raise _Stop(signum)
 
@@ -60,8 +61,11 @@ def require_program(name: str, hint: str) -> str:
 
 def run_mpirun(argv: Sequence[str]) -> int:
     """Run an ``mpirun`` command line; return its exit status (128+N if stopped by signal N)."""
-    require_program(argv[0], "install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin), use --via ssh, "
-                             "or add --dry-run to print the command")
+    require_program(
+        argv[0],
+        "install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin), use --via ssh, "
+        "or add --dry-run to print the command",
+    )
     proc = subprocess.Popen(list(argv), start_new_session=True)
     try:
         with _signals_raise():
@@ -78,8 +82,11 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
     Returns 0 when all succeeded, else the status of the first that failed (128+N for signal N).
     """
     for program in dict.fromkeys(cmd[0] for cmd in commands):
-        require_program(program, "install an SSH client (Debian/Ubuntu: apt-get install openssh-client), "
-                                 "give --rsh PROGRAM, or use --via mpirun")
+        require_program(
+            program,
+            "install an SSH client (Debian/Ubuntu: apt-get install openssh-client), "
+            "give --rsh PROGRAM, or use --via mpirun",
+        )
     procs: list[subprocess.Popen] = []
     try:
         with _signals_raise():
@@ -100,8 +107,9 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
                     index, proc = (causes or failed)[0]
                     status = _status(proc.returncode)
                     rest = "; stopping the other hosts" if running else ""
-                    print(f"shoal launch: {labels[index]} exited with status {status}{rest}", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"shoal launch: {labels[index]} exited with status {status}{rest}", file=sys.stderr, flush=True
+                    )
                     _stop(running, by_stdin=True)
                     return status
                 if not running:
@@ -122,8 +130,11 @@ def submit_sbatch(script_path: str) -> str:
     proc = subprocess.run([sbatch, "--parsable", script_path], capture_output=True, text=True)
     if proc.returncode != 0:
         reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise ShoalError(f"sbatch refused {script_path}: {reason}",
-                         "check the partition, time limit and node/GPU counts against `sinfo`", exit_code=1)
+        raise ShoalError(
+            f"sbatch refused {script_path}: {reason}",
+            "check the partition, time limit and node/GPU counts against `sinfo`",
+            exit_code=1,
+        )
     return proc.stdout.strip().split(";")[0]
 
 

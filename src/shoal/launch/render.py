@@ -65,8 +65,7 @@ def render_manual(spec: JobSpec) -> list[str]:
     Static rendezvous: node ``i`` gets ``--node-rank i`` and the first host serves the store. c10d:
     every line is the same apart from ``--nproc``; nodes may start in any order.
     """
-    return [_command_line(spec.env, _launcher_argv(spec, rank, host)) for rank, host in
-            enumerate(_require_hosts(spec))]
+    return [_command_line(spec.env, _launcher_argv(spec, rank, host)) for rank, host in enumerate(_require_hosts(spec))]
 
 
 def render_ssh(spec: JobSpec, here: Here, environ: Mapping[str, str]) -> list[list[str]]:
@@ -79,8 +78,11 @@ def render_ssh(spec: JobSpec, here: Here, environ: Mapping[str, str]) -> list[li
     job, died, or lost the connection) the launcher gets SIGTERM and stops its workers, so nothing
     is left running on a remote host. SSH without a terminal would not signal it at all.
     """
-    env = [(name, environ[name] if value is None else value) for name, value in spec.env
-           if value is not None or name in environ]
+    env = [
+        (name, environ[name] if value is None else value)
+        for name, value in spec.env
+        if value is not None or name in environ
+    ]
     commands = []
     for rank, host in enumerate(_require_hosts(spec)):
         line = _guarded(spec.workdir, _command_line(env, _launcher_argv(spec, rank, host)))
@@ -107,8 +109,12 @@ def render_sbatch(spec: JobSpec) -> str:
         tasks_per_node, cpus_per_task = nproc, (max(1, cpus // nproc) if cpus else None)
     else:
         tasks_per_node, cpus_per_task = 1, cpus or nproc
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.job_name}", f"#SBATCH --nodes={spec.nodes}",
-             f"#SBATCH --ntasks-per-node={tasks_per_node}"]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={spec.job_name}",
+        f"#SBATCH --nodes={spec.nodes}",
+        f"#SBATCH --ntasks-per-node={tasks_per_node}",
+    ]
     if cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
     if spec.gpus_per_node:
@@ -130,8 +136,7 @@ def render_sbatch(spec: JobSpec) -> str:
         ]
     else:
         lines += [
-            f"{SBATCH_MARKER}: one `shoal run` launcher per node starts {nproc} process"
-            f"{'es' if nproc != 1 else ''};",
+            f"{SBATCH_MARKER}: one `shoal run` launcher per node starts {nproc} process{'es' if nproc != 1 else ''};",
             "# the launchers meet in a c10d rendezvous served by the first node of the allocation.",
         ]
     lines += ["set -eu", ""]
@@ -150,8 +155,9 @@ def render_sbatch(spec: JobSpec) -> str:
         return "\n".join(lines) + "\n"
     lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)')
     if spec.master_port is None:
-        lines.append("port=$((15000 + SLURM_JOB_ID % 5000))  # as shoal derives it in srun steps: "
-                     "jobs sharing a node differ")
+        lines.append(
+            "port=$((15000 + SLURM_JOB_ID % 5000))  # as shoal derives it in srun steps: jobs sharing a node differ"
+        )
     else:
         lines.append(f"port={spec.master_port}")
     lines += ['echo "shoal: job $SLURM_JOB_ID, $SLURM_NNODES nodes, rendezvous $head_node:$port"', ""]
@@ -179,11 +185,27 @@ def _launcher_argv(spec: JobSpec, rank: int, host: Host) -> list[str]:
     """``shoal run`` for node ``rank`` of a host-list job."""
     argv = [*spec.shoal, "run", "--nnodes", str(len(spec.hosts))]
     if spec.rdzv == "static":
-        argv += ["--node-rank", str(rank), "--nproc", str(host.slots), "--master-addr", spec.main_address(),
-                 "--master-port", str(spec.port())]
+        argv += [
+            "--node-rank",
+            str(rank),
+            "--nproc",
+            str(host.slots),
+            "--master-addr",
+            spec.main_address(),
+            "--master-port",
+            str(spec.port()),
+        ]
     else:
-        argv += ["--nproc", str(host.slots), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{bracket(spec.main_address())}:{spec.port()}", "--rdzv-id", spec.job_name]
+        argv += [
+            "--nproc",
+            str(host.slots),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{bracket(spec.main_address())}:{spec.port()}",
+            "--rdzv-id",
+            spec.job_name,
+        ]
     if spec.max_restarts:
         argv += ["--max-restarts", str(spec.max_restarts)]
     return argv + spec.launcher_target()
@@ -203,9 +225,11 @@ def _guarded(workdir: str | None, command: str) -> str:
     is stopped then, so it cannot signal a later process that reuses the PID.
     """
     cd = f"cd {shlex.quote(workdir)} || exit 1; " if workdir else ""
-    return (f"{cd}exec 3<&0 </dev/null; {command} 3<&- & pid=$!; "
-            "{ cat <&3; kill -TERM $pid; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; "
-            "wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status")
+    return (
+        f"{cd}exec 3<&0 </dev/null; {command} 3<&- & pid=$!; "
+        "{ cat <&3; kill -TERM $pid; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; "
+        "wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status"
+    )
 
 
 def _continued(*groups: list[str], width: int = 100) -> str:
@@ -227,5 +251,3 @@ def _continued(*groups: list[str], width: int = 100) -> str:
                 current += " " + word
         lines.append(current)
     return " \\\n".join(lines)
-
-

@@ -129,8 +129,11 @@ class RendezvousPlan:
     def lines(self, prog: str, nproc: int, extra: str = "") -> list[str]:
         """Start-up lines: what this node waits for, and the network choices and why."""
         workers = f"{nproc} worker{'s' if nproc != 1 else ''}"
-        node = f"node {self.options.node_rank} of {self.max_nodes}" if self.backend == "static" else (
-            f"--nnodes {self.options.nnodes}")
+        node = (
+            f"node {self.options.node_rank} of {self.max_nodes}"
+            if self.backend == "static"
+            else (f"--nnodes {self.options.nnodes}")
+        )
         first = (
             f"{prog}: {workers} on this node ({node}), waiting for the {self.backend} rendezvous at "
             f"{self.endpoint} (join timeout {self.join_timeout:g} s){extra}"
@@ -177,39 +180,74 @@ def add_rendezvous_arguments(parser: argparse.ArgumentParser, *, max_restarts: b
         "Run the same command on every node (each with its own --node-rank for a static "
         "rendezvous). See docs/MULTINODE.md.",
     )
-    group.add_argument("--nnodes", default="1", metavar="N|MIN:MAX",
-                       help="number of nodes (MIN:MAX: elastic, with --rdzv-backend c10d)")
-    group.add_argument("--node-rank", type=int, default=0, metavar="R",
-                       help="this node's rank, 0..N-1 (static rendezvous; default 0)")
-    group.add_argument("--master-addr", metavar="ADDR",
-                       help="address of node rank 0, where the rendezvous store listens (static)")
-    group.add_argument("--master-port", type=int, metavar="PORT",
-                       help=f"port of the store on the master (static; default {STATIC_DEFAULT_PORT})")
-    group.add_argument("--rdzv-backend", default="static", choices=("static", "c10d"),
-                       help="rendezvous: static (fixed node ranks; default) or c10d (elastic)")
-    group.add_argument("--rdzv-endpoint", metavar="HOST[:PORT]",
-                       help=f"c10d store address (default port {C10D_DEFAULT_PORT}); the node that "
-                       "owns HOST hosts it")
-    group.add_argument("--rdzv-id", default=DEFAULT_RUN_ID, metavar="ID",
-                       help=f"job id, the same on every node (default {DEFAULT_RUN_ID})")
-    group.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S, metavar="S",
-                       help=f"fail when the nodes have not all arrived after S seconds "
-                       f"(default {DEFAULT_JOIN_TIMEOUT_S:g})")
+    group.add_argument(
+        "--nnodes",
+        default="1",
+        metavar="N|MIN:MAX",
+        help="number of nodes (MIN:MAX: elastic, with --rdzv-backend c10d)",
+    )
+    group.add_argument(
+        "--node-rank", type=int, default=0, metavar="R", help="this node's rank, 0..N-1 (static rendezvous; default 0)"
+    )
+    group.add_argument(
+        "--master-addr", metavar="ADDR", help="address of node rank 0, where the rendezvous store listens (static)"
+    )
+    group.add_argument(
+        "--master-port",
+        type=int,
+        metavar="PORT",
+        help=f"port of the store on the master (static; default {STATIC_DEFAULT_PORT})",
+    )
+    group.add_argument(
+        "--rdzv-backend",
+        default="static",
+        choices=("static", "c10d"),
+        help="rendezvous: static (fixed node ranks; default) or c10d (elastic)",
+    )
+    group.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST[:PORT]",
+        help=f"c10d store address (default port {C10D_DEFAULT_PORT}); the node that owns HOST hosts it",
+    )
+    group.add_argument(
+        "--rdzv-id",
+        default=DEFAULT_RUN_ID,
+        metavar="ID",
+        help=f"job id, the same on every node (default {DEFAULT_RUN_ID})",
+    )
+    group.add_argument(
+        "--join-timeout",
+        type=float,
+        default=DEFAULT_JOIN_TIMEOUT_S,
+        metavar="S",
+        help=f"fail when the nodes have not all arrived after S seconds (default {DEFAULT_JOIN_TIMEOUT_S:g})",
+    )
     if max_restarts:
-        group.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                           help="restart the workers of every node up to K times after a failure")
+        group.add_argument(
+            "--max-restarts",
+            type=int,
+            default=0,
+            metavar="K",
+            help="restart the workers of every node up to K times after a failure",
+        )
 
 
 def options_from_args(args: argparse.Namespace) -> RendezvousOptions | None:
     """The rendezvous asked for with :func:`add_rendezvous_arguments`' flags; None for one node."""
     opts = RendezvousOptions(
-        nnodes=str(args.nnodes), node_rank=args.node_rank, master_addr=args.master_addr,
-        master_port=args.master_port, backend=args.rdzv_backend, endpoint=args.rdzv_endpoint,
-        run_id=args.rdzv_id, join_timeout=args.join_timeout,
+        nnodes=str(args.nnodes),
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        backend=args.rdzv_backend,
+        endpoint=args.rdzv_endpoint,
+        run_id=args.rdzv_id,
+        join_timeout=args.join_timeout,
     )
     if opts.join_timeout <= 0:
-        raise ShoalError(f"--join-timeout must be positive, got {opts.join_timeout:g}",
-                         "pass seconds, e.g. --join-timeout 60")
+        raise ShoalError(
+            f"--join-timeout must be positive, got {opts.join_timeout:g}", "pass seconds, e.g. --join-timeout 60"
+        )
     if opts.min_max_nodes[1] == 1 and not (opts.master_addr or opts.master_port or opts.endpoint):
         return None
     return opts
@@ -222,8 +260,9 @@ def parse_conf(text: str | None) -> dict[str, str]:
         if item.strip():
             key, sep, value = item.partition("=")
             if not sep:
-                raise ShoalError(f"--rdzv-conf item {item!r} is not KEY=VALUE",
-                                 "write it as --rdzv-conf key1=value1,key2=value2")
+                raise ShoalError(
+                    f"--rdzv-conf item {item!r} is not KEY=VALUE", "write it as --rdzv-conf key1=value1,key2=value2"
+                )
             conf[key.strip()] = value.strip()
     return conf
 
@@ -332,11 +371,21 @@ def plan_rendezvous(
     if "SHOAL_INIT_TIMEOUT" not in environ:  # shoal.init()'s own join timeout, in the workers
         env["SHOAL_INIT_TIMEOUT"] = f"{opts.join_timeout:g}"
     return RendezvousPlan(
-        options=opts, backend=backend,
+        options=opts,
+        backend=backend,
         launch_backend={"c10d": C10D_BACKEND, "static": STATIC_BACKEND}.get(backend, backend),
-        host=host, port=port, min_nodes=min_nodes, max_nodes=max_nodes, route=route,
-        local_addr=local_addr, is_host=is_host, hosts_store=hosts_store, rdzv_configs=configs,
-        environ=env, user_ifnames=user_ifnames, warnings=warnings,
+        host=host,
+        port=port,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        route=route,
+        local_addr=local_addr,
+        is_host=is_host,
+        hosts_store=hosts_store,
+        rdzv_configs=configs,
+        environ=env,
+        user_ifnames=user_ifnames,
+        warnings=warnings,
     )
 
 
@@ -366,8 +415,9 @@ def check_store_port(plan: RendezvousPlan) -> None:
 
     if plan.hosts_store and plan.port:
         flag = "--master-port" if plan.backend == "static" else "the port in --rdzv-endpoint"
-        check_port_free(plan.port, hint=f"pick another {flag} that is free on this node, and give "
-                        "every node the same one")
+        check_port_free(
+            plan.port, hint=f"pick another {flag} that is free on this node, and give every node the same one"
+        )
 
 
 # --- shoal's rendezvous backends: torch's own, with arrivals counted and departures noticed -----
@@ -480,11 +530,14 @@ def _handler_base() -> type:
                 else:
                     closed = False
             except Exception as err:
-                raise NodeLeft(f"lost the rendezvous store at {self.endpoint} ({_first_line(err)}): "
-                               "the node hosting it stopped") from None
+                raise NodeLeft(
+                    f"lost the rendezvous store at {self.endpoint} ({_first_line(err)}): the node hosting it stopped"
+                ) from None
             if closed:
-                raise NodeLeft(f"another node ended the job (the rendezvous at {self.endpoint} "
-                               "was closed): its workers failed and could not be restarted")
+                raise NodeLeft(
+                    f"another node ended the job (the rendezvous at {self.endpoint} "
+                    "was closed): its workers failed and could not be restarted"
+                )
             return waiting
 
         def job_ended(self) -> bool:
@@ -529,8 +582,9 @@ def _create_c10d_handler(params: Any) -> Any:
                 return inner.next_rendezvous()
             except Exception as err:
                 if type(err).__name__ == "RendezvousClosedError":
-                    raise NodeLeft(f"the rendezvous at {params.endpoint} was closed: another node "
-                                   "ended the job") from err
+                    raise NodeLeft(
+                        f"the rendezvous at {params.endpoint} was closed: another node ended the job"
+                    ) from err
                 if type(err).__name__ == "RendezvousTimeoutError":
                     raise JoinFailed(err, _arrived(backend, inner), max_nodes) from err
                 raise
@@ -640,8 +694,9 @@ def explain_failure(err: BaseException, plan: RendezvousPlan) -> ShoalError:
             arrived, expected = int(match.group(1)), int(match.group(2))
     within = f"within {plan.join_timeout:g} s"
     where = f"the {plan.backend} rendezvous at {plan.endpoint}"
-    same = ("the same --nnodes, rendezvous address and port" +
-            (" (and each its own --node-rank)" if plan.backend == "static" else ""))
+    same = "the same --nnodes, rendezvous address and port" + (
+        " (and each its own --node-rank)" if plan.backend == "static" else ""
+    )
     if arrived is not None:
         need = f"{plan.min_nodes}" if plan.min_nodes != plan.max_nodes else f"{expected}"
         return ShoalError(
@@ -662,12 +717,16 @@ def explain_failure(err: BaseException, plan: RendezvousPlan) -> ShoalError:
     if status == "refused":
         what = f"nothing listens on port {plan.port} of {plan.host}"
         host_node = "node rank 0" if plan.backend == "static" else f"the node that owns {plan.host}"
-        hint = (f"start {host_node} (it hosts the store), give every node the same port, and check "
-                f"that {plan.host} is that node's address")
+        hint = (
+            f"start {host_node} (it hosts the store), give every node the same port, and check "
+            f"that {plan.host} is that node's address"
+        )
     elif status in ("timeout", "unreachable"):
         what = f"{plan.host} does not answer{from_here}"
-        hint = (f"check the rendezvous address ({plan.host} must be the master node's address on a "
-                f"network this node shares) and that no firewall blocks port {plan.port}")
+        hint = (
+            f"check the rendezvous address ({plan.host} must be the master node's address on a "
+            f"network this node shares) and that no firewall blocks port {plan.port}"
+        )
     else:
         what = detail or type(err).__name__
         hint = f"start every node with {same}, and check that {plan.endpoint} is reachable from here"

@@ -97,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_JOIN_TIMEOUT_S,
         metavar="S",
-        help="several nodes: fail when they have not all arrived after S seconds "
-        f"(default {DEFAULT_JOIN_TIMEOUT_S:g})",
+        help=f"several nodes: fail when they have not all arrived after S seconds (default {DEFAULT_JOIN_TIMEOUT_S:g})",
     )
     return parser
 
@@ -172,18 +171,14 @@ def _launch(args: argparse.Namespace, plan: _Plan, *, keep_logs: bool) -> int:
     if plan.max_nodes != 1:  # single node: announced once the port is known (at worker start)
         print(_startup_line(plan, args, env=None), file=sys.stderr, flush=True)
     cmd, cmd_args, shimmed = _wrap_in_shim(cmd, cmd_args)
-    recorder = _recording_logs_specs(
-        config.logs_specs, tee=shimmed, on_start=lambda env: _on_start(plan, args, env)
-    )
+    recorder = _recording_logs_specs(config.logs_specs, tee=shimmed, on_start=lambda env: _on_start(plan, args, env))
     config.logs_specs = recorder
     endpoint = config.rdzv_endpoint
     try:
         elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
     except ChildFailedError as err:
         _wait_for_tees(recorder.stderrs.values())
-        report = describe_child_failure(
-            err, args.log_dir, stderr_logs=recorder.stderrs, keep_logs=keep_logs
-        )
+        report = describe_child_failure(err, args.log_dir, stderr_logs=recorder.stderrs, keep_logs=keep_logs)
         print(report.format(), file=sys.stderr, flush=True)
         return report.exit_code
     except SignalException as err:
@@ -271,8 +266,7 @@ def _check_script(args: argparse.Namespace) -> None:
     if not os.path.exists(path):
         raise ShoalError(
             f"script not found: {path} (working directory: {os.getcwd()})",
-            "check the path; to run a module, use -m package.module; for a program that is "
-            "not Python, add --no-python",
+            "check the path; to run a module, use -m package.module; for a program that is not Python, add --no-python",
         )
 
 
@@ -293,10 +287,7 @@ def _choose_rendezvous(args: argparse.Namespace, max_nodes: int) -> bool:
     always right, so it becomes the default local address too.
     """
     if args.standalone or (
-        max_nodes == 1
-        and args.rdzv_backend == "static"
-        and not args.rdzv_endpoint
-        and args.master_port is None
+        max_nodes == 1 and args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
     ):
         args.standalone = False  # already applied here; torch's run() is not called
         args.rdzv_backend = "c10d"
@@ -310,9 +301,7 @@ def _choose_rendezvous(args: argparse.Namespace, max_nodes: int) -> bool:
     return False
 
 
-def _check_port(
-    args: argparse.Namespace, max_nodes: int, rendezvous: RendezvousPlan | None = None
-) -> None:
+def _check_port(args: argparse.Namespace, max_nodes: int, rendezvous: RendezvousPlan | None = None) -> None:
     """Fail fast if the port this node will serve the rendezvous store on is taken.
 
     The store is served here on a single node, on node rank 0 of a static rendezvous, and where a
@@ -362,14 +351,21 @@ def _plan_rendezvous(args: argparse.Namespace, max_nodes: int) -> RendezvousPlan
     ``--rdzv-conf`` keys); see :func:`shoal.launch.rendezvous.plan_rendezvous`.
     """
     if args.join_timeout <= 0:
-        raise ShoalError(f"--join-timeout must be positive, got {args.join_timeout:g}",
-                         "pass seconds, e.g. --join-timeout 60")
+        raise ShoalError(
+            f"--join-timeout must be positive, got {args.join_timeout:g}", "pass seconds, e.g. --join-timeout 60"
+        )
     if max_nodes == 1 or args.rdzv_backend not in ("static", "c10d"):
         return None
     opts = RendezvousOptions(
-        nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-        master_port=args.master_port, backend=args.rdzv_backend, endpoint=args.rdzv_endpoint or None,
-        run_id=args.rdzv_id, join_timeout=args.join_timeout, conf=parse_conf(args.rdzv_conf),
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        backend=args.rdzv_backend,
+        endpoint=args.rdzv_endpoint or None,
+        run_id=args.rdzv_id,
+        join_timeout=args.join_timeout,
+        conf=parse_conf(args.rdzv_conf),
         local_addr=args.local_addr,
     )
     plan = plan_rendezvous(opts, started=process_started())
@@ -496,9 +492,7 @@ def _launch_environ(extra: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _recording_logs_specs(
-    inner: Any, *, tee: bool, on_start: Callable[[dict[str, str]], None]
-) -> Any:
+def _recording_logs_specs(inner: Any, *, tee: bool, on_start: Callable[[dict[str, str]], None]) -> Any:
     """Wrap the launch's LogsSpecs: place each worker's stderr log and announce the start.
 
     The agent calls ``reify`` right before it starts (or restarts) the workers, with every worker's

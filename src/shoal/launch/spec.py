@@ -33,7 +33,12 @@ from shoal.errors import ShoalError
 
 RDZV_KINDS = ("static", "c10d")
 FORWARDED_ENV = (
-    "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "SHOAL_INIT_TIMEOUT",
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "OMP_NUM_THREADS",
+    "SHOAL_INIT_TIMEOUT",
     "SHOAL_TIMEOUT",
 )
 """Variables the launching shell passes on to every process when they are set there (mpirun -x NAME):
@@ -77,8 +82,7 @@ class Here:
 
     def is_local(self, host: str) -> bool:
         """True if ``host`` names this machine (its hostname, localhost or one of its addresses)."""
-        return (is_loopback(host) or host in (self.hostname, self.hostname.split(".")[0])
-                or host in self.local_hosts)
+        return is_loopback(host) or host in (self.hostname, self.hostname.split(".")[0]) or host in self.local_hosts
 
 
 def _is_own_address(name: str) -> bool:
@@ -143,17 +147,20 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
-            raise ShoalError("no command given", "put the command after --, e.g. `-- shoal train digits` or "
-                             "`-- train.py --lr 0.1`")
+            raise ShoalError(
+                "no command given", "put the command after --, e.g. `-- shoal train digits` or `-- train.py --lr 0.1`"
+            )
         for name, value in (("nodes", self.nodes), ("nproc per node", self.nproc_per_node)):
             if value < 1:
                 raise ShoalError(f"{name} must be at least 1, got {value}", f"give {name} of 1 or more")
         if self.gpus_per_node < 0:
-            raise ShoalError(f"GPUs per node must be 0 or more, got {self.gpus_per_node}",
-                             "give --gpus-per-node 0 or more")
+            raise ShoalError(
+                f"GPUs per node must be 0 or more, got {self.gpus_per_node}", "give --gpus-per-node 0 or more"
+            )
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
-            raise ShoalError(f"CPUs per node must be at least 1, got {self.cpus_per_node}",
-                             "give --cpus-per-node 1 or more")
+            raise ShoalError(
+                f"CPUs per node must be at least 1, got {self.cpus_per_node}", "give --cpus-per-node 1 or more"
+            )
         if self.np is not None and self.np < 1:
             raise ShoalError(f"-np must be at least 1, got {self.np}", "give -np 1 or more")
         if self.master_port is not None and not 0 < self.master_port < 65536:
@@ -163,16 +170,19 @@ class JobSpec:
         if self.max_restarts < 0:
             raise ShoalError(f"--max-restarts must be 0 or more, got {self.max_restarts}", "give 0 or more")
         if self.time_limit is not None and not _TIME.fullmatch(self.time_limit):
-            raise ShoalError(f"--time {self.time_limit!r} is not a Slurm time limit",
-                             "use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. --time 1:30:00")
+            raise ShoalError(
+                f"--time {self.time_limit!r} is not a Slurm time limit",
+                "use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. --time 1:30:00",
+            )
         for name, _ in self.env:
             if not _ENV_NAME.fullmatch(name):
                 raise ShoalError(f"--env {name!r} is not a variable name", "use --env NAME or --env NAME=VALUE")
         names = [h.name for h in self.hosts]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ShoalError(f"host listed twice: {', '.join(duplicates)}",
-                             "list each host once with all its slots, e.g. node1:4")
+            raise ShoalError(
+                f"host listed twice: {', '.join(duplicates)}", "list each host once with all its slots, e.g. node1:4"
+            )
         if len(self.hosts) > 1 and self.master_addr is None and is_loopback(self.hosts[0].name):
             raise ShoalError(
                 f"the first host is {self.hosts[0].name}, which the other hosts cannot reach",
@@ -314,8 +324,9 @@ def parse_env(items: list[str] | None) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
-def forwarded_env(environ: dict[str, str] | os._Environ, extra: tuple[tuple[str, str | None], ...] = ()
-                  ) -> tuple[tuple[str, str | None], ...]:
+def forwarded_env(
+    environ: dict[str, str] | os._Environ, extra: tuple[tuple[str, str | None], ...] = ()
+) -> tuple[tuple[str, str | None], ...]:
     """:data:`FORWARDED_ENV` names that are set in ``environ``, then ``extra`` (later wins)."""
     chosen: dict[str, str | None] = {name: None for name in FORWARDED_ENV if name in environ}
     for name, value in extra:

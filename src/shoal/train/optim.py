@@ -22,7 +22,9 @@ def scaled_lr(base_lr: float, scaling: str, world_size: int) -> float:
     return base_lr
 
 
-def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str, params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)

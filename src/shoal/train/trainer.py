@@ -92,15 +92,26 @@ class EpochTally:
         """Sum the per-rank loss sums onto rank 0 (collective), so rank 0's state is the total."""
         totals = all_reduce_sum(torch.stack([self.loss_sum, self.count]))
         keep = collectives.rank() == 0
-        self.loss_sum, self.count = (totals[0], totals[1]) if keep else (torch.zeros_like(totals[0]), torch.zeros_like(totals[1]))
+        self.loss_sum, self.count = (
+            (totals[0], totals[1]) if keep else (torch.zeros_like(totals[0]), torch.zeros_like(totals[1]))
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"loss_sum": self.loss_sum.cpu(), "count": self.count.cpu(), "samples": self.samples, "train_s": self.train_s}
+        return {
+            "loss_sum": self.loss_sum.cpu(),
+            "count": self.count.cpu(),
+            "samples": self.samples,
+            "train_s": self.train_s,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         rank0 = collectives.rank() == 0
-        self.loss_sum = state["loss_sum"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
-        self.count = state["count"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
+        self.loss_sum = (
+            state["loss_sum"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
+        )
+        self.count = (
+            state["count"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
+        )
         self.samples, self.train_s = int(state["samples"]), float(state["train_s"])
 
 
@@ -154,13 +165,21 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         model = ctx.wrap(model)
         register_comm_hook(model, cfg.comm_hook)  # no-op without DDP (one process)
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform)
-        test_loader = ctx.eval_loader(data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform)
+        test_loader = ctx.eval_loader(
+            data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform
+        )
         plan = _plan(cfg, ctx, len(train_loader))
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
         schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
         step = Step(model, optimizer, cfg.amp, ctx.device)
         tally = EpochTally(ctx.device)
-        state: dict[str, Any] = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader, "tally": tally}
+        state: dict[str, Any] = {
+            "model": model,
+            "optimizer": optimizer,
+            "scaler": step.scaler,
+            "loader": train_loader,
+            "tally": tally,
+        }
         per_rank = {"augment": _GeneratorState(data.generator)} if data.generator is not None else {}
         run = _Run(cfg, ctx, plan, outputs, checkpoints, state, per_rank)
         run.resume()
@@ -402,8 +421,11 @@ def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | 
     ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
     if cfg.comm_hook != "none":
         applied = isinstance(run.state["model"], DistributedDataParallel)
-        ctx.print(f"  comm hook {cfg.comm_hook}: gradients all-reduced in {_HOOK_DTYPES[cfg.comm_hook]}"
-                  if applied else f"  comm hook {cfg.comm_hook}: unused (no DDP in a single process)")
+        ctx.print(
+            f"  comm hook {cfg.comm_hook}: gradients all-reduced in {_HOOK_DTYPES[cfg.comm_hook]}"
+            if applied
+            else f"  comm hook {cfg.comm_hook}: unused (no DDP in a single process)"
+        )
     ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep})")
     if run.resumed_from is not None:
         where = "training" if not run.epoch_trained else "evaluation"

@@ -19,19 +19,30 @@ LAYOUT = "DIR/cifar-10-batches-py"
 class CIFAR10(Workload):
     name = "cifar10"
     summary = "CIFAR-10 32x32 colour images from --data DIR (DIR/cifar-10-batches-py); ResNet-18"
-    defaults = {"epochs": 30, "batch_size": 128, "lr": 0.1, "optimizer": "sgd", "weight_decay": 5e-4,
-                "warmup_epochs": 1.0}
+    defaults = {
+        "epochs": 30,
+        "batch_size": 128,
+        "lr": 0.1,
+        "optimizer": "sgd",
+        "weight_decay": 5e-4,
+        "warmup_epochs": 1.0,
+    }
 
     def prepare(self, cfg: WorkloadSettings) -> None:
         root = data_root(cfg, LAYOUT)
         missing = [name for name in FILES if not (root / BATCH_DIR / name).is_file()]
+
         def download() -> None:
             from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
 
             TorchvisionCIFAR10(str(root), train=True, download=True)
 
         check_or_download(
-            cfg, title="CIFAR-10", where=root / BATCH_DIR, missing=missing, download=download,
+            cfg,
+            title="CIFAR-10",
+            where=root / BATCH_DIR,
+            missing=missing,
+            download=download,
             put_hint="unpack cifar-10-python.tar.gz into DIR (giving DIR/cifar-10-batches-py)",
         )
 

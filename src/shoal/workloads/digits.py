@@ -37,9 +37,7 @@ class Digits(Workload):
         )
 
     def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:
-        return nn.Sequential(
-            nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, num_classes)
-        )
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +81,7 @@ def stratified_split(labels: np.ndarray, test_size: int, seed: int) -> tuple[np.
     per_class = np.floor(exact).astype(np.int64)
     per_class[np.argsort(per_class - exact, kind="stable")[: test_size - per_class.sum()]] += 1
     rng = np.random.default_rng(seed)
-    test = np.sort(np.concatenate([
-        rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, per_class)
-    ]))
+    test = np.sort(
+        np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, per_class)])
+    )
     return np.setdiff1d(np.arange(len(labels)), test), test

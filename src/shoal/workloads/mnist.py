@@ -37,6 +37,7 @@ class MNIST(Workload):
             for name in gz_present:
                 extract_archive(str(raw / f"{name}.gz"), str(raw))
             return
+
         def download() -> None:
             from torchvision.datasets import MNIST as TorchvisionMNIST
 
@@ -44,7 +45,11 @@ class MNIST(Workload):
             TorchvisionMNIST(str(root), train=False, download=True)
 
         check_or_download(
-            cfg, title="MNIST", where=raw, missing=missing, download=download,
+            cfg,
+            title="MNIST",
+            where=raw,
+            missing=missing,
+            download=download,
             put_hint="put the four MNIST files (optionally .gz) in DIR/MNIST/raw",
         )
 
@@ -65,9 +70,14 @@ class MNIST(Workload):
         # channels-last memory (the trainer's default for conv models) oneDNN runs it ~1.6x faster
         # on CPU than in NCHW; docs/BENCHMARKS.md ("Time to accuracy") has the numbers.
         return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 28 -> 14
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 14 -> 7
-            nn.Flatten(), nn.Linear(32 * 7 * 7, num_classes),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 28 -> 14
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 14 -> 7
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, num_classes),
         )
 
 

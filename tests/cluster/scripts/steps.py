@@ -44,8 +44,16 @@ for step in range(args.steps):
     time.sleep(0.2)
 dist.destroy_process_group()
 with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
-    json.dump({
-        "rank": rank, "world_size": world, "attempt": attempt, "sum": total,
-        "master_addr": os.environ["MASTER_ADDR"], "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-        "local_rank": int(os.environ["LOCAL_RANK"]), "group_rank": int(os.environ["GROUP_RANK"]),
-    }, f)
+    json.dump(
+        {
+            "rank": rank,
+            "world_size": world,
+            "attempt": attempt,
+            "sum": total,
+            "master_addr": os.environ["MASTER_ADDR"],
+            "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "local_rank": int(os.environ["LOCAL_RANK"]),
+            "group_rank": int(os.environ["GROUP_RANK"]),
+        },
+        f,
+    )

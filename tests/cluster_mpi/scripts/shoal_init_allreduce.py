@@ -18,11 +18,21 @@ total = torch.tensor([float(ctx.rank + 1)])
 dist.all_reduce(total)
 env = ctx.environment
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as f:
-    json.dump({
-        "scheme": env.scheme, "rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
-        "local_world_size": env.local_world_size, "node_rank": env.node_rank, "num_nodes": env.num_nodes,
-        "main_address": env.main_address, "sum": total.item(), "pid": os.getpid(),
-        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-    }, f)
+    json.dump(
+        {
+            "scheme": env.scheme,
+            "rank": env.rank,
+            "world_size": env.world_size,
+            "local_rank": env.local_rank,
+            "local_world_size": env.local_world_size,
+            "node_rank": env.node_rank,
+            "num_nodes": env.num_nodes,
+            "main_address": env.main_address,
+            "sum": total.item(),
+            "pid": os.getpid(),
+            "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        },
+        f,
+    )
 ctx.print(f"all_reduce over {ctx.world_size} ranks ({env.scheme}): {total.item()}")
 ctx.shutdown()

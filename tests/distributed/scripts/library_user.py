@@ -27,11 +27,13 @@ if ctx.world_size > 1:
 else:
     gathered = [seen]
 
+
 # Exact evaluation over 11 samples whose logits make exactly the even-indexed ones correct.
 class Lookup(nn.Module):
     def forward(self, x):
         correct = (x.view(-1) % 2 == 0).float()
         return torch.stack([correct, 1 - correct], dim=1) * 10
+
 
 test_set = TensorDataset(torch.arange(11, dtype=torch.float32).view(11, 1), torch.zeros(11, dtype=torch.long))
 scores = ctx.evaluate(ctx.wrap(nn.Sequential(Lookup())), ctx.eval_loader(test_set, batch_size=2))
@@ -42,9 +44,17 @@ ctx.barrier()
 ctx.print("hello from the main process")
 if ctx.is_main:
     with open(out_path, "w") as f:
-        json.dump({
-            "world_size": ctx.world_size, "scheme": ctx.environment.scheme, "seen": gathered,
-            "scores": scores, "mean": mean, "wrapped": type(model).__name__,
-            "clean_keys": sorted(shoal.model_state_dict(model)), "threads": torch.get_num_threads(),
-        }, f)
+        json.dump(
+            {
+                "world_size": ctx.world_size,
+                "scheme": ctx.environment.scheme,
+                "seen": gathered,
+                "scores": scores,
+                "mean": mean,
+                "wrapped": type(model).__name__,
+                "clean_keys": sorted(shoal.model_state_dict(model)),
+                "threads": torch.get_num_threads(),
+            },
+            f,
+        )
 ctx.shutdown()
