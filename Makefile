@@ -22,6 +22,8 @@ demo: $(STAMP)
 ## The whole test suite (CPU, real multi-process runs over gloo).
 test: $(STAMP)
 	bash scripts/install-system-deps.sh
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
 	$(BIN)/python -m pytest
 
 clean:

@@ -62,9 +62,14 @@ def build_model():
     # The same layers as shoal's mnist workload (src/shoal/workloads/mnist.py).
     num_classes = 10
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 28 -> 14
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 14 -> 7
-        nn.Flatten(), nn.Linear(32 * 7 * 7, num_classes),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 28 -> 14
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 14 -> 7
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, num_classes),
     )
 
 
@@ -117,8 +122,13 @@ def main():
     if args.limit is not None:
         train_set = Subset(train_set, range(min(args.limit, len(train_set))))
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                              num_workers=args.num_workers, pin_memory=device.type == "cuda")
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.num_workers,
+        pin_memory=device.type == "cuda",
+    )
     test_loader = None
     if rank == 0:
         test_set = datasets.MNIST(args.data, train=False, transform=transform, download=False)
@@ -154,8 +164,11 @@ def main():
             accuracy = evaluate(model, test_loader, device)  # the unwrapped model: no collectives
             elapsed = time.time() - START
             history.append({"epoch": epoch + 1, "test_acc": accuracy, "train_s": train_s, "elapsed": elapsed})
-            print(f"epoch {epoch + 1}/{args.epochs}  test_acc {accuracy:.4f}  train_s {train_s:.1f}  "
-                  f"elapsed {elapsed:.1f}", flush=True)
+            print(
+                f"epoch {epoch + 1}/{args.epochs}  test_acc {accuracy:.4f}  train_s {train_s:.1f}  "
+                f"elapsed {elapsed:.1f}",
+                flush=True,
+            )
             if time_to_target is None and accuracy >= args.target:
                 time_to_target, target_epoch = elapsed, epoch + 1
         if distributed:
