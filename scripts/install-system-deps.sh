@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages the cluster tests use: Open MPI (mpirun), Slurm (slurmctld, slurmd, srun, sbatch)
-# with munge, and iproute2 (`ip`, for the network-namespace "nodes").
+# with munge, iproute2 (`ip`, for the network-namespace "nodes"), OpenSSH's server and client (real
+# SSH between namespace "pods") and nftables (a firewall rule inside a namespace, for shoal doctor).
 #
 # Idempotent and fast when everything is there: apt-get runs only for what is missing. Without root
 # or without apt-get it says what it skips and exits 0; the tests that need those programs then skip
@@ -25,12 +26,16 @@ declare -A PACKAGE_OF=(
     [scontrol]=slurm-client
     [munged]=munge
     [ip]=iproute2
+    [sshd]=openssh-server
+    [ssh]=openssh-client
+    [ssh-keygen]=openssh-client
+    [nft]=nftables
 )
 
 have() { command -v "$1" >/dev/null 2>&1 || [[ -x "/usr/sbin/$1" || -x "/sbin/$1" ]]; }
 
 missing=()
-for program in mpirun slurmctld slurmd srun sbatch scontrol munged ip; do
+for program in mpirun slurmctld slurmd srun sbatch scontrol munged ip sshd ssh ssh-keygen nft; do
     if ! have "$program"; then
         package=${PACKAGE_OF[$program]}
         [[ " ${missing[*]-} " == *" $package "* ]] || missing+=("$package")
@@ -38,7 +43,7 @@ for program in mpirun slurmctld slurmd srun sbatch scontrol munged ip; do
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "install-system-deps: Open MPI, Slurm, munge and iproute2 already installed"
+    echo "install-system-deps: Open MPI, Slurm, munge, iproute2, OpenSSH and nftables already installed"
     exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then
