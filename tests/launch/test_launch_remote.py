@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED
-from shoal.launch import remote
+from shoal.launch.remote import processes as remote
 
 
 def _sh(script: str) -> list[str]:

@@ -15,14 +15,25 @@ import argparse
 import os
 import shlex
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
 from shoal.cli import launch as launch_cli
+from shoal.cli.launch.common import write_rendered
 from shoal.errors import ShoalError
 from shoal.launch.render import SBATCH_MARKER, render_manual, render_mpirun, render_sbatch, render_ssh
-from shoal.launch.spec import Here, Host, JobSpec, forwarded_env, parse_env, parse_hosts, read_hostfile
+from shoal.launch.spec import (
+    Here,
+    Host,
+    JobSpec,
+    forwarded_env,
+    interpreter_first,
+    parse_env,
+    parse_hosts,
+    read_hostfile,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 TRAIN = ("shoal", "train", "digits", "--epochs", "1")
@@ -283,6 +294,16 @@ def test_env_forwarding():
     )
 
 
+def test_the_interpreter_running_shoal_leads_the_forwarded_path():
+    env = forwarded_env({"PATH": "/usr/bin:/opt/venv/bin"}, (("A", "1"),))
+    assert interpreter_first(env, {"PATH": "/usr/bin:/opt/venv/bin"}, "/opt/venv/bin/python") == (
+        ("A", "1"),
+        ("PATH", "/opt/venv/bin:/usr/bin"),
+    )
+    explicit = (("PATH", "/mine"),)
+    assert interpreter_first(explicit, {"PATH": "/usr/bin"}, "/opt/venv/bin/python") == explicit
+
+
 def test_here_knows_its_own_addresses():
     here = Here.detect((Host("127.0.0.1", 1), Host("198.51.100.77", 1), Host("node9", 1)))
     assert here.is_local("127.0.0.1") and here.is_local("localhost") and here.is_local(here.hostname)
@@ -303,6 +324,13 @@ def test_cli_hosts_dry_run_via_mpirun(capsys):
     assert argv[:5] == ["mpirun", "-np", "4", "-H", "node1:2,node2:2"]
     assert argv[-5:] == list(TRAIN) and "MASTER_ADDR=node1" in argv
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
+    # Each rank reports its status through this interpreter (shoal launch tells the cause from the
+    # ranks stopped because of it), and mpirun lets shoal decide when to stop the job.
+    assert argv[-9:-5] == [sys.executable, "-m", "shoal.launch.remote.rank_status", "--"]
+    assert "orte_abort_on_non_zero_status" in argv
+    # The interpreter's directory leads the PATH every rank gets, even without an activated venv.
+    path = next(a for a in argv if a.startswith("PATH="))
+    assert path.split("=", 1)[1].split(os.pathsep)[0] == os.path.dirname(sys.executable)
 
 
 def test_cli_hosts_dry_run_via_ssh(capsys):
@@ -324,7 +352,9 @@ def test_cli_mpirun_and_manual(capsys):
     out = _dry(capsys, "mpirun", "-np", "2", "--master-port", "23456", "--dry-run", "--", "train.py")
     argv = shlex.split(out)
     assert argv[:3] == ["mpirun", "-np", "2"] and "MASTER_ADDR=127.0.0.1" in argv and "MASTER_PORT=23456" in argv
-    assert argv[-2:] == ["python", "train.py"]
+    assert argv[-2:] == [sys.executable, "train.py"]  # the interpreter running shoal, not PATH's python
+    out = _dry(capsys, "mpirun", "-np", "2", "--python", "python3", "--dry-run", "--", "train.py")
+    assert shlex.split(out)[-2:] == ["python3", "train.py"]
     out = _dry(capsys, "manual", "--hosts", "a:2,b:1", "--", "shoal", "train")
     assert out.splitlines() == [
         "# on a (node 0 of 2):",
@@ -393,10 +423,10 @@ def test_sbatch_script_never_overwrites_a_foreign_file(tmp_path):
     path = tmp_path / "job.sbatch"
     path.write_text("#!/bin/bash\necho mine\n")
     with pytest.raises(ShoalError, match="exists and was not written by shoal"):
-        launch_cli._write_script(str(path), "new", SBATCH_MARKER)
+        write_rendered(str(path), "new", SBATCH_MARKER, what="shoal launch slurm", mode=0o755)
     assert path.read_text() == "#!/bin/bash\necho mine\n"
     path.write_text(f"#!/bin/bash\n{SBATCH_MARKER}: old\n")
-    launch_cli._write_script(str(path), f"{SBATCH_MARKER}: new\n", SBATCH_MARKER)
+    write_rendered(str(path), f"{SBATCH_MARKER}: new\n", SBATCH_MARKER, what="shoal launch slurm", mode=0o755)
     assert path.read_text().endswith("new\n") and path.stat().st_mode & stat.S_IXUSR
 
 
@@ -406,5 +436,5 @@ def test_register_on_a_fresh_parser(capsys):
     launch_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["launch", "--hosts", "n1:1,n2:1", "--via", "mpirun", "--dry-run", "--", "x.py", "-h"])
     assert args.func(args) == 0
-    assert shlex.split(capsys.readouterr().out)[-3:] == ["python", "x.py", "-h"]
+    assert shlex.split(capsys.readouterr().out)[-3:] == [sys.executable, "x.py", "-h"]
     assert "launch" in parser.format_help()

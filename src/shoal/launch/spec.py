@@ -24,12 +24,14 @@ import os
 import re
 import shlex
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.env.host import usable_cores
 from shoal.env.network import bracket, is_local_address, is_loopback
 from shoal.errors import ShoalError
+from shoal.launch.k8s_spec import PodOptions, check_devices
 
 RDZV_KINDS = ("static", "c10d")
 FORWARDED_ENV = (
@@ -107,11 +109,11 @@ class JobSpec:
     np: int | None = None
     """Processes for mpirun (``-np``); default: the hosts' slots added up."""
     nodes: int = 1
-    """Slurm nodes to allocate (sbatch)."""
-    nproc_per_node: int = 1
-    """Processes per Slurm node (one per GPU, typically)."""
+    """Nodes to allocate (sbatch), or pods (Kubernetes: PyTorchJob and TrainJob pods, MPIJob workers)."""
+    nproc_per_node: int | str = 1
+    """Processes per node or pod (one per GPU, typically); ``auto``: one per GPU, or one on CPU."""
     gpus_per_node: int = 0
-    """GPUs to allocate on every Slurm node (0: none requested)."""
+    """GPUs to allocate on every node or pod (0: none requested)."""
     cpus_per_node: int | None = None
     """CPU cores to allocate on every Slurm node; default one per process."""
     master_addr: str | None = None
@@ -144,15 +146,21 @@ class JobSpec:
     """The interpreter that runs ``SCRIPT.py`` and ``-m MODULE`` commands under mpirun and srun."""
     rsh: str | None = None
     """Program that reaches another host (mpirun's ``plm_rsh_agent``; SSH launches); default ssh."""
+    pods: PodOptions | None = None
+    """Kubernetes, Run:ai and image settings (:mod:`shoal.launch.k8s_spec`); None for other launchers."""
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
             raise ShoalError(
                 "no command given", "put the command after --, e.g. `-- shoal train digits` or `-- train.py --lr 0.1`"
             )
-        for name, value in (("nodes", self.nodes), ("nproc per node", self.nproc_per_node)):
-            if value < 1:
-                raise ShoalError(f"{name} must be at least 1, got {value}", f"give {name} of 1 or more")
+        if self.nproc_per_node != "auto" and not (isinstance(self.nproc_per_node, int) and self.nproc_per_node >= 1):
+            raise ShoalError(
+                f"nproc per node must be a whole number of at least 1 or auto, got {self.nproc_per_node!r}",
+                "give --nproc-per-node 1 or more, or auto",
+            )
+        if self.nodes < 1:
+            raise ShoalError(f"nodes must be at least 1, got {self.nodes}", "give nodes of 1 or more")
         if self.gpus_per_node < 0:
             raise ShoalError(
                 f"GPUs per node must be 0 or more, got {self.gpus_per_node}", "give --gpus-per-node 0 or more"
@@ -188,6 +196,14 @@ class JobSpec:
                 f"the first host is {self.hosts[0].name}, which the other hosts cannot reach",
                 "name the first host by an address or name the other hosts can reach, or give --master-addr",
             )
+        if self.pods is not None:
+            check_devices(self.command, self.gpus_per_node)
+            if self.pods.elastic is not None and not self.pods.elastic[0] <= self.nodes <= self.pods.elastic[1]:
+                low, high = self.pods.elastic
+                raise ShoalError(
+                    f"--nodes {self.nodes} is outside --elastic {low}:{high}",
+                    f"give --nodes between {low} and {high} (the pods started at first)",
+                )
 
     # ---- derived quantities the renderers share ----
 
@@ -196,13 +212,20 @@ class JobSpec:
         return sum(h.slots for h in self.hosts)
 
     @property
+    def nproc(self) -> int:
+        """Processes per node or pod, ``auto`` resolved as shoal does: one per GPU, or one on CPU."""
+        if self.nproc_per_node == "auto":
+            return max(1, self.gpus_per_node)
+        return int(self.nproc_per_node)
+
+    @property
     def world_size(self) -> int:
-        """Processes in the job: mpirun's -np, else the slots, else Slurm nodes x processes."""
+        """Processes in the job: mpirun's -np, else the slots, else nodes x processes per node."""
         if self.np is not None:
             return self.np
         if self.hosts:
             return self.total_slots
-        return self.nodes * self.nproc_per_node
+        return self.nodes * self.nproc
 
     def main_address(self) -> str:
         """The rendezvous host: ``master_addr``, else the first host, else 127.0.0.1."""
@@ -333,6 +356,23 @@ def forwarded_env(
         chosen.pop(name, None)
         chosen[name] = value
     return tuple(chosen.items())
+
+
+def interpreter_first(
+    env: tuple[tuple[str, str | None], ...], environ: Mapping[str, str], python: str
+) -> tuple[tuple[str, str | None], ...]:
+    """``env`` with PATH set to ``python``'s directory followed by this shell's PATH.
+
+    A virtual environment's ``bin/shoal`` run without activating the environment would otherwise
+    hand every process a PATH on which ``python`` and ``shoal`` are the system's (no torch there).
+    A PATH given explicitly (``--env PATH=...``) is left alone.
+    """
+    if any(name == "PATH" and value is not None for name, value in env):
+        return env
+    directory = os.path.dirname(os.path.abspath(python))
+    parts = [p for p in environ.get("PATH", "").split(os.pathsep) if p and p != directory]
+    path = os.pathsep.join([directory, *parts])
+    return (*((n, v) for n, v in env if n != "PATH"), ("PATH", path))
 
 
 def shell_join(argv: list[str] | tuple[str, ...]) -> str:

@@ -1,15 +1,9 @@
-"""Pure renderers: one :class:`~shoal.launch.spec.JobSpec` in, a launcher's command or script out.
+"""Renderers for a list of hosts: ``mpirun`` starting every process, or one ``shoal run`` per host.
 
 - :func:`render_mpirun`: Open MPI's ``mpirun`` starting every process (each runs the command and
   finds its rank in ``OMPI_COMM_WORLD_*``);
-- :func:`render_sbatch`: an sbatch script, one ``shoal run`` launcher per node meeting in a c10d
-  rendezvous on the allocation's first node, or ``srun`` starting every process;
 - :func:`render_manual`: the ``shoal run`` line to type on each node for a by-hand launch;
 - :func:`render_ssh`: those lines wrapped to be started over SSH from one node.
-
-No function here reads the environment, the clock or the file system: what they depend on is in
-their arguments, so ``--dry-run`` shows exactly what runs and golden files pin it
-(``tests/launch/golden/``).
 """
 
 from __future__ import annotations
@@ -25,25 +19,32 @@ from shoal.launch.spec import Here, Host, JobSpec
 # one host's slots before the next, and the TCP byte-transfer layer without InfiniBand's verbs
 # (openib), which torch does not use and which warns or fails on machines without it.
 MPIRUN_FLAGS = ("-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib")
-_SHELL_WORDS = frozenset({'"$SLURM_NNODES"', '"$head_node:$port"', '"$SLURM_JOB_ID"'})
-"""Words of the sbatch launcher line the shell expands (left unquoted)."""
-SBATCH_MARKER = "# Rendered by `shoal launch slurm`"
-"""First comment line of every rendered sbatch script (shoal overwrites only files that have it)."""
 
 
-def render_mpirun(spec: JobSpec, here: Here) -> list[str]:
+RANK_STATUS_MODULE = "shoal.launch.remote.rank_status"
+"""The wrapper that reports each rank's exit status to ``shoal launch`` (see :func:`render_mpirun`)."""
+
+
+def render_mpirun(spec: JobSpec, here: Here, *, hosts_from_env: bool = False, report_status: bool = False) -> list[str]:
     """The ``mpirun`` argv that starts ``spec.world_size`` processes running ``spec.command``.
 
     ``-x MASTER_ADDR=... -x MASTER_PORT=...`` tell every rank where rank 0's rendezvous is (Open
     MPI exports no address); ``-x PATH`` and the other forwarded variables make remote ranks find
     the same programs. ``--allow-run-as-root`` when launching as root; ``--oversubscribe`` when
     there are more processes than slots, or more slots on this machine than it has cores.
+
+    ``hosts_from_env``: ``spec.hosts`` are only counted, not written: mpirun reads them from the
+    hostfile named by ``OMPI_MCA_orte_default_hostfile`` (the MPI operator sets it on the launcher).
+    ``report_status``: every rank runs under :mod:`shoal.launch.remote.rank_status`, which prints its exit
+    status for ``shoal launch`` to collect, and mpirun lets the others run on after a rank fails
+    (``orte_abort_on_non_zero_status 0``), so that ``shoal launch`` can tell the rank with the cause
+    from ranks stopped because of it, then stop the job itself.
     """
     np = spec.world_size
     argv = ["mpirun", "-np", str(np)]
-    if spec.hostfile:
+    if spec.hostfile and not hosts_from_env:
         argv += ["--hostfile", spec.hostfile]
-    elif spec.hosts:
+    elif spec.hosts and not hosts_from_env:
         argv += ["-H", ",".join(str(h) for h in spec.hosts)]
     if here.is_root:
         argv.append("--allow-run-as-root")
@@ -53,9 +54,13 @@ def render_mpirun(spec: JobSpec, here: Here) -> list[str]:
     argv += MPIRUN_FLAGS
     if spec.rsh:
         argv += ["-mca", "plm_rsh_agent", spec.rsh]
+    if report_status:
+        argv += ["-mca", "orte_abort_on_non_zero_status", "0"]
     argv += ["-x", f"MASTER_ADDR={spec.main_address()}", "-x", f"MASTER_PORT={spec.port()}"]
     for name, value in spec.env:
         argv += ["-x", name if value is None else f"{name}={value}"]
+    if report_status:
+        return [*argv, spec.python, "-m", RANK_STATUS_MODULE, "--", *spec.process_argv()]
     return argv + spec.process_argv()
 
 
@@ -92,82 +97,6 @@ def render_ssh(spec: JobSpec, here: Here, environ: Mapping[str, str]) -> list[li
             rsh = shlex.split(spec.rsh) if spec.rsh else ["ssh", "-o", "BatchMode=yes"]
             commands.append([*rsh, host.name, line])
     return commands
-
-
-def render_sbatch(spec: JobSpec) -> str:
-    """An sbatch script for ``spec.nodes`` nodes with ``spec.nproc_per_node`` processes each.
-
-    Default: ``srun --ntasks-per-node=1`` starts one ``shoal run`` launcher per node; they meet in a
-    c10d rendezvous on the allocation's first node (``scontrol show hostnames``), which serves the
-    store, and each starts its processes. Each launcher is given ``--cpus-per-task`` for all its
-    processes (Slurm would otherwise allot it one core). ``one_task_per_process``: srun starts
-    every process as a task of its own; ``shoal.init()`` reads rank, world size and the first node
-    from Slurm's variables.
-    """
-    nproc, cpus = spec.nproc_per_node, spec.cpus_per_node
-    if spec.one_task_per_process:
-        tasks_per_node, cpus_per_task = nproc, (max(1, cpus // nproc) if cpus else None)
-    else:
-        tasks_per_node, cpus_per_task = 1, cpus or nproc
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={spec.job_name}",
-        f"#SBATCH --nodes={spec.nodes}",
-        f"#SBATCH --ntasks-per-node={tasks_per_node}",
-    ]
-    if cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
-    if spec.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
-    if spec.partition:
-        lines.append(f"#SBATCH --partition={spec.partition}")
-    if spec.time_limit:
-        lines.append(f"#SBATCH --time={spec.time_limit}")
-    lines.append(f"#SBATCH --output={spec.output}")
-    if spec.error:
-        lines.append(f"#SBATCH --error={spec.error}")
-    if spec.workdir:
-        lines.append(f"#SBATCH --chdir={spec.workdir}")
-    world = spec.nodes * nproc
-    if spec.one_task_per_process:
-        lines += [
-            f"{SBATCH_MARKER} --one-task-per-process: srun starts all {world} processes;",
-            "# each finds its rank, the world size and the rendezvous (the first node) in Slurm's variables.",
-        ]
-    else:
-        lines += [
-            f"{SBATCH_MARKER}: one `shoal run` launcher per node starts {nproc} process{'es' if nproc != 1 else ''};",
-            "# the launchers meet in a c10d rendezvous served by the first node of the allocation.",
-        ]
-    lines += ["set -eu", ""]
-    env = [(name, value) for name, value in spec.env if value is not None]  # the rest: sbatch exports
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in env]
-    if env:
-        lines.append("")
-    srun = ["srun"]
-    if spec.one_task_per_process:
-        if spec.master_port is not None:
-            lines += [f"export MASTER_PORT={spec.master_port}", ""]
-        if cpus_per_task:  # srun does not take it from sbatch since Slurm 22.05
-            srun.append(f"--cpus-per-task={cpus_per_task}")
-        srun.append("--kill-on-bad-exit=1")
-        lines.append(_continued(srun, spec.process_argv()))
-        return "\n".join(lines) + "\n"
-    lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)')
-    if spec.master_port is None:
-        lines.append(
-            "port=$((15000 + SLURM_JOB_ID % 5000))  # as shoal derives it in srun steps: jobs sharing a node differ"
-        )
-    else:
-        lines.append(f"port={spec.master_port}")
-    lines += ['echo "shoal: job $SLURM_JOB_ID, $SLURM_NNODES nodes, rendezvous $head_node:$port"', ""]
-    srun += ["--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}", "--kill-on-bad-exit=1"]
-    launcher = [*spec.shoal, "run", "--nnodes", '"$SLURM_NNODES"', "--nproc", str(nproc)]
-    if spec.max_restarts:
-        launcher += ["--max-restarts", str(spec.max_restarts)]
-    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", '"$head_node:$port"', "--rdzv-id", '"$SLURM_JOB_ID"']
-    lines.append(_continued(srun, launcher, rendezvous, spec.launcher_target()))
-    return "\n".join(lines) + "\n"
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -230,24 +159,3 @@ def _guarded(workdir: str | None, command: str) -> str:
         "{ cat <&3; kill -TERM $pid; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; "
         "wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status"
     )
-
-
-def _continued(*groups: list[str], width: int = 100) -> str:
-    """One shell command: each group of words starts a line (``\\``-continued), long ones wrap.
-
-    Words are quoted for the shell except those in :data:`_SHELL_WORDS`, which it must expand.
-    """
-    lines: list[str] = []
-    for group in groups:
-        if not group:
-            continue
-        words = [word if word in _SHELL_WORDS else shlex.quote(word) for word in group]
-        current = ("    " if lines else "") + words[0]
-        for word in words[1:]:
-            if len(current) + 1 + len(word) > width - 2:
-                lines.append(current)
-                current = "    " + word
-            else:
-                current += " " + word
-        lines.append(current)
-    return " \\\n".join(lines)

@@ -1,4 +1,4 @@
-"""Run what :mod:`shoal.launch.render` rendered: mpirun, per-host launchers over SSH, sbatch.
+"""Run what :mod:`shoal.launch.render` rendered: mpirun, per-host launchers over SSH, sbatch, kubectl.
 
 The processes started here write straight to this terminal. They run in sessions of their own, so
 a Ctrl-C reaches shoal first, which then stops them in order: mpirun gets SIGTERM (it stops every
@@ -8,26 +8,36 @@ its workers. Whatever still runs after a grace period is killed. When one host's
 the others are stopped the same way and shoal exits with the failed one's status. A host whose
 workers were stopped only because another node's failed (:data:`EXIT_ANOTHER_NODE_FAILED`) can end
 first when the failing host is further away: its status is reported only if no other host fails
-within :data:`SETTLE_S`.
+within :data:`SETTLE_S`. Under mpirun the same holds for ranks: each rank's exit status comes back
+through :mod:`shoal.launch.remote.rank_status` (see :func:`run_mpirun`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
+from shoal.launch.remote.rank_status import STATUS_MARKER
 
 GRACE_S = 20.0
 """How long stopped launchers get to stop their workers before they are killed."""
 SETTLE_S = 10.0
 """How long the hosts that only saw another node fail wait for the host with the cause to exit."""
+MPIRUN_HINT = "install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin), use --via ssh, or add --dry-run to print the command"
+SSH_HINT = (
+    "install an SSH client (Debian/Ubuntu: apt-get install openssh-client), give --rsh PROGRAM, or use --via mpirun"
+)
+KUBECTL_TIMEOUT_S = 90.0
+_STATUS_LINE = re.compile(re.escape(STATUS_MARKER) + r" rank=(\d+) status=(\d+)")
 
 
 class _Stop(Exception):
@@ -59,21 +69,79 @@ def require_program(name: str, hint: str) -> str:
     return path
 
 
-def run_mpirun(argv: Sequence[str]) -> int:
-    """Run an ``mpirun`` command line; return its exit status (128+N if stopped by signal N)."""
-    require_program(
-        argv[0],
-        "install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin), use --via ssh, "
-        "or add --dry-run to print the command",
-    )
-    proc = subprocess.Popen(list(argv), start_new_session=True)
+def run_mpirun(argv: Sequence[str], ranks: Sequence[str] | None = None) -> int:
+    """Run an ``mpirun`` command line; return its exit status (128+N if stopped by signal N).
+
+    ``ranks`` (the host of each rank) when ``argv`` runs every rank under
+    :mod:`shoal.launch.remote.rank_status` with mpirun's abort on failure turned off (``render_mpirun(...,
+    report_status=True)``): the ranks' status lines are taken out of mpirun's stderr, and the first
+    rank that fails for a cause of its own is reported and returned, as :func:`run_launchers` does for
+    hosts; ranks that only saw another fail (status 75) are reported only if no cause shows within
+    :data:`SETTLE_S`. Then mpirun is stopped, which stops every rank.
+    """
+    require_program(argv[0], MPIRUN_HINT)
+    if ranks is None:
+        proc = subprocess.Popen(list(argv), start_new_session=True)
+        try:
+            with _signals_raise():
+                return _status(proc.wait())
+        except _Stop as stop:
+            print(f"shoal launch: stopping mpirun ({signal.Signals(stop.signum).name})", file=sys.stderr, flush=True)
+            _stop([proc], by_stdin=False)
+            return 128 + stop.signum
+    proc = subprocess.Popen(list(argv), stderr=subprocess.PIPE, start_new_session=True)
+    statuses: dict[int, int] = {}
+    reader = threading.Thread(target=_relay_stderr, args=(proc, statuses), daemon=True)
+    reader.start()
     try:
         with _signals_raise():
-            return _status(proc.wait())
+            settle_until = None
+            while True:
+                done = proc.poll() is not None
+                if done:
+                    reader.join(timeout=5)
+                failed = [(rank, status) for rank, status in dict(statuses).items() if status != 0]
+                causes = [(rank, status) for rank, status in failed if status != EXIT_ANOTHER_NODE_FAILED]
+                if failed and not causes and not done:
+                    settle_until = settle_until or time.monotonic() + SETTLE_S
+                    if time.monotonic() < settle_until:
+                        time.sleep(0.1)
+                        continue
+                if failed:
+                    rank, status = (causes or failed)[0]
+                    host = f" on {ranks[rank]}" if rank < len(ranks) else ""
+                    why = "" if causes else " (stopped because another rank failed; none reported a cause)"
+                    rest = "; stopping the other ranks" if not done else ""
+                    print(
+                        f"shoal launch: rank {rank}{host} exited with status {status}{why}{rest}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    _stop([proc], by_stdin=False)
+                    return status
+                if done:
+                    return _status(proc.returncode)
+                time.sleep(0.1)
     except _Stop as stop:
         print(f"shoal launch: stopping mpirun ({signal.Signals(stop.signum).name})", file=sys.stderr, flush=True)
         _stop([proc], by_stdin=False)
         return 128 + stop.signum
+
+
+def _relay_stderr(proc: subprocess.Popen, statuses: dict[int, int]) -> None:
+    """Copy mpirun's stderr to ours, except the ranks' status lines, which go into ``statuses``."""
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        line = raw.decode(errors="replace")
+        match = _STATUS_LINE.search(line)
+        if match is None:
+            sys.stderr.write(line)
+        else:
+            before = line[: match.start()]
+            if before.strip():
+                sys.stderr.write(before.rstrip("\n") + "\n")
+            statuses.setdefault(int(match.group(1)), int(match.group(2)))
+        sys.stderr.flush()
 
 
 def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> int:
@@ -82,11 +150,7 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
     Returns 0 when all succeeded, else the status of the first that failed (128+N for signal N).
     """
     for program in dict.fromkeys(cmd[0] for cmd in commands):
-        require_program(
-            program,
-            "install an SSH client (Debian/Ubuntu: apt-get install openssh-client), "
-            "give --rsh PROGRAM, or use --via mpirun",
-        )
+        require_program(program, SSH_HINT)
     procs: list[subprocess.Popen] = []
     try:
         with _signals_raise():
@@ -136,6 +200,44 @@ def submit_sbatch(script_path: str) -> str:
             exit_code=1,
         )
     return proc.stdout.strip().split(";")[0]
+
+
+def kubectl_apply(manifest: str, what: str) -> str:
+    """``kubectl apply -f -`` with ``manifest``; kubectl's summary line, or ShoalError naming why it failed."""
+    kubectl = require_program("kubectl", "install kubectl, or add --dry-run to print the YAML")
+    try:
+        proc = subprocess.run(
+            [kubectl, "apply", "--request-timeout=30s", "-f", "-"],
+            input=manifest,
+            capture_output=True,
+            text=True,
+            timeout=KUBECTL_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise ShoalError(
+            f"kubectl apply of {what} did not finish within {KUBECTL_TIMEOUT_S:g} s",
+            "check that the cluster answers (`kubectl cluster-info`), or add --dry-run to print the YAML",
+            exit_code=1,
+        ) from None
+    if proc.returncode != 0:
+        raise ShoalError(
+            f"kubectl apply of {what} failed: {_kubectl_reason(proc.stderr, proc.returncode)}",
+            "check the cluster kubectl uses (`kubectl config current-context`, `kubectl cluster-info`) and that "
+            "the operator's CRDs are installed; or add --dry-run and apply the YAML where a cluster answers",
+            exit_code=1,
+        )
+    return proc.stdout.strip()
+
+
+def _kubectl_reason(stderr: str, returncode: int) -> str:
+    text = " ".join(stderr.split())
+    server = re.search(r'Get "(https?://[^/"]+)', text)
+    if "connection refused" in text:
+        return f"no Kubernetes API server answers at {server.group(1) if server else 'the configured address'}"
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    reason = lines[-1] if lines else f"exit status {returncode}"
+    reason = reason.removeprefix("error: ")
+    return reason if len(reason) <= 200 else reason[:197] + "..."
 
 
 def _stop(procs: Sequence[subprocess.Popen], *, by_stdin: bool) -> None:

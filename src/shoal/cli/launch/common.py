@@ -1,0 +1,104 @@
+"""What every ``shoal launch`` form shares: parser construction, the command after ``--``, output."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import textwrap
+from collections.abc import Sequence
+
+from shoal.errors import ShoalError
+
+EXAMPLES = """\
+examples:
+  shoal launch --hosts node1:2,node2:2 -- shoal train digits     # mpirun if installed, else SSH
+  shoal launch --hosts node1:4,node2:4 --via ssh -- train.py --lr 0.1
+  shoal launch --hostfile hosts.txt --dry-run -- train.py         # print the command, run nothing
+  shoal launch mpirun -np 4 --hosts node1:2,node2:2 --dry-run -- shoal train digits
+  shoal launch slurm --nodes 2 --gpus-per-node 4 --time 1:00:00 -- shoal train cifar10 --data ~/data
+  shoal launch slurm --nodes 2 --nproc-per-node 4 --one-task-per-process --dry-run -- train.py
+  shoal launch manual --hosts node1:4,node2:4 -- train.py         # the line to type on each node
+  shoal launch k8s --kind pytorchjob --image IMG --nodes 2 --gpus-per-node 4 --dry-run -- shoal train mnist
+  shoal launch runai --image IMG --nodes 2 -g 1 -- train.py       # runai submit, each CLI generation
+  shoal launch image -- train.py --lr 0.1                         # Dockerfile + .dockerignore
+
+COMMAND is what every process runs: `shoal train ...`, `SCRIPT.py ARGS`, `-m MODULE ARGS`, or a
+program. See docs/LAUNCHERS.md and docs/KUBERNETES.md for copy-paste commands."""
+
+
+def parser(prog: str, description: str, epilog: str = EXAMPLES) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=prog,
+        description=textwrap.fill(description, 100),
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="pass this variable to every process (repeatable; NAME alone: its value here)",
+    )
+
+
+def add_command(p: argparse.ArgumentParser, *, dry_run: str = "print what would run, run nothing") -> None:
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND",
+        help="what every process runs: shoal train ..., SCRIPT.py ARGS, -m MODULE ARGS, PROGRAM",
+    )
+
+
+def add_max_restarts(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K", help=help_text)
+
+
+def command(words: list[str]) -> tuple[str, ...]:
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise ShoalError(
+            "no command given", "put the command after --, e.g. `-- shoal train digits` or `-- train.py --lr 0.1`"
+        )
+    return tuple(words)
+
+
+def check_replaceable(path: str, marker: str, *, what: str) -> None:
+    """Raise unless ``path`` is absent or was rendered by shoal (its head holds ``marker``)."""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+        if marker not in head:
+            raise ShoalError(
+                f"{path} exists and was not written by {what}",
+                "give another file name, or move the file away",
+            )
+
+
+def write_rendered(path: str, text: str, marker: str, *, what: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` atomically; an existing file is replaced only if shoal rendered it."""
+    check_replaceable(path, marker, what=what)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
+
+
+def announce(line: str) -> None:
+    print(f"shoal launch: {line}", file=sys.stderr, flush=True)
+
+
+def shell(argv: Sequence[str]) -> str:
+    return shlex.join(argv)

@@ -1,0 +1,287 @@
+"""``shoal launch [--hosts ...]``, ``shoal launch mpirun`` and ``shoal launch manual``: a list of hosts.
+
+From the head node, through Open MPI's mpirun when it is installed (one process per slot), else
+through SSH (one ``shoal run`` per host); the mpirun command line alone; or the ``shoal run`` line
+to type on each node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from shoal.cli.launch.common import add_command, add_env, add_max_restarts, announce, count, parser, shell
+from shoal.errors import ShoalError
+
+
+def _add_common(p: argparse.ArgumentParser, *, addr: bool = True) -> None:
+    if addr:
+        p.add_argument(
+            "--master-addr", metavar="ADDR", help="rendezvous host as the others reach it (default: the first host)"
+        )
+    p.add_argument(
+        "--master-port",
+        type=int,
+        metavar="PORT",
+        help="rendezvous port (default 29500; a free one when the rendezvous host is this machine)",
+    )
+    add_env(p)
+    add_command(p)
+
+
+def _add_hosts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", metavar="H:N,...", help="hosts and their slots (processes), e.g. node1:2,node2:2")
+    p.add_argument("--hostfile", metavar="FILE", help="Open MPI hostfile: one `HOST slots=N` per line")
+    p.add_argument(
+        "--nproc-per-node", type=int, default=1, metavar="N", help="slots of a host given without :N (default 1)"
+    )
+
+
+def _add_python(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--python",
+        metavar="PATH",
+        help="interpreter that runs SCRIPT.py and -m MODULE on every host (default: the one running shoal, "
+        "whose directory also goes first on the PATH every process gets)",
+    )
+
+
+def _add_launcher(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rdzv",
+        choices=("static", "c10d"),
+        default="static",
+        help="per-node launchers' rendezvous: static (node ranks in host order, default) or c10d",
+    )
+    add_max_restarts(p, "restart the whole group up to K times after a worker fails")
+
+
+def hosts_parser() -> argparse.ArgumentParser:
+    p = parser(
+        "shoal launch",
+        "Start COMMAND on every slot of the given hosts from this node: through "
+        "Open MPI's mpirun when it is installed (one process per slot; each finds its rank in "
+        "mpirun's variables), else through SSH (one `shoal run` launcher per host). Other forms: "
+        "`shoal launch mpirun|slurm|manual|k8s|runai|image --help`.",
+    )
+    _add_hosts(p)
+    p.add_argument(
+        "--via",
+        choices=("auto", "mpirun", "ssh"),
+        default="auto",
+        help="auto (default): mpirun if it is on PATH, else ssh",
+    )
+    p.add_argument("--rsh", metavar="PROGRAM", help="how to reach another host (default ssh; mpirun's plm_rsh_agent)")
+    _add_python(p)
+    _add_launcher(p)
+    _add_common(p)
+    return p
+
+
+def mpirun_parser() -> argparse.ArgumentParser:
+    p = parser(
+        "shoal launch mpirun",
+        "Run COMMAND as N processes with Open MPI's mpirun, with the flags "
+        "a multi-node PyTorch job needs (rendezvous address exported, no core binding, TCP).",
+    )
+    p.add_argument(
+        "-np", "-n", "--np", dest="np", type=int, metavar="N", help="processes (default: the hosts' slots added up)"
+    )
+    _add_hosts(p)
+    p.add_argument("--rsh", metavar="PROGRAM", help="how mpirun reaches another host (plm_rsh_agent)")
+    _add_python(p)
+    _add_common(p)
+    return p
+
+
+def manual_parser() -> argparse.ArgumentParser:
+    p = parser(
+        "shoal launch manual",
+        "Print the `shoal run` command line to type on each host, in "
+        "node-rank order (the first host serves the rendezvous).",
+    )
+    _add_hosts(p)
+    _add_launcher(p)
+    _add_common(p)
+    return p
+
+
+# ---- runners ---------------------------------------------------------------------------------
+
+
+def run_hosts(args: argparse.Namespace) -> int:
+    from shoal.launch import remote
+    from shoal.launch.render import render_mpirun, render_ssh
+    from shoal.launch.spec import Here, JobSpec
+
+    hosts = _hosts(args, required=True)
+    via = args.via
+    if via == "auto":
+        via = "mpirun" if shutil.which("mpirun") else "ssh"
+    here = Here.detect(hosts)
+    python = args.python or sys.executable
+    common = dict(
+        command=args.command,
+        hosts=hosts,
+        master_addr=args.master_addr,
+        master_port=_port(args, hosts, here),
+        env=_env(args, python),
+        rsh=args.rsh,
+        python=python,
+    )
+    if via == "mpirun":
+        if args.rdzv != "static" or args.max_restarts:
+            raise ShoalError(
+                "--rdzv and --max-restarts apply to per-node launchers, not to mpirun",
+                "add --via ssh, or drop them (mpirun starts the processes itself)",
+            )
+        spec = JobSpec(**common, hostfile=args.hostfile)
+        argv = render_mpirun(spec, here, report_status=True)
+        if args.dry_run:
+            print(shell(argv))
+            return 0
+        remote.require_program("mpirun", remote.MPIRUN_HINT)
+        remote.check_reachable(_remote_hosts(spec, here), args.rsh, mpirun=True)
+        announce(
+            f"mpirun, {count(spec.world_size, 'process')} on {_host_list(spec)}, rendezvous "
+            f"{spec.main_address()}:{spec.port()}"
+        )
+        return remote.run_mpirun(argv, ranks=_rank_hosts(spec))
+    spec = JobSpec(
+        **common,
+        rdzv=args.rdzv,
+        max_restarts=args.max_restarts,
+        workdir=os.getcwd(),
+        shoal=(python, "-m", "shoal"),
+    )
+    commands = render_ssh(spec, here, os.environ)
+    if args.dry_run:
+        for host, cmd in zip(spec.hosts, commands, strict=True):
+            print(f"# {host}")
+            print(shell(cmd))
+        return 0
+    for program in dict.fromkeys(cmd[0] for cmd in commands):
+        remote.require_program(program, remote.SSH_HINT)
+    remote.check_reachable(_remote_hosts(spec, here), args.rsh)
+    local = sum(here.is_local(h.name) for h in spec.hosts)
+    parts = [f"{local} here"] if local else []
+    if len(commands) > local:
+        parts.append(f"{len(commands) - local} over {args.rsh or 'ssh'}")
+    announce(
+        f"{count(len(commands), 'launcher')} ({', '.join(parts)}), {count(spec.world_size, 'process')} on "
+        f"{_host_list(spec)}, {spec.rdzv} rendezvous {spec.main_address()}:{spec.port()}"
+    )
+    return remote.run_launchers(commands, [f"host {h.name} (node {i})" for i, h in enumerate(spec.hosts)])
+
+
+def run_mpirun(args: argparse.Namespace) -> int:
+    from shoal.launch import remote
+    from shoal.launch.render import render_mpirun
+    from shoal.launch.spec import Here, JobSpec
+
+    hosts = _hosts(args, required=False)
+    if args.np is None and not hosts:
+        raise ShoalError("no process count", "give -np N (and --hosts for several machines)")
+    here = Here.detect(hosts)
+    if not hosts and not args.master_addr and os.environ.get("SLURM_JOB_NODELIST"):
+        # Inside a Slurm allocation mpirun spreads the ranks over its nodes; rank 0 runs on the first.
+        from shoal.env.hostlist import expand_hostlist
+
+        try:
+            args.master_addr = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])[0]
+        except ValueError as err:
+            raise ShoalError(
+                f"SLURM_JOB_NODELIST={os.environ['SLURM_JOB_NODELIST']!r} is malformed: {err}",
+                "give --master-addr <first node of the allocation>",
+            ) from None
+    python = args.python or sys.executable
+    spec = JobSpec(
+        command=args.command,
+        hosts=hosts,
+        hostfile=args.hostfile,
+        np=args.np,
+        master_addr=args.master_addr,
+        master_port=_port(args, hosts, here),
+        env=_env(args, python),
+        rsh=args.rsh,
+        python=python,
+    )
+    argv = render_mpirun(spec, here)
+    if args.dry_run:
+        print(shell(argv))
+        return 0
+    announce(f"mpirun, {count(spec.world_size, 'process')}, rendezvous {spec.main_address()}:{spec.port()}")
+    return remote.run_mpirun(argv)
+
+
+def run_manual(args: argparse.Namespace) -> int:
+    from shoal.launch.render import render_manual
+    from shoal.launch.spec import JobSpec, parse_env
+
+    spec = JobSpec(
+        command=args.command,
+        hosts=_hosts(args, required=True),
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        rdzv=args.rdzv,
+        max_restarts=args.max_restarts,
+        env=parse_env(args.env),
+    )
+    for rank, (host, line) in enumerate(zip(spec.hosts, render_manual(spec), strict=True)):
+        print(f"# on {host.name} (node {rank} of {len(spec.hosts)}):")
+        print(line)
+    return 0
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def _env(args: argparse.Namespace, python: str):
+    """The variables every process gets: the forwarded ones, ``--env``, and PATH led by ``python``'s dir."""
+    from shoal.launch.spec import forwarded_env, interpreter_first, parse_env
+
+    return interpreter_first(forwarded_env(os.environ, parse_env(args.env)), os.environ, python)
+
+
+def _hosts(args: argparse.Namespace, *, required: bool):
+    from shoal.launch.spec import parse_hosts, read_hostfile
+
+    if args.nproc_per_node < 1:
+        raise ShoalError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}", "give 1 or more")
+    if args.hosts and args.hostfile:
+        raise ShoalError("--hosts and --hostfile both given", "give one of them")
+    if args.hostfile:
+        return read_hostfile(args.hostfile)
+    if args.hosts is not None:
+        return parse_hosts(args.hosts, args.nproc_per_node)
+    if required:
+        raise ShoalError("no hosts given", "give --hosts node1:2,node2:2 (HOST:SLOTS,...) or --hostfile FILE")
+    return ()
+
+
+def _remote_hosts(spec, here) -> list[str]:
+    return [h.name for h in spec.hosts if not here.is_local(h.name)]
+
+
+def _rank_hosts(spec) -> list[str]:
+    """The host of each rank under mpirun's ``-map-by slot``: each host's slots in turn."""
+    return [h.name for h in spec.hosts for _ in range(h.slots)][: spec.world_size]
+
+
+def _port(args: argparse.Namespace, hosts, here) -> int | None:
+    """``--master-port``; else a free port when the rendezvous is served here (so jobs sharing this
+    machine never collide), else None (29500)."""
+    if args.master_port is not None:
+        return args.master_port
+    rendezvous_host = args.master_addr or (hosts[0].name if hosts else "127.0.0.1")
+    if here.is_local(rendezvous_host):
+        from shoal.launch.ports import find_free_port
+
+        return find_free_port("0.0.0.0")
+    return None
+
+
+def _host_list(spec) -> str:
+    return ",".join(str(h) for h in spec.hosts) or "this machine"

@@ -1,0 +1,248 @@
+"""``shoal launch k8s``, ``shoal launch runai`` and ``shoal launch image``: the job on Kubernetes.
+
+``k8s`` renders a Kubeflow PyTorchJob, TrainJob or MPIJob and applies it with kubectl (or writes it
+and prints the command to apply it); ``runai`` prints the Run:ai CLI's submit command for each CLI
+generation; ``image`` writes the Dockerfile and .dockerignore of the job's image. Every check runs
+before anything is written or applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from shoal.cli.launch.common import (
+    add_command,
+    add_env,
+    add_max_restarts,
+    announce,
+    check_replaceable,
+    parser,
+    shell,
+    write_rendered,
+)
+from shoal.errors import ShoalError
+
+KINDS = ("pytorchjob", "trainjob", "mpijob")
+K8S_EXAMPLES = """\
+examples:
+  shoal launch k8s --image ghcr.io/me/train:1 --nodes 2 --gpus-per-node 4 --dry-run -- shoal train mnist --data /data
+  shoal launch k8s --kind trainjob --image IMG --nodes 4 --volume shared:/data -- train.py --epochs 10
+  shoal launch k8s --kind mpijob --image IMG --nodes 2 --nproc-per-node 4 -- shoal train cifar10
+  shoal launch k8s --image IMG --nodes 2 --elastic 1:4 --max-restarts 3 -- shoal train digits
+  shoal launch k8s --image IMG --secret-env WANDB_API_KEY=wandb:key --env NCCL_DEBUG=INFO -- train.py
+See docs/KUBERNETES.md."""
+
+
+def _add_pod(p: argparse.ArgumentParser, *, nodes_help: str) -> None:
+    p.add_argument("--name", default="shoal", help="job name, a DNS-1035 label (default shoal)")
+    p.add_argument("--image", help="container image every pod runs (required)")
+    p.add_argument("--nodes", type=int, default=1, metavar="N", help=nodes_help)
+    p.add_argument(
+        "--nproc-per-node",
+        default="auto",
+        metavar="N|auto",
+        help="processes per pod (default auto: one per GPU, or one on CPU)",
+    )
+    p.add_argument("--gpus-per-node", "-g", type=int, default=0, metavar="G", help="GPUs per pod (default 0)")
+    p.add_argument("--cpu", metavar="Q", help="CPU request per pod, e.g. 4 or 500m")
+    p.add_argument("--memory", metavar="Q", help="memory request and limit per pod, e.g. 16Gi")
+    add_env(p)
+    p.add_argument(
+        "--secret-env",
+        action="append",
+        metavar="NAME=SECRET:KEY",
+        help="variable NAME from key KEY of Kubernetes secret SECRET (repeatable; never a value)",
+    )
+    p.add_argument(
+        "--volume",
+        action="append",
+        metavar="CLAIM:/PATH[:ro]",
+        help="mount PersistentVolumeClaim CLAIM at /PATH on every pod: data, checkpoints (repeatable)",
+    )
+    add_max_restarts(p, "pod restarts (restartPolicy OnFailure) before the job fails (default 0)")
+
+
+def k8s_parser() -> argparse.ArgumentParser:
+    p = parser(
+        "shoal launch k8s",
+        "Render COMMAND as a Kubeflow PyTorchJob (training-operator), TrainJob (Trainer v2, "
+        "torch-distributed runtime) or MPIJob (MPI operator) and apply it with kubectl; without "
+        "kubectl, write it to a file and print the command that applies it. Every pod runs COMMAND "
+        "directly: shoal reads what the operator gives the pod and starts its processes.",
+        K8S_EXAMPLES,
+    )
+    p.add_argument("--kind", choices=KINDS, default="pytorchjob", help="the object to render (default pytorchjob)")
+    _add_pod(p, nodes_help="pods (PyTorchJob, TrainJob) or MPIJob workers (default 1)")
+    p.add_argument("--namespace", "-n", default="default", help="Kubernetes namespace (default default)")
+    p.add_argument("--shm-size", metavar="Q", help="size limit of the memory-backed /dev/shm, e.g. 8Gi")
+    p.add_argument("--elastic", metavar="MIN:MAX", help="PyTorchJob: elastic between MIN and MAX pods")
+    p.add_argument(
+        "--grace-period",
+        type=int,
+        metavar="S",
+        help="terminationGracePeriodSeconds (default: the command's --preempt-grace + 5, else 30)",
+    )
+    p.add_argument("--master-port", type=int, metavar="PORT", help="rendezvous port (default 29500)")
+    p.add_argument("--runtime", default="torch-distributed", help="TrainJob: the ClusterTrainingRuntime to use")
+    p.add_argument("--file", metavar="PATH", help="where to write the manifest without kubectl (default NAME.yaml)")
+    add_command(p, dry_run="print the YAML, apply nothing")
+    return p
+
+
+def runai_parser() -> argparse.ArgumentParser:
+    from shoal.launch.render.runai import RUNAI_CLIS
+
+    p = parser(
+        "shoal launch runai",
+        "Print the Run:ai CLI command that submits COMMAND as a distributed PyTorch job (one master "
+        "and NODES-1 workers), for each CLI generation or the one --cli names.",
+    )
+    p.add_argument("--cli", choices=RUNAI_CLIS, help="one CLI generation (default: all three)")
+    p.add_argument("--project", "-p", help="Run:ai project (default: the CLI's configured one)")
+    _add_pod(p, nodes_help="pods: the master and NODES-1 workers (default 2)")
+    p.set_defaults(nodes=2)
+    add_command(p, dry_run="same as without it: the commands are printed, never run")
+    return p
+
+
+def image_parser() -> argparse.ArgumentParser:
+    from shoal.launch.render.image import DEFAULT_BASE_IMAGE
+
+    p = parser(
+        "shoal launch image",
+        "Write a Dockerfile and a .dockerignore for the job's image: a PyTorch base image, shoal and "
+        "your requirements installed, this directory copied, shoal as the entry point.",
+    )
+    p.add_argument("--base-image", default=DEFAULT_BASE_IMAGE, help=f"base image (default {DEFAULT_BASE_IMAGE})")
+    p.add_argument("--requirements", metavar="FILE", help="a pip requirements file to install (relative path)")
+    p.add_argument("--mpi", action="store_true", help="add Open MPI and openssh-server (for an MPIJob)")
+    p.add_argument("--shoal-requirement", metavar="SPEC", help="how pip installs shoal (default shoal==VERSION)")
+    p.add_argument("--image", help="the tag to build, for the printed docker commands")
+    add_command(p, dry_run="print both files, write nothing")
+    return p
+
+
+# ---- runners ---------------------------------------------------------------------------------
+
+
+def _spec(args: argparse.Namespace, **pod_extra):
+    from shoal.launch.k8s_spec import PodOptions, parse_nproc, parse_secret_env, parse_volumes, pod_env
+    from shoal.launch.spec import JobSpec, parse_env
+
+    pods = PodOptions(
+        image=args.image,
+        cpu=args.cpu,
+        memory=args.memory,
+        secret_env=parse_secret_env(args.secret_env),
+        volumes=parse_volumes(args.volume),
+        **pod_extra,
+    )
+    return JobSpec(
+        command=args.command,
+        job_name=args.name,
+        nodes=args.nodes,
+        nproc_per_node=parse_nproc(args.nproc_per_node),
+        gpus_per_node=args.gpus_per_node,
+        max_restarts=args.max_restarts,
+        master_port=getattr(args, "master_port", None),
+        env=tuple(pod_env(parse_env(args.env), os.environ)),
+        pods=pods,
+    )
+
+
+def run_k8s(args: argparse.Namespace) -> int:
+    from shoal.launch import remote
+    from shoal.launch.k8s_spec import parse_elastic
+    from shoal.launch.render.manifest import MANIFEST_MARKER, to_yaml
+
+    if args.gpus_per_node < 0 or args.max_restarts < 0:
+        raise ShoalError("--gpus-per-node and --max-restarts must be 0 or more", "give 0 or more")
+    spec = _spec(
+        args,
+        namespace=args.namespace,
+        shm_size=args.shm_size,
+        elastic=parse_elastic(args.elastic),
+        grace_period_s=args.grace_period,
+    )
+    if spec.pods.elastic is not None and args.kind != "pytorchjob":
+        raise ShoalError(f"--elastic: only a PyTorchJob is elastic, not a {args.kind}", "use --kind pytorchjob")
+    manifest = _render(args.kind, spec, args.runtime)
+    kind, name = manifest["kind"], spec.job_name
+    ns = spec.pods.namespace
+    text = to_yaml(manifest, f"Apply: kubectl apply -f {args.file or name + '.yaml'}\nWatch: kubectl get pods -n {ns}")
+    if args.dry_run:
+        sys.stdout.write(text)
+        return 0
+    if shutil.which("kubectl"):
+        out = remote.kubectl_apply(text, f"{kind} {name}")
+        announce(f"{out or 'applied'}; watch it with `kubectl get {kind.lower()} {name} -n {ns}`")
+        return 0
+    path = args.file or f"{name}.yaml"
+    write_rendered(path, text, MANIFEST_MARKER, what="shoal launch k8s")
+    announce(f"kubectl is not on PATH: wrote {path}; apply it where kubectl reaches the cluster with:")
+    print(f"kubectl apply -f {path}", flush=True)
+    return 0
+
+
+def _render(kind: str, spec, runtime: str) -> dict:
+    if kind == "trainjob":
+        from shoal.launch.render.trainjob import render_trainjob
+
+        return render_trainjob(spec, runtime)
+    if kind == "mpijob":
+        from shoal.launch.render.mpijob import render_mpijob
+
+        return render_mpijob(spec)
+    from shoal.launch.render.pytorchjob import render_pytorchjob
+
+    return render_pytorchjob(spec)
+
+
+def run_runai(args: argparse.Namespace) -> int:
+    from shoal.launch.render.runai import RUNAI_CLIS, RUNAI_LABELS, render_runai
+
+    spec = _spec(args)
+    clis = [args.cli] if args.cli else list(RUNAI_CLIS)
+    rendered = [(cli, render_runai(spec, cli, args.project)) for cli in clis]  # all checked before printing
+    for cli, argv in rendered:
+        if len(rendered) > 1:
+            print(f"# {RUNAI_LABELS[cli]}:")
+        print(shell(argv))
+    return 0
+
+
+def run_image(args: argparse.Namespace) -> int:
+    from shoal.launch.render.image import IMAGE_MARKER, render_dockerfile, render_dockerignore
+    from shoal.launch.spec import JobSpec
+
+    spec = JobSpec(command=args.command)
+    requirement = args.shoal_requirement or f"shoal=={_version()}"
+    dockerfile = render_dockerfile(
+        spec, base_image=args.base_image, shoal_requirement=requirement, requirements=args.requirements, mpi=args.mpi
+    )
+    ignore = render_dockerignore()
+    if args.dry_run:
+        sys.stdout.write(f"# ---- Dockerfile\n{dockerfile}# ---- .dockerignore\n{ignore}")
+        return 0
+    if args.requirements and not os.path.isfile(args.requirements):
+        raise ShoalError(f"--requirements {args.requirements}: no such file", "give the path of a requirements file")
+    for path in ("Dockerfile", ".dockerignore"):  # check both before writing either
+        check_replaceable(path, IMAGE_MARKER, what="shoal launch image")
+    write_rendered("Dockerfile", dockerfile, IMAGE_MARKER, what="shoal launch image")
+    write_rendered(".dockerignore", ignore, IMAGE_MARKER, what="shoal launch image")
+    tag = args.image or "REGISTRY/NAME:TAG"
+    announce("wrote Dockerfile and .dockerignore; build and push the image with:")
+    print(f"docker build -t {tag} . && docker push {tag}", flush=True)
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shoal")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without an install
+        return "0.1.0"

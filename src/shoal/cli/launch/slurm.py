@@ -1,0 +1,85 @@
+"""``shoal launch slurm``: an sbatch script, written and submitted with sbatch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shoal.cli.launch.common import add_command, add_env, add_max_restarts, announce, parser, write_rendered
+from shoal.errors import ShoalError
+
+
+def slurm_parser() -> argparse.ArgumentParser:
+    p = parser(
+        "shoal launch slurm",
+        "Render an sbatch script (one `shoal run` launcher per node, c10d "
+        "rendezvous on the allocation's first node; or srun starting every process with "
+        "--one-task-per-process), write it and submit it with sbatch; print the job id.",
+    )
+    p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes to allocate (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs per node (default 0)")
+    p.add_argument(
+        "--nproc-per-node", type=int, metavar="P", help="processes per node (default: --gpus-per-node, or 1)"
+    )
+    p.add_argument("--cpus-per-node", type=int, metavar="C", help="cores per node (default: one per process)")
+    p.add_argument("--partition", "-p", help="Slurm partition")
+    p.add_argument("--time", "-t", dest="time_limit", metavar="LIMIT", help="time limit, e.g. 1:00:00")
+    p.add_argument("--job-name", "-J", default="shoal", help="job name (default shoal)")
+    p.add_argument("--output", "-o", default="shoal-%j.out", help="output file (default shoal-%%j.out)")
+    p.add_argument("--error", "-e", help="stderr file (default: with the output)")
+    p.add_argument("--chdir", "-D", dest="workdir", metavar="DIR", help="working directory of the job")
+    p.add_argument(
+        "--one-task-per-process",
+        action="store_true",
+        help="srun starts every process (shoal detects Slurm) instead of one launcher per node",
+    )
+    add_max_restarts(p, "launchers restart the group up to K times after a worker fails")
+    p.add_argument("--script", metavar="FILE", help="where to write the script (default JOB_NAME.sbatch)")
+    p.add_argument(
+        "--master-port",
+        type=int,
+        metavar="PORT",
+        help="rendezvous port (default 15000 + job id %% 5000)",
+    )
+    add_env(p)
+    add_command(p)
+    return p
+
+
+def run_slurm(args: argparse.Namespace) -> int:
+    from shoal.launch import remote
+    from shoal.launch.render import SBATCH_MARKER, render_sbatch
+    from shoal.launch.spec import JobSpec, parse_env
+
+    nproc = args.nproc_per_node if args.nproc_per_node is not None else max(1, args.gpus_per_node)
+    spec = JobSpec(
+        command=args.command,
+        nodes=args.nodes,
+        nproc_per_node=nproc,
+        gpus_per_node=args.gpus_per_node,
+        cpus_per_node=args.cpus_per_node,
+        partition=args.partition,
+        time_limit=args.time_limit,
+        job_name=args.job_name,
+        output=args.output,
+        error=args.error,
+        workdir=args.workdir,
+        one_task_per_process=args.one_task_per_process,
+        max_restarts=args.max_restarts,
+        master_port=args.master_port,
+        env=parse_env(args.env),
+    )
+    if spec.one_task_per_process and spec.max_restarts:
+        raise ShoalError("--max-restarts needs the per-node launchers", "drop --one-task-per-process or --max-restarts")
+    script = render_sbatch(spec)
+    if args.dry_run:
+        sys.stdout.write(script)
+        return 0
+    path = args.script or f"{spec.job_name}.sbatch"
+    remote.require_program("sbatch", "run it on a Slurm login node, or add --dry-run to print the script")
+    write_rendered(path, script, SBATCH_MARKER, what="shoal launch slurm", mode=0o755)
+    job_id = remote.submit_sbatch(path)
+    output = spec.output.replace("%j", job_id)
+    announce(f"submitted batch job {job_id} (script {path}, output {output}); watch it with `squeue -j {job_id}`")
+    print(job_id, flush=True)
+    return 0

@@ -1,0 +1,104 @@
+"""A Dockerfile and a .dockerignore for the job's container image, shoal as the entry point.
+
+The image starts from a PyTorch base image, installs shoal and the user's requirements, copies the
+build context (the script and what it imports; .dockerignore keeps out virtual environments, run
+directories, VCS data and ``.env`` files) and makes ``shoal`` the entry point, so a pod's command is
+``shoal train ...`` or ``shoal run SCRIPT.py``: no launch script. ``mpi=True`` adds Open MPI and an
+SSH server and client configured as the MPI operator's launcher and workers need them (host keys
+not checked, since every pod is new; no strict modes, since the key is a mounted secret).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+from shoal.errors import ShoalError
+from shoal.launch.render.pod import pod_command
+from shoal.launch.spec import JobSpec
+
+IMAGE_MARKER = "# Rendered by `shoal launch image`"
+DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+"""The base image Kubeflow Trainer's torch-distributed runtime uses (kubeflow/trainer, 8c0f505)."""
+WORKDIR = "/workspace"
+DOCKERIGNORE = (
+    ".git",
+    ".venv",
+    "venv",
+    "**/__pycache__",
+    "**/*.pyc",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    "*.egg-info",
+    ".ipynb_checkpoints",
+    "runs",
+    "checkpoints",
+    ".env",
+    "*.sbatch",
+    "Dockerfile",
+    ".dockerignore",
+)
+
+
+def render_dockerfile(
+    spec: JobSpec,
+    *,
+    base_image: str = DEFAULT_BASE_IMAGE,
+    shoal_requirement: str = "shoal",
+    requirements: str | None = None,
+    mpi: bool = False,
+) -> str:
+    """The Dockerfile of an image that runs ``spec.command`` from ``/workspace``."""
+    _check_in_context(spec)
+    if requirements is not None:
+        _check_relative(requirements, "--requirements")
+    lines = [
+        f"{IMAGE_MARKER}: the image every pod of the job runs, shoal as its entry point.",
+        "# Build it from this directory and push it where the cluster pulls from:",
+        "#   docker build -t REGISTRY/NAME:TAG . && docker push REGISTRY/NAME:TAG",
+        f"FROM {base_image}",
+        "",
+    ]
+    if mpi:
+        lines += [
+            "# Open MPI and SSH for the MPI operator: the launcher's mpirun reaches the workers' sshd with the",
+            "# key the operator mounts; pods are new each time, so host keys are not checked.",
+            "RUN apt-get update \\",
+            "    && apt-get install -y --no-install-recommends openmpi-bin openssh-server openssh-client \\",
+            "    && rm -rf /var/lib/apt/lists/* \\",
+            "    && mkdir -p /run/sshd \\",
+            "    && printf 'Host *\\n    StrictHostKeyChecking no\\n    UserKnownHostsFile /dev/null\\n' \\",
+            "        > /etc/ssh/ssh_config.d/mpi.conf \\",
+            "    && printf 'StrictModes no\\n' > /etc/ssh/sshd_config.d/mpi.conf",
+            "",
+        ]
+    lines += ["ENV PYTHONUNBUFFERED=1", f"WORKDIR {WORKDIR}"]
+    install = ["pip", "install", "--no-cache-dir", shoal_requirement]
+    if requirements is not None:
+        lines.append(f"COPY {requirements} ./{os.path.basename(requirements)}")
+        install += ["-r", os.path.basename(requirements)]
+    lines += [f"RUN {shlex.join(install)}", "COPY . ./", "", 'ENTRYPOINT ["shoal"]']
+    lines.append(f"CMD {json.dumps(pod_command(spec)[1:])}")
+    return "\n".join(lines) + "\n"
+
+
+def render_dockerignore() -> str:
+    """What the build context leaves out of the image."""
+    return f"{IMAGE_MARKER}: kept out of the build context.\n" + "\n".join(DOCKERIGNORE) + "\n"
+
+
+def _check_in_context(spec: JobSpec) -> None:
+    first = spec.command[0]
+    script = spec.command[1] if os.path.basename(first).startswith("python") and len(spec.command) > 1 else first
+    if script.endswith(".py"):
+        _check_relative(script, "the script")
+
+
+def _check_relative(path: str, what: str) -> None:
+    if os.path.isabs(path) or os.path.normpath(path).startswith(".."):
+        raise ShoalError(
+            f"{what} {path} lies outside the build context (this directory), so the image cannot copy it",
+            "run `shoal launch image` from the directory that holds the script, and name it by a relative path",
+        )

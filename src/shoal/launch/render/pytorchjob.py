@@ -1,0 +1,64 @@
+"""Kubeflow training-operator's ``PyTorchJob`` (kubeflow.org/v1).
+
+One pod per node: a Master (pod index 0, rank 0's pod) and ``nodes - 1`` Workers, each running the
+job's command; ``nprocPerNode`` processes per pod. The operator (kubeflow/training-operator,
+pkg/controller.v1/pytorch/envvar.go, v1.9.0) gives every pod MASTER_ADDR (the master's Service,
+``<name>-master-0``), MASTER_PORT (the container port named ``pytorchjob-port``), RANK (the pod
+index, master first), WORLD_SIZE (pods x nprocPerNode since 1.7), and PET_NNODES, PET_NODE_RANK,
+PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, which shoal reads inside the pod.
+
+Elastic (``--elastic MIN:MAX``): Workers only, an ``elasticPolicy`` (c10d rendezvous on worker 0's
+Service, PET_NNODES=MIN:MAX, PET_MAX_RESTARTS), as the operator's elastic examples are built.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from shoal.launch.k8s_spec import check_job_name
+from shoal.launch.render import pod
+from shoal.launch.spec import JobSpec
+
+API_VERSION = "kubeflow.org/v1"
+CONTAINER = "pytorch"
+"""The operator finds its port on the container of this name (PyTorchJobDefaultContainerName)."""
+PORT_NAME = "pytorchjob-port"
+
+
+def render_pytorchjob(spec: JobSpec) -> dict[str, Any]:
+    """The PyTorchJob for ``spec`` (``spec.nodes`` pods of ``spec.nproc_per_node`` processes)."""
+    pods = pod.options(spec)
+    elastic = pods.elastic
+    last_worker = spec.nodes - 1 if elastic else spec.nodes - 2
+    check_job_name(spec.job_name, [f"{spec.job_name}-master-0", f"{spec.job_name}-worker-{max(0, last_worker)}"])
+    volumes, mounts = pod.volumes(spec)
+    container = pod.container(
+        spec,
+        CONTAINER,
+        pod.pod_command(spec),
+        env=pod.env_entries(spec),
+        mounts=mounts,
+        ports=[{"name": PORT_NAME, "containerPort": spec.port()}],
+    )
+    template = pod.pod_template(spec, [container], volumes)
+    replicas: dict[str, Any] = {}
+    if elastic is None:
+        replicas["Master"] = {"replicas": 1, "restartPolicy": "OnFailure", "template": copy.deepcopy(template)}
+    workers = spec.nodes if elastic else spec.nodes - 1
+    if workers:
+        replicas["Worker"] = {"replicas": workers, "restartPolicy": "OnFailure", "template": template}
+    body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node)}
+    if elastic is not None:
+        body["elasticPolicy"] = {
+            "minReplicas": elastic[0],
+            "maxReplicas": elastic[1],
+            "rdzvBackend": "c10d",
+            "rdzvId": spec.job_name,
+            "maxRestarts": spec.max_restarts,
+        }
+    # backoffLimit counts container restarts (OnFailure) across the job's pods: 0 fails the job at
+    # the first failure (training-operator pkg/core/job.go PastBackoffLimit).
+    body["runPolicy"] = {"cleanPodPolicy": "None", "backoffLimit": spec.max_restarts}
+    body["pytorchReplicaSpecs"] = replicas
+    return {"apiVersion": API_VERSION, "kind": "PyTorchJob", "metadata": pod.metadata(spec), "spec": body}
