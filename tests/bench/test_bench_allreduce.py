@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_shoal
 from shoal.bench.allreduce import AllreduceConfig
-from shoal.cli.bench import _bytes
+from shoal.bench.report import parse_size
 from shoal.cli.main import main
 from shoal.errors import ShoalError
 
@@ -29,13 +29,13 @@ def test_sizes_are_whole_elements():
     "text, value", [("4096", 4096), ("4K", 4096), ("4kb", 4096), ("256M", 256 * 2**20), ("1G", 2**30)]
 )
 def test_size_flags(text, value):
-    assert _bytes(text) == value
+    assert parse_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["four", "4X", "0"])
 def test_bad_size_flags(text):
     with pytest.raises(argparse.ArgumentTypeError):
-        _bytes(text)
+        parse_size(text)
 
 
 def test_one_process_is_refused():

@@ -9,15 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal
-from shoal.bench.checkpoint import (
-    VARIANTS,
-    CheckpointConfig,
-    build_state,
-    format_checkpoint,
-    run_checkpoint,
-    same,
-    smoke_config,
-)
+from shoal.bench.checkpoint import BENCHMARK, VARIANTS, CheckpointConfig
+from shoal.bench.checkpoint_state import build_state, same
 from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError
 
@@ -59,8 +52,10 @@ def _check_report(report: dict) -> None:
 def test_smoke_run_in_a_given_directory(tmp_path: Path):
     state = random.getstate()
     lines: list[str] = []
-    report = run_checkpoint(
-        smoke_config(directory=str(tmp_path)), log=lines.append, argv=["shoal", "bench", "checkpoint", "--smoke"]
+    report = BENCHMARK.run(
+        BENCHMARK.configure(smoke=True, directory=str(tmp_path)),
+        log=lines.append,
+        argv=["shoal", "bench", "checkpoint", "--smoke"],
     )
     _check_report(report)
     assert report["config"]["model"] == "mb:2" and report["config"]["state_bytes"] == 2_000_000
@@ -71,7 +66,7 @@ def test_smoke_run_in_a_given_directory(tmp_path: Path):
     assert len(lines) == 2 and all("save MB/s" in line for line in lines)
     assert random.getstate() == state  # capturing RNG states leaves them alone
 
-    text = format_checkpoint(report)
+    text = BENCHMARK.format(report)
     for variant in VARIANTS:
         assert variant in text
     assert report["verdict"] in text.splitlines()
@@ -122,12 +117,12 @@ def test_bad_config_is_a_clean_error(kwargs: dict, match: str):
 
 def test_missing_directory_is_a_clean_error(tmp_path: Path):
     with pytest.raises(ShoalError, match="is not an existing directory") as err:
-        smoke_config(directory=str(tmp_path / "nowhere"))
+        BENCHMARK.configure(smoke=True, directory=str(tmp_path / "nowhere"))
     assert "create it" in err.value.hint
 
 
 def test_smoke_overrides_win():
-    cfg = smoke_config(repeat=3)
+    cfg = BENCHMARK.configure(smoke=True, repeat=3)
     assert (cfg.model, cfg.repeat, cfg.warmup) == ("mb:2", 3, 0)
     assert CheckpointConfig() == CheckpointConfig(model="resnet18", directory=None, repeat=5, warmup=1)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal
-from shoal.bench.data import DataConfig, run_data, smoke_config, write_fake_mnist
+from shoal.bench.data import BENCHMARK, DataConfig, write_fake_mnist
 from shoal.errors import ShoalError
 
 
@@ -34,7 +34,7 @@ def test_fake_mnist_reads_as_torchvision_mnist(tmp_path: Path):
 
 def test_missing_data_dir_is_a_clean_error(tmp_path: Path):
     with pytest.raises(ShoalError, match="MNIST not found"):
-        run_data(DataConfig(data=str(tmp_path)), log=lambda _: None)
+        BENCHMARK.run(DataConfig(data=str(tmp_path)), log=lambda _: None)
 
 
 def test_bad_batch_size():
@@ -57,7 +57,8 @@ def test_smoke_on_real_mnist(mnist_root: Path):
     import torch
 
     threads = torch.get_num_threads()
-    report = run_data(smoke_config(data=str(mnist_root)), log=lambda _: None, argv=["shoal", "bench", "data"])
+    cfg = BENCHMARK.configure(smoke=True, data=str(mnist_root))
+    report = BENCHMARK.run(cfg, log=lambda _: None, argv=["shoal", "bench", "data"])
     assert torch.get_num_threads() == threads  # the caller's thread count is left alone
     _check_report(report)
     assert report["config"]["dataset_size"] == 60000 and "real MNIST" in report["config"]["source"]

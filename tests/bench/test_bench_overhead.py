@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal
-from shoal.bench import overhead
+from shoal.bench import overhead, overhead_workers
+from shoal.bench.harness import PEERS
 from shoal.errors import ShoalError
 
 
@@ -37,17 +38,17 @@ def test_plain_loop_schedule_is_shoal_schedule():
     """The plain loop's lr is written by hand; it must be the trainer's schedule, float for float."""
     from shoal.train.optim import LRSchedule
 
-    job = overhead.Job("mlp", 8, 8, 64, 3, 1, "unused")
+    job = overhead_workers.Job("mlp", 8, 8, 64, 3, 1, "unused")
     schedule = LRSchedule(job.lr, job.epochs, 0.0)
     for epoch in range(job.epochs):
         for step in range(4):
-            assert overhead.cosine_lr(job, epoch + step * 16 / 64) == schedule.at(epoch + step * 16 / 64)
+            assert overhead_workers.cosine_lr(job, epoch + step * 16 / 64) == schedule.at(epoch + step * 16 / 64)
 
 
 @pytest.mark.multiprocess
 def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
     out = tmp_path / "overhead.json"
-    variants = ["plain", "shoal"] + [v for v, pkg in overhead.PEERS.items() if importlib.util.find_spec(pkg)]
+    variants = ["plain", "shoal"] + [v for v, pkg in PEERS.items() if importlib.util.find_spec(pkg)]
     # Two rounds: the second forks workers again after the first round's results came back, which
     # is where a parent that had run torch ops would hang (the report would never be written).
     proc = run_shoal(
@@ -85,10 +86,13 @@ def test_a_different_job_is_detected(tmp_path: Path):
     """The check can fail: two different jobs do not end with the same digest."""
     from shoal.bench._launch import launch_workers
 
-    jobs = [overhead.Job("mlp", 8, 8, 32, 1, 1, str(tmp_path / name), seed=seed) for name, seed in (("a", 0), ("b", 1))]
+    jobs = [
+        overhead_workers.Job("mlp", 8, 8, 32, 1, 1, str(tmp_path / name), seed=seed)
+        for name, seed in (("a", 0), ("b", 1))
+    ]
     results = []
     for job in jobs:
         Path(job.out).mkdir()
-        results.append(launch_workers(overhead.plain_worker, (job,), 2, "spawn"))
+        results.append(launch_workers(overhead_workers.plain_worker, (job,), 2, "spawn"))
     assert results[0]["digest"] != results[1]["digest"]
     assert overhead.largest_difference(results[0]["weights"], results[1]["weights"]) > 0

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal
-from shoal.bench.scaling import ScalingConfig, Variant, _blocks, _verdict, paired_ratio, plan_launches
+from shoal.bench.harness import paired_ratio
+from shoal.bench.scaling import ScalingConfig, _verdict, plan_launches
+from shoal.bench.scaling_worker import Variant, _blocks
 from shoal.cli.main import main
 
 
@@ -45,8 +47,8 @@ def test_timed_steps_split_into_blocks(steps, blocks, expected):
 
 def test_comparisons_pair_runs_of_the_same_launch():
     # Launch 2 ran on a slow spell; the per-launch ratios (0.8, 0.8, 0.8) are what matters.
-    a = {"samples_per_s_runs": [80.0, 40.0, 88.0]}
-    b = {"samples_per_s_runs": [100.0, 50.0, 110.0]}
+    a = [80.0, 40.0, 88.0]
+    b = [100.0, 50.0, 110.0]
     assert paired_ratio(a, b) == pytest.approx(0.8)
 
 

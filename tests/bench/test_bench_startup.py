@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from conftest import run_shoal
 from shoal.bench import startup
 from shoal.errors import ShoalError
+from shoal.launch.ports import find_free_port
 
 
 def test_unknown_variant_is_a_clean_error():
@@ -63,9 +66,61 @@ def test_smoke_startup_report(tmp_path: Path):
 
 
 def test_function_probe_stamps_every_rank(tmp_path: Path):
-    """The launch_* variants run PROBE_SCRIPT's own probe as a function entrypoint (forked workers)."""
-    code = f"from shoal.bench.startup import launch_probe; launch_probe('fork', 2, {str(tmp_path)!r})"
+    """The launch_* variants run the probe file's own probe as a function entrypoint (forked workers)."""
+    code = f"from shoal.bench.probes.startup_probe import launch_probe; launch_probe('fork', 2, {str(tmp_path)!r})"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     stamps = [float((tmp_path / f"rank{r}.txt").read_text()) for r in (0, 1)]
     assert all(s > 0 for s in stamps)
+
+
+def _stamps(out: Path, ranks: int, since: float) -> list[float]:
+    stamps = [float((out / f"rank{r}.txt").read_text()) for r in range(ranks)]
+    assert all(since < s < time.time() for s in stamps)
+    return stamps
+
+
+def test_the_probe_is_a_file_whose_import_costs_no_torch():
+    """The launch_* variants import the probe in the parent that forks: it must not import torch there."""
+    assert startup.PROBE.is_file() and startup.PROBE.suffix == ".py"
+    code = "import sys, shoal.bench.probes.startup_probe as p; print(p.__file__, 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(startup.PROBE), "False"]
+
+
+@pytest.mark.multiprocess
+def test_probe_file_runs_as_a_script_of_one_rank(tmp_path: Path):
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(find_free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(startup.PROBE), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    _stamps(tmp_path, 1, start)
+
+
+@pytest.mark.multiprocess
+def test_probe_file_runs_under_torchrun_on_every_rank(tmp_path: Path):
+    start = time.time()
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run([*argv, str(startup.PROBE), str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    _stamps(tmp_path, 2, start)
+
+
+def test_import_only_mode_stamps_one_process(tmp_path: Path):
+    start = time.time()
+    cmd = startup._commands(startup.StartupConfig(variants=("import_torch",)), startup.PROBE, tmp_path)[0]
+    command = cmd["import_torch"](tmp_path)
+    assert command.argv[1:] == [str(startup.PROBE), "--import-only", str(tmp_path)] and command.ranks == 1
+    proc = subprocess.run(command.argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _stamps(tmp_path, 1, start)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.txt"]

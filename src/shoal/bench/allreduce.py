@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
+from shoal.bench.harness import Benchmark, Log, Measured, flag
 from shoal.bench.timing import clock
+from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -35,27 +37,32 @@ class AllreduceConfig:
     """What ``shoal bench allreduce`` measures."""
 
     nproc: int = 0
-    """Processes (default: cores on CPU, GPUs on CUDA; at least 2)."""
-    min_bytes: int = 4 * 2**10
-    """Smallest message (nccl-tests -b)."""
-    max_bytes: int = 256 * 2**20
-    """Largest message (nccl-tests -e)."""
+    """Processes; 0: cores on CPU, GPUs on CUDA (at least 2)."""
+    min_bytes: int = field(default=4 * 2**10, metadata=flag(parse=rep.parse_size, metavar="SIZE", default="4K"))
+    """Smallest message, in bytes or with a K, M or G unit (nccl-tests -b)."""
+    max_bytes: int = field(default=256 * 2**20, metadata=flag(parse=rep.parse_size, metavar="SIZE", default="256M"))
+    """Largest message, in bytes or with a K, M or G unit (nccl-tests -e)."""
     factor: int = 4
     """Each size is the previous one times this (nccl-tests -f)."""
     dtype: str = "float32"
+    """Element type of the messages: float32, bfloat16 or float16."""
     warmup: int = 2
     """Untimed operations per size."""
     target_time: float = 0.25
-    """Seconds of timed operations per size (at least ``min_iters``, at most ``max_iters``)."""
+    """Seconds of timed operations per size (at least --min-iters, at most --max-iters operations)."""
     min_iters: int = 3
+    """Fewest timed operations per size."""
     max_iters: int = 1000
+    """Most timed operations per size."""
     threads: int = 0
-    """Intra-op threads per process (default: cores / processes, as shoal.init picks)."""
-    device: str = "auto"
-    start_method: str = "auto"
-    """How launch_local starts workers: auto (fork on CPU: the workers inherit the imported torch and
-    torchvision instead of importing them again, seconds per launch; spawn with CUDA, which does not
-    survive a fork), fork or spawn. Steady-state throughput does not depend on it."""
+    """Intra-op threads per process; 0: cores / processes, as shoal.init picks."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto (CUDA when there are 2 GPUs or more), cpu or cuda."""
+    start_method: Literal["auto", "fork", "spawn"] = "auto"
+    """How launch_local starts workers: auto (fork on CPU, spawn with CUDA), fork or spawn.
+
+    Forked workers inherit the imported torch instead of importing it again (seconds per launch);
+    CUDA does not survive a fork. The timings do not depend on it."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,7 +81,7 @@ class AllreduceConfig:
         if self.min_iters < 1 or self.max_iters < self.min_iters or self.target_time <= 0 or self.warmup < 0:
             raise ShoalError(
                 "iteration limits must satisfy 1 <= min_iters <= max_iters, target_time > 0",
-                "use the defaults, or --iters-target-time 0.25",
+                "use the defaults, or e.g. --min-iters 3 --max-iters 1000 --target-time 0.25",
             )
 
         check_start_method(self.start_method)
@@ -160,12 +167,11 @@ def _time_op(op: Callable[[], Any], cfg: AllreduceConfig, ctx, *, collective: bo
     return slowest(clock(ctx.device) - start) / iters, iters
 
 
-def run_allreduce(cfg: AllreduceConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
-    """Run the benchmark; return the report."""
+def measure(cfg: AllreduceConfig, log: Log) -> Measured:
+    """One launch of ``nproc`` processes times every size; rows with nccl-tests' bandwidths."""
     import torch
 
     from shoal.distributed.device import choose_backend, choose_device
-    from shoal.env.host import usable_cores
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     use_gpus = cfg.device == "cuda" or (cfg.device == "auto" and gpus >= max(2, cfg.nproc))
@@ -181,12 +187,6 @@ def run_allreduce(cfg: AllreduceConfig, *, log: Callable[[str], None] = print, a
     cfg = replace(cfg, nproc=nproc)
     threads = cfg.threads or max(1, usable_cores() // nproc)
     start_method = resolve_start_method(cfg.start_method, device.type)
-    report = rep.new_report(
-        "allreduce",
-        {**asdict(cfg), "threads": threads, "backend": backend, "start_method": start_method, "sizes": cfg.sizes()},
-        device=device.type,
-        argv=argv,
-    )
     log(f"  launching {nproc} processes ({backend}, {device.type}), {len(cfg.sizes())} sizes")
     raw = launch_workers(allreduce_worker, (replace(cfg, threads=threads), device.type), nproc, start_method)
     factor = 2 * (nproc - 1) / nproc
@@ -206,21 +206,30 @@ def run_allreduce(cfg: AllreduceConfig, *, log: Callable[[str], None] = print, a
                 "busbw_vs_memcpy": algbw * factor / memcpy,
             }
         )
-    report["rows"] = rows
-    report["busbw_factor"] = factor
     big = rows[-1]
-    report["notes"].append(
+    note = (
         f"at {rep.size(big['bytes'])}: busbw {big['busbw_gbps']:.2f} GB/s = {big['busbw_vs_memcpy']:.0%} of "
         f"single-process memcpy ({big['memcpy_gbps']:.2f} GB/s, {threads} thread(s)); "
         f"latency at {rep.size(rows[0]['bytes'])}: {rows[0]['time_us']:.0f} us"
     )
-    return rep.finish_report(report)
+    return Measured(
+        rows,
+        [note],
+        config={
+            "nproc": nproc,
+            "threads": threads,
+            "backend": backend,
+            "start_method": start_method,
+            "sizes": cfg.sizes(),
+        },
+        device=device.type,
+        extra={"busbw_factor": factor},
+    )
 
 
-def format_allreduce(report: dict[str, Any]) -> str:
+def text(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
-    lines = [
-        rep.header(report),
+    return [
         f"all-reduce (sum, {cfg['dtype']}) over {cfg['nproc']} processes, {cfg['backend']}, "
         f"{cfg['threads']} thread(s)/process; busbw = algbw x {report['busbw_factor']:.3g} (2(n-1)/n); "
         f"memcpy = dst.copy_(src) in one process",
@@ -240,28 +249,38 @@ def format_allreduce(report: dict[str, Any]) -> str:
             ],
         ),
     ]
-    lines += [f"- {note}" for note in report["notes"]]
-    return "\n".join(lines)
 
 
-def plot_allreduce(report: dict[str, Any], path) -> tuple[Any, str | None]:
-    rows = report["rows"]
-
-    def draw(ax) -> None:
-        xs = [r["bytes"] for r in rows]
-        ax.plot(xs, [r["busbw_gbps"] for r in rows], "o-", label="all-reduce busbw")
-        ax.plot(xs, [r["algbw_gbps"] for r in rows], "s:", label="all-reduce algbw")
-        ax.plot(xs, [r["memcpy_gbps"] for r in rows], "k--", label="memcpy (1 process)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("GB/s")
-        cfg = report["config"]
-        ax.set_title(f"all-reduce, {cfg['nproc']} processes, {cfg['backend']}")
-        ax.legend()
-
-    return rep.save_plot(path, draw)
+def draw(ax: Any, report: dict[str, Any]) -> None:
+    rows, cfg = report["rows"], report["config"]
+    xs = [r["bytes"] for r in rows]
+    ax.plot(xs, [r["busbw_gbps"] for r in rows], "o-", label="all-reduce busbw")
+    ax.plot(xs, [r["algbw_gbps"] for r in rows], "s:", label="all-reduce algbw")
+    ax.plot(xs, [r["memcpy_gbps"] for r in rows], "k--", label="memcpy (1 process)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"all-reduce, {cfg['nproc']} processes, {cfg['backend']}")
+    ax.legend()
 
 
-def smoke_config(**overrides: Any) -> AllreduceConfig:
-    return replace(AllreduceConfig(**SMOKE), **overrides)
+BENCHMARK = Benchmark(
+    name="allreduce",
+    config=AllreduceConfig,
+    smoke=SMOKE,
+    measure=measure,
+    text=text,
+    draw=draw,
+    description="Time torch.distributed.all_reduce of 4 KB .. 256 MB across N processes (gloo on CPU, nccl on "
+    "GPU); algbw = bytes/time, busbw = algbw x 2(n-1)/n (nccl-tests), beside one process's "
+    "dst.copy_(src) of the same size measured in the same run.",
+    examples="""\
+examples:
+  shoal bench allreduce                                 # cores processes, 4 KB .. 256 MB (x4)
+  shoal bench allreduce --nproc 4 --min-bytes 1M --max-bytes 1G --factor 2
+  shoal bench allreduce --dtype bfloat16 --json ar.json # also writes ar.png
+  shoal bench allreduce --device cuda                   # one process per GPU, nccl
+  shoal bench allreduce --smoke                         # 3 sizes, seconds
+""",
+)

@@ -38,18 +38,19 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shoal.bench import report as rep
-from shoal.bench.timing import load_average, median, rotations
+from shoal.bench.checkpoint_state import build_state, same, synthetic_bytes, tensors_in, torchvision_models
+from shoal.bench.harness import Benchmark, Log, Measured, flag
+from shoal.bench.timing import median, rotations
 from shoal.errors import ShoalError
 
 VARIANTS = ("torch_save", "torch_save_fsync", "shoal_atomic", "shoal_manager")
 BASELINE, DURABLE_BASELINE = "torch_save", "torch_save_fsync"
 TARGET = 0.8
-SYNTHETIC_TENSORS = 100
 DESCRIPTIONS = {
     "torch_save": "torch.save(state, path) / torch.load(path, weights_only=True)",
     "torch_save_fsync": "torch.save to an open file, flush, os.fsync / torch.load",
@@ -65,13 +66,13 @@ class CheckpointConfig:
     """What ``shoal bench checkpoint`` measures."""
 
     model: str = "resnet18"
-    """A torchvision model name (its state dict plus SGD-momentum state is saved), or ``mb:N``: N MB
+    """A torchvision model whose state dict and SGD-momentum state are saved, or mb:N for N MB
     (10^6 bytes) of float32 in ~100 tensors."""
-    directory: str | None = None
-    """Existing directory on the disk to measure; the files go to a temporary folder inside it,
-    removed afterwards. Default: the system temp dir."""
+    directory: str | None = field(default=None, metadata=flag(name="--dir", metavar="DIR"))
+    """Existing directory on the disk to measure (default: the system temp dir); the files go to a
+    temporary folder inside it, removed afterwards."""
     repeat: int = 5
-    """Timed rounds (every variant once per round, interleaved); the median is reported."""
+    """Timed rounds, every variant once per round, interleaved; the median is reported."""
     warmup: int = 1
     """Untimed rounds first."""
 
@@ -83,7 +84,7 @@ class CheckpointConfig:
             )
         if self.model.lower().startswith("mb:"):
             synthetic_bytes(self.model)  # raises on a bad size
-        elif self.model not in _torchvision_models():
+        elif self.model not in torchvision_models():
             raise ShoalError(
                 f"unknown model {self.model!r}",
                 "pass a torchvision model name such as resnet18 or resnet50, or mb:N for N MB of tensors",
@@ -97,86 +98,6 @@ class CheckpointConfig:
 
 SMOKE = dict(model="mb:2", repeat=2, warmup=0)
 """``--smoke``: 2 MB of tensors, two rounds, no warm-up (the machinery, in seconds)."""
-
-
-def synthetic_bytes(model: str) -> int:
-    """``mb:N`` -> N x 10^6 (a multiple of 4: float32 elements)."""
-    try:
-        mb = float(model.split(":", 1)[1])
-    except ValueError:
-        mb = float("nan")
-    if not 0 < mb < float("inf"):
-        raise ShoalError(f"--model {model!r}: N in mb:N must be a positive number of MB", "pass e.g. --model mb:100")
-    return max(4, int(mb * 1e6) // 4 * 4)
-
-
-def _torchvision_models() -> list[str]:
-    import torchvision
-
-    return torchvision.models.list_models()
-
-
-def build_state(model: str, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """(state the plain variants save, objects the manager saves, description), from the same tensors."""
-    import torch
-    from torch import nn
-
-    gen = torch.Generator().manual_seed(seed)
-    if model.lower().startswith("mb:"):
-        elements = synthetic_bytes(model) // 4
-        count = min(SYNTHETIC_TENSORS, elements)
-        holder = nn.Module()
-        for i in range(count):
-            n = elements // count + (1 if i < elements % count else 0)
-            holder.register_buffer(f"t{i:03d}", torch.randn(n, generator=gen))
-        return {"model": holder.state_dict()}, {"model": holder}, f"synthetic float32 tensors ({model})"
-
-    import torchvision
-
-    with torch.random.fork_rng(devices=[]):  # the caller's RNG is left alone
-        torch.manual_seed(seed)
-        net = torchvision.models.get_model(model, weights=None)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    for p in net.parameters():  # one step with random gradients fills the momentum buffers
-        p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    params = sum(p.numel() for p in net.parameters())
-    objects = {"model": net, "optimizer": opt}
-    state = {"model": net.state_dict(), "optimizer": opt.state_dict()}
-    return state, objects, f"torchvision {model} ({params:,} parameters) + SGD momentum state"
-
-
-def _tensors(obj: Any):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
-
-
-def same(a: Any, b: Any) -> bool:
-    """True when ``a`` and ``b`` hold the same values: tensors compared with ``torch.equal``."""
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def filesystem(path: str | os.PathLike) -> dict[str, Any]:
@@ -202,11 +123,10 @@ def _sync_disks() -> None:
         sync()
 
 
-def run_checkpoint(cfg: CheckpointConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
-    """Run the benchmark; return the report."""
-    load_start, started = load_average(), rep.now()
+def measure(cfg: CheckpointConfig, log: Log) -> Measured:
+    """Every variant saves and loads the same state, round by round; each load checked."""
     state, objects, described = build_state(cfg.model)
-    tensors = list(_tensors(state))
+    tensors = list(tensors_in(state))
     state_bytes = sum(t.numel() * t.element_size() for t in tensors)
     parent = Path(cfg.directory).expanduser() if cfg.directory else Path(tempfile.gettempdir())
     fs = filesystem(parent)
@@ -224,14 +144,12 @@ def run_checkpoint(cfg: CheckpointConfig, *, log: Callable[[str], None] = print,
         shutil.rmtree(work, ignore_errors=True)
 
     config = {
-        **asdict(cfg),
         "path": str(work),
         "filesystem": fs,
         "state": described,
         "state_bytes": state_bytes,
         "tensors": len(tensors),
     }
-    report = rep.new_report("checkpoint", config, argv=argv, load_start=load_start, started=started)
     rows = []
     for v in VARIANTS:
         save_s, load_s = median(runs[v]["save"]), median(runs[v]["load"])
@@ -255,18 +173,14 @@ def run_checkpoint(cfg: CheckpointConfig, *, log: Callable[[str], None] = print,
     for r in rows:
         r["vs_torch_save"] = r["save_mbps"] / by[BASELINE]["save_mbps"]
         r["vs_torch_save_fsync"] = r["save_mbps"] / by[DURABLE_BASELINE]["save_mbps"]
-    report["rows"] = rows
-    report["verified"] = True
-    report["files"] = files
     atomic, manager = by["shoal_atomic"], by["shoal_manager"]
-    report["verdict"] = f"shoal atomic save: {atomic['vs_torch_save']:.2f}x plain torch.save (target >= {TARGET}x)"
-    report["target_met"] = atomic["vs_torch_save"] >= TARGET
-    notes = report["notes"]
-    notes.append(
-        f"target {'met' if report['target_met'] else 'not met'}; against torch.save + fsync (the same durability) "
+    verdict = f"shoal atomic save: {atomic['vs_torch_save']:.2f}x plain torch.save (target >= {TARGET}x)"
+    target_met = atomic["vs_torch_save"] >= TARGET
+    notes = [
+        f"target {'met' if target_met else 'not met'}; against torch.save + fsync (the same durability) "
         f"shoal's atomic save is {atomic['vs_torch_save_fsync']:.2f}x (the cost of the temp file, rename and "
         f"directory fsync), a whole CheckpointManager save {manager['vs_torch_save_fsync']:.2f}x"
-    )
+    ]
     where = "--dir" if cfg.directory else "the system temp dir (pass --dir to measure another disk)"
     notes.append(
         f"files written in {work} on {fs['device']} ({fs['type']}, mounted at {fs['mount']}), the "
@@ -290,7 +204,8 @@ def run_checkpoint(cfg: CheckpointConfig, *, log: Callable[[str], None] = print,
         f"plus the 'latest' pointer"
     )
     notes.append("verified: every load of every variant matched the saved state (torch.equal on each tensor)")
-    return rep.finish_report(report)
+    extra = {"verified": True, "files": files, "verdict": verdict, "target_met": target_met}
+    return Measured(rows, notes, config=config, extra=extra)
 
 
 def _measure(
@@ -361,11 +276,10 @@ def _measure(
     return runs, nbytes, files
 
 
-def format_checkpoint(report: dict[str, Any]) -> str:
+def text(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
     fs = cfg["filesystem"]
-    lines = [
-        rep.header(report),
+    return [
         f"{cfg['state']}: {cfg['state_bytes'] / 1e6:,.1f} MB in {cfg['tensors']} tensors; median of {cfg['repeat']} "
         f"interleaved round(s) after {cfg['warmup']} warm-up round(s); MB = 10^6 bytes",
         f"files in {cfg['path']} on {fs['device']} ({fs['type']}, mounted at {fs['mount']})",
@@ -405,34 +319,42 @@ def format_checkpoint(report: dict[str, Any]) -> str:
         "",
         report["verdict"],
     ]
-    lines += [f"- {note}" for note in report["notes"]]
-    return "\n".join(lines)
 
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def plot_checkpoint(report: dict[str, Any], path) -> tuple[Any, str | None]:
-    rows = report["rows"]
-
-    def draw(ax) -> None:
-        x = list(range(len(rows)))
-        for offset, key, label in ((-0.2, "save_mbps", "save"), (0.2, "load_mbps", "load (page cache)")):
-            values = [r[key] for r in rows]
-            ax.bar([i + offset for i in x], values, 0.4, label=label)
-            for i, v in zip(x, values):
-                ax.text(i + offset, v, rep.rate(v), ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(x, [r["variant"] for r in rows])
-        ax.set_ylabel("MB/s (10^6 bytes/s)")
-        ax.set_title(
-            f"checkpoint save/load, {report['config']['state_bytes'] / 1e6:,.0f} MB "
-            f"on {report['config']['filesystem']['type']}"
-        )
-        ax.legend()
-
-    return rep.save_plot(path, draw)
+def draw(ax: Any, report: dict[str, Any]) -> None:
+    rows, cfg = report["rows"], report["config"]
+    x = list(range(len(rows)))
+    for offset, key, label in ((-0.2, "save_mbps", "save"), (0.2, "load_mbps", "load (page cache)")):
+        values = [r[key] for r in rows]
+        ax.bar([i + offset for i in x], values, 0.4, label=label)
+        for i, v in zip(x, values):
+            ax.text(i + offset, v, rep.rate(v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [r["variant"] for r in rows])
+    ax.set_ylabel("MB/s (10^6 bytes/s)")
+    ax.set_title(f"checkpoint save/load, {cfg['state_bytes'] / 1e6:,.0f} MB on {cfg['filesystem']['type']}")
+    ax.legend()
 
 
-def smoke_config(**overrides: Any) -> CheckpointConfig:
-    return replace(CheckpointConfig(**SMOKE), **overrides)
+BENCHMARK = Benchmark(
+    name="checkpoint",
+    config=CheckpointConfig,
+    smoke=SMOKE,
+    measure=measure,
+    text=text,
+    draw=draw,
+    description="Save the same state (a torchvision model + SGD momentum state, or mb:N MB of tensors) four ways to "
+    "the same disk: torch.save, torch.save + fsync, shoal's atomic writer (temp file, fsync, rename, directory "
+    "fsync) and a whole CheckpointManager save; load each back, check it, report MB/s and the ratio to torch.save "
+    "(target: shoal's atomic save >= 0.8x).",
+    examples="""\
+examples:
+  shoal bench checkpoint                                # resnet18 state, the system temp dir
+  shoal bench checkpoint --dir /data/ckpt               # the disk your checkpoints really go to
+  shoal bench checkpoint --model mb:1000 --repeat 3     # 1 GB of tensors
+  shoal bench checkpoint --smoke --json ckpt.json       # 2 MB, seconds
+""",
+)

@@ -27,14 +27,15 @@ from __future__ import annotations
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shoal.bench import report as rep
+from shoal.bench.harness import Benchmark, Log, Measured
 from shoal.bench.options import require_at_least
-from shoal.bench.timing import load_average, median, rotations
+from shoal.bench.timing import median, rotations
 from shoal.errors import ShoalError
 
 MEAN, STD = 0.1307, 0.3081  # the canonical MNIST statistics (as in shoal.workloads.mnist)
@@ -47,7 +48,7 @@ class DataConfig:
     """What ``shoal bench data`` measures."""
 
     data: str | None = None
-    """Real MNIST root (torchvision layout DIR/MNIST/raw); default: random images of MNIST's shape."""
+    """Real MNIST root (torchvision's layout: DIR/MNIST/raw); default: random images in MNIST's files."""
     batch_size: int = 64
     """Samples per batch, the same for every variant (64: the PyTorch MNIST example's)."""
     samples: int = TRAIN_SIZE
@@ -59,10 +60,11 @@ class DataConfig:
     num_workers: int = 0
     """DataLoader workers of the per-sample pipeline (0, as in the tutorials)."""
     threads: int = 1
-    """torch intra-op threads; 0: torch's own choice (all cores). One by default: a batch gather is
-    small and memory-bound, and on a busy machine a second OpenMP thread that is not scheduled makes
-    every gather wait for it (measured: ~10,000 instead of ~450,000 samples/s of raw slicing on a
-    loaded 2-core machine, see docs/BENCHMARKS.md)."""
+    """torch intra-op threads; 0: torch's own choice (all cores).
+
+    One by default: a batch gather is small and memory-bound, and on a busy machine a second OpenMP
+    thread that is not scheduled makes every gather wait for it (measured: ~10,000 instead of
+    ~450,000 samples/s of raw slicing on a loaded 2-core machine, see docs/BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "batch_size", "samples", "train_size", "repeat")
@@ -105,8 +107,8 @@ def _check_root(root: Path) -> None:
         )
 
 
-def run_data(cfg: DataConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
-    """Run the benchmark; return the report."""
+def measure(cfg: DataConfig, log: Log) -> Measured:
+    """Every loader over the same files, pass by pass, interleaved (with this process's threads set)."""
     import torch
 
     threads_before = torch.get_num_threads()
@@ -121,19 +123,18 @@ def run_data(cfg: DataConfig, *, log: Callable[[str], None] = print, argv=None) 
             else:
                 root = write_fake_mnist(Path(tmp), cfg.train_size)
                 source = f"random uint8 images of MNIST's shape ({cfg.train_size}x28x28) in MNIST's file format"
-            return _measure(cfg, root, source, log, argv)
+            return _measure(cfg, root, source, log)
     finally:
         torch.set_num_threads(threads_before)  # a library call leaves the caller's threads alone
 
 
-def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, Any]:
+def _measure(cfg: DataConfig, root: Path, source: str, log: Log) -> Measured:
     import torch
     from torch.utils.data import DataLoader
     from torchvision import datasets, transforms
 
     from shoal.data import make_loader
 
-    load_start, started = load_average(), rep.now()
     setup: dict[str, float] = {}
     start = time.perf_counter()
     tutorial = datasets.MNIST(
@@ -196,17 +197,6 @@ def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, A
             runs[name].append(count / (time.perf_counter() - start))
         log("  pass done: " + ", ".join(f"{v} {rep.rate(runs[v][-1])}/s" for v in VARIANTS))
     x, y = next(iter(shoal_loader))
-    shape_check = {"shoal_batch_shape": list(x.shape), "shoal_batch_dtype": str(x.dtype)}
-
-    config = {
-        **asdict(cfg),
-        "samples": samples,
-        "batches_per_pass": batches,
-        "threads": torch.get_num_threads(),
-        "dataset_size": n,
-        "source": source,
-    }
-    report = rep.new_report("data", config, argv=argv, load_start=load_start, started=started)
     per_sample = median(runs["per_sample"])
     ceiling = median(runs["slicing"])
     descriptions = {
@@ -215,7 +205,7 @@ def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, A
         "slicing": "X[perm[i:i+B]] on the same tensors (the tutorials' ceiling)",
         "index_select": "X.index_select(0, perm[i:i+B]): the fastest hand-written loop",
     }
-    report["rows"] = [
+    rows = [
         {
             "variant": v,
             "description": descriptions[v],
@@ -227,21 +217,27 @@ def _measure(cfg: DataConfig, root: Path, source: str, log, argv) -> dict[str, A
         }
         for v in VARIANTS
     ]
-    report.update(shape_check)
-    shoal_row = report["rows"][0]
-    report["notes"].append(
+    shoal_row = rows[0]
+    note = (
         f"shoal's loader: {shoal_row['vs_per_sample']:.0f}x the per-sample pipeline, "
         f"{shoal_row['vs_slicing']:.0%} of raw slicing, "
         f"{shoal_row['samples_per_s'] / median(runs['index_select']):.0%} of a hand-written index_select loop "
         f"(batch {b}, {torch.get_num_threads()} thread(s))"
     )
-    return rep.finish_report(report)
+    config = {
+        "samples": samples,
+        "batches_per_pass": batches,
+        "threads": torch.get_num_threads(),
+        "dataset_size": n,
+        "source": source,
+    }
+    extra = {"shoal_batch_shape": list(x.shape), "shoal_batch_dtype": str(x.dtype)}
+    return Measured(rows, [note], config=config, extra=extra)
 
 
-def format_data(report: dict[str, Any]) -> str:
+def text(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
-    lines = [
-        rep.header(report),
+    return [
         f"{cfg['source']}; batch {cfg['batch_size']}, {cfg['samples']} samples per pass, median of "
         f"{cfg['repeat']} interleaved passes, {cfg['threads']} torch thread(s)",
         "",
@@ -261,25 +257,35 @@ def format_data(report: dict[str, Any]) -> str:
             align="lrrrrl",
         ),
     ]
-    lines += [f"- {note}" for note in report["notes"]]
-    return "\n".join(lines)
 
 
-def plot_data(report: dict[str, Any], path) -> tuple[Any, str | None]:
+def draw(ax: Any, report: dict[str, Any]) -> None:
     rows = report["rows"]
-
-    def draw(ax) -> None:
-        names = [r["variant"] for r in rows]
-        values = [r["samples_per_s"] for r in rows]
-        ax.barh(names, values)
-        ax.set_xscale("log")
-        ax.set_xlabel("samples/s (log scale)")
-        ax.set_title(f"MNIST batches of {report['config']['batch_size']}, one process")
-        for i, v in enumerate(values):
-            ax.text(v, i, f" {rep.rate(v)}", va="center")
-
-    return rep.save_plot(path, draw)
+    values = [r["samples_per_s"] for r in rows]
+    ax.barh([r["variant"] for r in rows], values)
+    ax.set_xscale("log")
+    ax.set_xlabel("samples/s (log scale)")
+    ax.set_title(f"MNIST batches of {report['config']['batch_size']}, one process")
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {rep.rate(v)}", va="center")
 
 
-def smoke_config(**overrides: Any) -> DataConfig:
-    return replace(DataConfig(**SMOKE), **overrides)
+BENCHMARK = Benchmark(
+    name="data",
+    config=DataConfig,
+    smoke=SMOKE,
+    measure=measure,
+    text=text,
+    draw=draw,
+    description="Shuffled MNIST batches three ways in one process: shoal's in-memory loader, torchvision's "
+    "MNIST with ToTensor/Normalize through a DataLoader (the tutorials' pipeline), and raw "
+    "X[perm[i:i+B]] slicing (the ceiling).",
+    examples="""\
+examples:
+  shoal bench data                                      # random images in MNIST's files (no download)
+  shoal bench data --data ~/data                        # real MNIST in ~/data/MNIST/raw
+  shoal bench data --batch-size 128 --samples 20000 --repeat 5
+  shoal bench data --num-workers 2                      # give the per-sample pipeline worker processes
+  shoal bench data --smoke --json data.json
+""",
+)

@@ -23,6 +23,8 @@ median over its timed epochs. Launches are interleaved and rotated round by roun
 ...), and the reported ratio to ``plain`` is the median over rounds of the ratio measured in the
 same round (a shared machine's slow spells hit both sides of a pair).
 
+The workers live in :mod:`shoal.bench.overhead_workers`; this module plans, launches and reports.
+
 Correctness is part of the result: ``plain`` and ``shoal`` must end with bit-identical weights
 (``torch.equal`` on every tensor), checked every round; the report says so, or the run fails.
 For accelerate and fabric the largest absolute weight difference from ``plain`` is reported.
@@ -30,29 +32,23 @@ For accelerate and fabric the largest absolute weight difference from ``plain`` 
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import math
 import os
 import tempfile
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
+from shoal.bench.harness import Benchmark, Log, Measured, paired_ratios, skip_missing_peers
 from shoal.bench.options import require_at_least
+from shoal.bench.overhead_workers import WORKERS, Job
 from shoal.bench.timing import load_average, median, rotations
+from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
 
 VARIANTS = ("plain", "shoal", "accelerate", "fabric")
 BASELINE = "plain"
-PEERS = {"accelerate": "accelerate", "fabric": "lightning"}
-"""Variant -> the package it needs (skipped with a note when missing)."""
-NUM_CLASSES = 10
-LR = 0.01
 
 
 @dataclass(frozen=True)
@@ -60,27 +56,27 @@ class OverheadConfig:
     """What ``shoal bench overhead`` measures."""
 
     model: str = "mlp"
-    """``mlp`` (tiny: per-step costs show) or a torchvision ResNet (resnet18 ...)."""
+    """mlp (tiny: per-step costs show) or a torchvision ResNet (resnet18 ...)."""
     image_size: int = 0
-    """Side of the random 3xSxS inputs (0: 16 for the MLP, 32 for a ResNet)."""
+    """Side of the random 3xSxS inputs; 0: 16 for the MLP, 32 for a ResNet."""
     batch_size: int = 32
     """Samples per process per step."""
     samples: int = 0
-    """Training samples (global) per epoch (0: 64 steps' worth at the MLP, 8 at a ResNet)."""
+    """Training samples (global) per epoch; 0: 64 steps' worth for the MLP, 8 for a ResNet."""
     epochs: int = 6
-    """Epochs per launch; the first ``warmup`` are not timed."""
+    """Epochs per launch; the first --warmup are not timed."""
     warmup: int = 1
     """Untimed epochs at the start of each launch."""
     nproc: int = 2
     """Worker processes per launch (the issue's target is stated for 2)."""
     repeat: int = 5
-    """Rounds; every variant is launched once per round, interleaved."""
+    """Rounds, each launching every variant once, interleaved."""
     threads: int = 1
     """Intra-op threads per process."""
     variants: tuple[str, ...] = VARIANTS
-    """Which of plain, shoal, accelerate, fabric to run (plain is always included: the baseline)."""
-    start_method: str = "auto"
-    """How launch_local starts workers (auto: fork on CPU)."""
+    """Comma-separated subset of plain, shoal, accelerate, fabric (plain, the baseline, always runs)."""
+    start_method: Literal["auto", "fork", "spawn"] = "auto"
+    """How launch_local starts workers: auto (fork on CPU), fork or spawn."""
 
     def __post_init__(self) -> None:
         from shoal.workloads.synthetic import ARCHS
@@ -115,221 +111,6 @@ SMOKE = dict(image_size=8, batch_size=8, samples=64, epochs=2, warmup=1, repeat=
 """Tiny sizes for ``--smoke``: checks the machinery (and the bit-identical weights) in seconds."""
 
 
-@dataclass(frozen=True)
-class Job:
-    """The work every variant does (picklable)."""
-
-    model: str
-    side: int
-    batch_size: int
-    samples: int
-    epochs: int
-    threads: int
-    out: str
-    seed: int = 0
-    lr: float = LR
-
-
-# The job's pieces, written as a user would (the plain loop and the peers share them) -----------
-
-
-def make_data(job: Job):
-    """The training set: random images and labels, drawn exactly as the synthetic workload does."""
-    import torch
-
-    generator = torch.Generator().manual_seed(job.seed)
-    images = torch.randn((job.samples, 3, job.side, job.side), generator=generator)
-    labels = torch.randint(0, NUM_CLASSES, (job.samples,), generator=generator)
-    return images, labels
-
-
-def make_model_and_optimizer(job: Job):
-    import torch
-
-    from shoal.workloads.synthetic import build_synthetic_model
-
-    torch.manual_seed(job.seed)
-    model = build_synthetic_model(job.model, job.side, NUM_CLASSES)
-    optimizer = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.9, nesterov=True, weight_decay=0.0)
-    return model, optimizer
-
-
-def cosine_lr(job: Job, progress: float) -> float:
-    """The learning rate after ``progress`` epochs: cosine from ``lr`` to zero over the run."""
-    return job.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress / job.epochs)))
-
-
-def hand_written_loop(
-    job: Job, model, optimizer, backward: Callable[[Any], None], rank: int, world_size: int
-) -> list[float]:
-    """The tutorials' DDP loop over pre-loaded tensors; returns the seconds of each epoch's training."""
-    import torch
-    import torch.nn.functional as F
-    from torch.utils.data import DistributedSampler
-
-    images, labels = make_data(job)
-    sampler = DistributedSampler(range(job.samples), num_replicas=world_size, rank=rank, shuffle=True, seed=job.seed)
-    global_batch = job.batch_size * world_size
-    model.train()
-    seconds = []
-    for epoch in range(job.epochs):
-        started = time.perf_counter()
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler))
-        for step, first in enumerate(range(0, len(order), job.batch_size)):
-            index = order[first : first + job.batch_size]
-            inputs, targets = images.index_select(0, index), labels.index_select(0, index)
-            loss = F.cross_entropy(model(inputs), targets)
-            backward(loss)
-            lr = cosine_lr(job, epoch + step * global_batch / job.samples)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        seconds.append(time.perf_counter() - started)
-    return seconds
-
-
-def _steps_per_epoch(job: Job, world_size: int) -> int:
-    per_rank = -(-job.samples // world_size)
-    return -(-per_rank // job.batch_size)
-
-
-def _result(job: Job, seconds: list[float], world_size: int, variant: str, state: dict) -> dict[str, Any]:
-    """Rank 0's answer: epoch times, steps per epoch, and the final weights (a file and a digest).
-
-    The digest is taken here, in the worker: the parent must run no torch computation between
-    launches, because a worker forked from a process whose OpenMP pool exists can hang in its
-    first parallel op (GNU libgomp is not fork-safe).
-    """
-    import hashlib
-
-    import torch
-
-    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    digest = hashlib.sha256()
-    for key in sorted(state):
-        digest.update(key.encode())
-        digest.update(state[key].numpy().tobytes())
-    path = Path(job.out) / f"{variant}.pt"
-    torch.save(state, path)
-    return {
-        "epoch_s": seconds,
-        "steps": _steps_per_epoch(job, world_size),
-        "weights": str(path),
-        "digest": digest.hexdigest(),
-    }
-
-
-# One module-level worker per variant (module-level: spawn must be able to pickle them) ----------
-
-
-def plain_worker(job: Job) -> dict[str, Any] | None:
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.set_num_threads(job.threads)
-    dist.init_process_group("gloo")
-    try:
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        model, optimizer = make_model_and_optimizer(job)
-        ddp = DistributedDataParallel(model)
-        seconds = hand_written_loop(job, ddp, optimizer, lambda loss: loss.backward(), rank, world_size)
-        return _result(job, seconds, world_size, "plain", model.state_dict()) if rank == 0 else None
-    finally:
-        dist.destroy_process_group()
-
-
-def shoal_worker(job: Job) -> dict[str, Any] | None:
-    import json
-
-    import torch
-
-    from shoal.train.config import TrainConfig
-    from shoal.train.entry import run_worker
-
-    os.environ["OMP_NUM_THREADS"] = str(job.threads)
-    cfg = TrainConfig(
-        workload="synthetic",
-        arch=job.model,
-        image_size=job.side,
-        samples=job.samples,
-        batch_size=job.batch_size,
-        epochs=job.epochs,
-        lr=job.lr,
-        optimizer="sgd",
-        weight_decay=0.0,
-        seed=job.seed,
-        device="cpu",
-        out=str(Path(job.out) / "shoal-run"),
-        checkpoint_every="0",
-        resume="never",
-        progress=False,
-        channels_last=False,  # the plain loop's memory format: the same arithmetic, bit for bit
-    )
-    rank = int(os.environ.get("RANK", "0"))
-    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-        run_worker(cfg)
-    if rank != 0:
-        return None
-    run = Path(cfg.out)
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    # metrics.jsonl holds each epoch's training throughput: samples seen / training seconds.
-    seconds = [r["samples_seen"] / r["samples_per_s"] for r in records]
-    world_size = records[0]["world_size"]
-    state = torch.load(run / "model.pt", map_location="cpu", weights_only=True)
-    return _result(job, seconds, world_size, "shoal", state)
-
-
-def accelerate_worker(job: Job) -> dict[str, Any] | None:
-    import torch
-    from accelerate import Accelerator
-
-    torch.set_num_threads(job.threads)
-    accelerator = Accelerator(cpu=True)
-    model, optimizer = make_model_and_optimizer(job)
-    wrapped, optimizer = accelerator.prepare(model, optimizer)
-    rank, world_size = accelerator.process_index, accelerator.num_processes
-    seconds = hand_written_loop(job, wrapped, optimizer, accelerator.backward, rank, world_size)
-    result = _result(job, seconds, world_size, "accelerate", model.state_dict()) if rank == 0 else None
-    accelerator.end_training()
-    return result
-
-
-def fabric_worker(job: Job) -> dict[str, Any] | None:
-    import logging
-
-    import torch
-    from lightning.fabric import Fabric
-
-    torch.set_num_threads(job.threads)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)  # its banner would break the table
-    world_size = int(os.environ["WORLD_SIZE"])
-    fabric = Fabric(accelerator="cpu", devices=world_size, strategy="ddp", num_nodes=1)
-    fabric.launch()  # under torch's elastic agent: joins the group, starts nothing
-    model, optimizer = make_model_and_optimizer(job)
-    wrapped, optimizer = fabric.setup(model, optimizer)
-    seconds = hand_written_loop(job, wrapped, optimizer, fabric.backward, fabric.global_rank, world_size)
-    result = _result(job, seconds, world_size, "fabric", model.state_dict()) if fabric.global_rank == 0 else None
-    with contextlib.suppress(Exception):
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-    return result
-
-
-WORKERS: dict[str, Callable[[Job], dict[str, Any] | None]] = {
-    "plain": plain_worker,
-    "shoal": shoal_worker,
-    "accelerate": accelerate_worker,
-    "fabric": fabric_worker,
-}
-
-
-# The orchestration, in the parent process --------------------------------------------------------
-
-
 def largest_difference(a_path: str, b_path: str) -> float:
     """The largest absolute difference between two saved state dicts with the same keys.
 
@@ -353,32 +134,17 @@ def largest_difference(a_path: str, b_path: str) -> float:
         torch.set_num_threads(threads)
 
 
-def run_overhead(cfg: OverheadConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
-    """Run the benchmark; return the report (see :func:`format_overhead`)."""
-    from shoal.env.host import usable_cores
-
-    variants = [BASELINE] + [v for v in dict.fromkeys(cfg.variants) if v != BASELINE]
-    notes = []
-    for name in list(variants):
-        package = PEERS.get(name)
-        if package and importlib.util.find_spec(package) is None:
-            variants.remove(name)
-            notes.append(f"{name}: skipped, {package} is not installed (pip install 'shoal[bench]')")
-    report = rep.new_report(
-        "overhead",
-        {**asdict(cfg), "variants": variants, "image_size": cfg.side, "samples": cfg.epoch_samples},
-        argv=argv,
-    )
-    report["notes"] += notes
+def measure(cfg: OverheadConfig, log: Log) -> Measured:
+    """Every variant launched once per round, rotated; ms/step, paired ratios and the weights check."""
+    variants, notes = skip_missing_peers([BASELINE] + [v for v in dict.fromkeys(cfg.variants) if v != BASELINE])
     cores = usable_cores()
     if cfg.nproc * cfg.threads > cores:
-        report["notes"].append(f"oversubscribed: {cfg.nproc * cfg.threads} threads on {cores} cores")
+        notes.append(f"oversubscribed: {cfg.nproc * cfg.threads} threads on {cores} cores")
     start_method = resolve_start_method(cfg.start_method, "cpu")
-    report["config"]["start_method"] = start_method
     if start_method == "fork":
         _preimport(variants)  # once here, inherited by every forked worker: faster launches
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
-    loads = report["meta"]["load_averages"] = []
+    loads = []
     digests: dict[str, list[str]] = {name: [] for name in variants}
     first_weights: dict[str, str] = {}
     saved = os.environ.get("OMP_NUM_THREADS")
@@ -406,16 +172,26 @@ def run_overhead(cfg: OverheadConfig, *, log: Callable[[str], None] = print, arg
         finally:
             os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.__setitem__("OMP_NUM_THREADS", saved)
         # All launches are done: torch computation in this process is safe from here on.
-        report["weights"] = _weights_summary(variants, digests, first_weights)
-    report["rows"] = _rows(variants, runs)
-    report["notes"] += _verdicts(report)
-    if "shoal" in variants and not report["weights"]["shoal"]["identical"]:
+        weights = _weights_summary(variants, digests, first_weights)
+    rows = _rows(variants, runs)
+    if "shoal" in variants and not weights["shoal"]["identical"]:
         raise ShoalError(
             f"shoal's trainer and the plain DDP loop ended with different weights "
-            f"(largest difference {report['weights']['shoal']['max_abs_diff']:.3g})",
+            f"(largest difference {weights['shoal']['max_abs_diff']:.3g})",
             "this is a bug in shoal (its step must match plain DDP bit for bit); please report it",
         )
-    return rep.finish_report(report)
+    return Measured(
+        rows,
+        notes + _verdicts(rows, weights),
+        config={
+            "variants": variants,
+            "image_size": cfg.side,
+            "samples": cfg.epoch_samples,
+            "start_method": start_method,
+        },
+        meta={"load_averages": loads},
+        extra={"weights": weights},
+    )
 
 
 def _preimport(variants: list[str]) -> None:
@@ -437,7 +213,7 @@ def _rows(variants: list[str], runs: dict[str, list[dict[str, Any]]]) -> list[di
     rows = []
     for name in variants:
         step_s = median(r["step_s"] for r in runs[name])
-        ratios = [r["step_s"] / base_by_round[r["round"]] for r in runs[name]]
+        ratios = paired_ratios({r["round"]: r["step_s"] for r in runs[name]}, base_by_round)
         rows.append(
             {
                 "variant": name,
@@ -468,15 +244,14 @@ def _weights_summary(
     return out
 
 
-def _verdicts(report: dict[str, Any]) -> list[str]:
-    by = {r["variant"]: r for r in report["rows"]}
+def _verdicts(rows: list[dict[str, Any]], weights: dict[str, dict[str, Any]]) -> list[str]:
+    by = {r["variant"]: r for r in rows}
     lines = []
     if "shoal" in by:
-        weights = report["weights"]["shoal"]
         same = (
             "bit-identical weights"
-            if weights["identical"]
-            else f"weights differ by up to {weights['max_abs_diff']:.3g}"
+            if weights["shoal"]["identical"]
+            else f"weights differ by up to {weights['shoal']['max_abs_diff']:.3g}"
         )
         lines.append(
             f"shoal / plain DDP step time: {by['shoal']['vs_plain_paired']:.3f} (paired median; "
@@ -484,20 +259,19 @@ def _verdicts(report: dict[str, Any]) -> list[str]:
         )
     for name in ("accelerate", "fabric"):
         if name in by:
-            diff = report["weights"][name]["max_abs_diff"]
+            diff = weights[name]["max_abs_diff"]
             lines.append(
                 f"{name} / plain: {by[name]['vs_plain_paired']:.3f}; weights vs plain: "
-                + ("bit-identical" if report["weights"][name]["identical"] else f"max |diff| {diff:.3g}")
+                + ("bit-identical" if weights[name]["identical"] else f"max |diff| {diff:.3g}")
             )
             if "shoal" in by:
                 lines.append(f"shoal / {name}: {by['shoal']['vs_plain_paired'] / by[name]['vs_plain_paired']:.3f}")
     return lines
 
 
-def format_overhead(report: dict[str, Any]) -> str:
+def text(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
-    lines = [
-        rep.header(report),
+    return [
         f"{cfg['model']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}/process, {cfg['nproc']} "
         f"processes x {cfg['threads']} thread(s), {cfg['samples']} samples/epoch, {cfg['epochs']} epochs "
         f"({cfg['warmup']} untimed); {cfg['repeat']} interleaved round(s); paired = median of per-round ratios to plain",
@@ -518,8 +292,6 @@ def format_overhead(report: dict[str, Any]) -> str:
             align="lrrrrl",
         ),
     ]
-    lines += [f"- {note}" for note in report["notes"]]
-    return "\n".join(lines)
 
 
 def _weights_cell(report: dict[str, Any], name: str) -> str:
@@ -529,20 +301,26 @@ def _weights_cell(report: dict[str, Any], name: str) -> str:
     return "bit-identical" if w["identical"] else f"max |diff| {w['max_abs_diff']:.2g}"
 
 
-def plot_overhead(report: dict[str, Any], path) -> tuple[Any, str | None]:
-    rows = report["rows"]
-
-    def draw(ax) -> None:
-        names = [r["variant"] for r in rows]
-        ax.barh(names, [r["step_ms"] for r in rows])
-        for i, r in enumerate(rows):
-            ax.plot(r["step_ms_runs"], [i] * len(r["step_ms_runs"]), "k.", markersize=4)
-        ax.invert_yaxis()
-        ax.set_xlabel("ms per training step (bars: median, dots: rounds)")
-        ax.set_title(f"overhead, {report['config']['model']}, {report['config']['nproc']} processes")
-
-    return rep.save_plot(path, draw)
-
-
-def smoke_config(**overrides: Any) -> OverheadConfig:
-    return replace(OverheadConfig(**SMOKE), **overrides)
+BENCHMARK = Benchmark(
+    name="overhead",
+    config=OverheadConfig,
+    smoke=SMOKE,
+    measure=measure,
+    text=text,
+    draw=rep.runs_chart(
+        "step_ms",
+        "step_ms_runs",
+        "ms per training step (bars: median, dots: rounds)",
+        lambda cfg: f"overhead, {cfg['model']}, {cfg['nproc']} processes",
+    ),
+    description="The same model, data, batches, optimizer and lr schedule run by a plain DDP loop, by shoal train, "
+    "and (when installed) by Accelerate and Lightning Fabric, launches interleaved; median ms/step and the ratio "
+    "to the plain loop. The plain loop and shoal must end with bit-identical weights.",
+    examples="""\
+examples:
+  shoal bench overhead                                  # tiny MLP, 2 processes: per-step cost shows
+  shoal bench overhead --model resnet18 --repeat 7      # ResNet-18 32x32
+  shoal bench overhead --variants plain,shoal           # without Accelerate / Fabric
+  shoal bench overhead --smoke --json o.json            # seconds; checks the bit-identical weights
+""",
+)

@@ -2,12 +2,13 @@
 
 A report is a plain dict (what ``--json`` writes): ``benchmark``, ``meta`` (command, date, machine,
 load), ``config`` (the sizes measured), the benchmark's rows, and ``notes`` (rows skipped and why,
-verdicts). Plots need matplotlib (``pip install 'shoal[bench]'``); without it the plot is skipped
-with a note, never an error.
+verdicts); :class:`shoal.bench.harness.Benchmark` assembles it. Plots need matplotlib
+(``pip install 'shoal[bench]'``); without it the plot is skipped with a note, never an error.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -162,8 +163,7 @@ def save_plot(path: str | os.PathLike, draw: Callable[[Any], None]) -> tuple[Pat
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     try:
         draw(ax)
-        if ax.get_yscale() == "linear":
-            ax.set_ylim(bottom=0)  # ratios read true only from zero
+        _values_from_zero(ax)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         fig.savefig(path)
@@ -172,7 +172,37 @@ def save_plot(path: str | os.PathLike, draw: Callable[[Any], None]) -> tuple[Pat
     return path, None
 
 
-# Number formatting -------------------------------------------------------------------------------
+def _values_from_zero(ax: Any) -> None:
+    """Start the axis that holds values at zero (ratios read true only from there), when it is linear.
+
+    That is y, or x for horizontal bars (their y holds categories: clipping it would hide bars).
+    """
+    if ax.yaxis.units is None:
+        if ax.get_yscale() == "linear":
+            ax.set_ylim(bottom=0)
+    elif ax.get_xscale() == "linear":
+        ax.set_xlim(left=0)
+
+
+def runs_chart(
+    value: str, runs: str, xlabel: str, title: Callable[[dict[str, Any]], str]
+) -> Callable[[Any, dict], None]:
+    """A benchmark's ``draw``: one horizontal bar per row (its median ``value``) with a dot per run
+    (the list ``runs``), so the spread shows; ``title`` is made from the report's config."""
+
+    def draw(ax: Any, report: dict[str, Any]) -> None:
+        rows = report["rows"]
+        ax.barh([r["variant"] for r in rows], [r[value] for r in rows])
+        for i, r in enumerate(rows):
+            ax.plot(r[runs], [i] * len(r[runs]), "k.", markersize=4)
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title(report["config"]))
+
+    return draw
+
+
+# Numbers: formatting and parsing -----------------------------------------------------------------
 
 
 def rate(value: float) -> str:
@@ -193,6 +223,34 @@ def size(nbytes: float) -> str:
             value = nbytes / scale
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{nbytes:.0f} B"
+
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'4K' -> 4096, '256M' -> 268435456, '1G', '4096': the inverse of :func:`size` (for flags)."""
+    raw = text.strip().upper()
+    number = raw.rstrip("KMGB")
+    unit = raw[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected a size such as 4096, 4K, 256M or 1G, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a size must be at least 1 byte, got {text!r}")
+    return int(value)
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4) (for flags; the error names the form expected)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,4, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number, e.g. 1,2")
+    return values
 
 
 def less_time(reduction: float) -> str:

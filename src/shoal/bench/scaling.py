@@ -8,7 +8,8 @@ Every process is started through shoal's own launcher (:func:`shoal.launch.local
 uses shoal's library (``shoal.init``, ``ctx.wrap``, ``ctx.loader`` over tensors), as a user's job
 would. One launch per world size and repeat; the launches are interleaved (1, 2, 1, 2, ...) and the
 median over repeats is reported. Inside a launch several *variants* take turns on the same
-processes (after a warm-up of each, the timed steps run in ``--blocks`` blocks: A B C A B C ...):
+processes (after a warm-up of each, the timed steps run in ``--blocks`` blocks: A B C A B C ...;
+see :mod:`shoal.bench.scaling_worker`):
 
 * ``ddp``: the job as it is (DDP's gradient all-reduce after every backward);
 * ``no_allreduce``: the same processes with DDP's gradient sync skipped (``no_sync``), a control
@@ -28,30 +29,29 @@ fixed amount of work ("49.6% less time").
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from shoal.bench import report as rep
 from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
+from shoal.bench.harness import Benchmark, Log, Measured, flag, paired_ratio
 from shoal.bench.options import require_at_least
-from shoal.bench.timing import clock, load_average, median, rotations
+from shoal.bench.scaling_worker import Variant, WorkerSpec, scaling_worker
+from shoal.bench.timing import load_average, median, rotations
+from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
-
-NUM_CLASSES = 10
-POOL_BATCHES = 8
-"""Random batches held per rank (the loader cycles over them): bounded memory for any step count."""
 
 
 @dataclass(frozen=True)
 class ScalingConfig:
     """What ``shoal bench scaling`` measures."""
 
-    world_sizes: tuple[int, ...] = ()
-    """Process counts to measure; default 1..cores (1..GPUs on CUDA). 1 is always included."""
+    world_sizes: tuple[int, ...] = field(
+        default=(), metadata=flag(parse=rep.parse_int_list, metavar="N,N,...", default="1..cores")
+    )
+    """Comma-separated process counts to measure (1..GPUs on CUDA); 1 is always included."""
     arch: str = "resnet18"
-    """Model to train: a torchvision ResNet (resnet18 ... resnet152) or ``mlp`` (the synthetic workload's)."""
+    """Model to train: a torchvision ResNet (resnet18 ... resnet152) or mlp (the synthetic workload's)."""
     image_size: int = 32
     """Side of the random square RGB images."""
     batch_size: int = 32
@@ -63,19 +63,20 @@ class ScalingConfig:
     blocks: int = 4
     """The timed steps of a launch run in this many blocks, the variants taking turns."""
     repeat: int = 3
-    """Launches per world size (interleaved); the median is reported."""
+    """Launches per world size, interleaved; the median is reported."""
     threads: int = 1
     """Intra-op threads per process on CPU (the base is 1 process with this many)."""
     comm_hook: str = "none"
     """Also measure DDP with this gradient-compression hook: none, bf16 or fp16."""
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (CUDA when there is a GPU per process), cpu or cuda."""
-    start_method: str = "auto"
-    """How launch_local starts workers: auto (fork on CPU: the workers inherit the imported torch and
-    torchvision instead of importing them again, seconds per launch; spawn with CUDA, which does not
-    survive a fork), fork or spawn. Steady-state throughput does not depend on it."""
+    start_method: Literal["auto", "fork", "spawn"] = "auto"
+    """How launch_local starts workers: auto (fork on CPU, spawn with CUDA), fork or spawn.
+
+    Forked workers inherit the imported torch and torchvision instead of importing them again
+    (seconds per launch); CUDA does not survive a fork. Steady-state throughput does not depend on it."""
     controls: bool = True
-    """Measure the no-all-reduce control and (on CPU) the equal-threads single process."""
+    """Measure the no-all-reduce control, torch's DDP defaults and (on CPU) the equal-threads process."""
 
     def __post_init__(self) -> None:
         from shoal.distributed.comm_hooks import check_comm_hook
@@ -97,132 +98,6 @@ SMOKE = dict(world_sizes=(1, 2), image_size=16, batch_size=4, steps=2, warmup=1,
 """Tiny sizes for ``--smoke``: checks the machinery in seconds; the numbers mean nothing."""
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One measured configuration inside a launch."""
-
-    name: str
-    threads: int
-    batch_size: int
-    sync: bool = True
-    hook: str = "none"
-    torch_defaults: bool = False
-    """DDP with torch's default options instead of shoal's (``ctx.wrap``)."""
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker needs (picklable: workers are spawned)."""
-
-    arch: str
-    image_size: int
-    device: str
-    steps: int
-    warmup: int
-    blocks: int = 1
-    variants: tuple[Variant, ...] = field(default_factory=tuple)
-
-
-def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
-    """One rank: train every variant for ``warmup + steps`` steps; rank 0 returns the timings."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    import shoal
-    from shoal.distributed.comm_hooks import register_comm_hook
-    from shoal.workloads.synthetic import build_synthetic_model
-
-    ctx = shoal.init(device=spec.device, threads=spec.variants[0].threads, seed=0)
-    try:
-        models: dict[tuple[str, bool], tuple[Any, Any]] = {}
-        for v in spec.variants:
-            key = (v.hook, v.torch_defaults)
-            if key not in models:
-                torch.manual_seed(0)
-                options = {"gradient_as_bucket_view": False} if v.torch_defaults else {}
-                model = ctx.wrap(build_synthetic_model(spec.arch, spec.image_size, NUM_CLASSES), **options)
-                register_comm_hook(model, v.hook)
-                models[key] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
-        biggest = max(v.batch_size for v in spec.variants)
-        pool = biggest * ctx.world_size * min(POOL_BATCHES, spec.steps + spec.warmup)
-        gen = torch.Generator().manual_seed(0)
-        images = torch.randn((pool, 3, spec.image_size, spec.image_size), generator=gen).to(ctx.device)
-        labels = torch.randint(0, NUM_CLASSES, (pool,), generator=gen).to(ctx.device)
-
-        steppers = {}
-        for v in spec.variants:
-            model, optimizer = models[(v.hook, v.torch_defaults)]
-            model.train()
-            steppers[v.name] = _stepper(
-                model, optimizer, _cycle(ctx.loader((images, labels), batch_size=v.batch_size)), v.sync, F.cross_entropy
-            )
-
-        def use(v: Variant) -> None:
-            if ctx.device.type == "cpu":
-                torch.set_num_threads(v.threads)
-
-        for v in spec.variants:
-            use(v)
-            for _ in range(spec.warmup):
-                steppers[v.name]()
-        # Timed steps in blocks, the variants taking turns (A B C A B C ...): a slow spell of a
-        # shared machine then hits every variant, and the comparisons inside a launch stay fair.
-        seconds = {v.name: 0.0 for v in spec.variants}
-        for block in _blocks(spec.steps, spec.blocks):
-            for v in spec.variants:
-                use(v)
-                ctx.barrier()
-                start = clock(ctx.device)
-                for _ in range(block):
-                    steppers[v.name]()
-                elapsed = torch.tensor([clock(ctx.device) - start], dtype=torch.float64, device=ctx.device)
-                if ctx.world_size > 1:
-                    # The job is as fast as its slowest rank.
-                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                seconds[v.name] += float(elapsed.item())
-        results: dict[str, dict[str, float]] = {}
-        for v in spec.variants:
-            samples = v.batch_size * ctx.world_size * spec.steps
-            results[v.name] = {
-                "seconds": seconds[v.name],
-                "samples": samples,
-                "samples_per_s": samples / seconds[v.name],
-            }
-        return results if ctx.is_main else None
-    finally:
-        ctx.shutdown()
-
-
-def _stepper(model, optimizer, batches, sync: bool, loss_fn) -> Callable[[], None]:
-    """One training step of ``model``; DDP's gradient all-reduce skipped when not ``sync``."""
-    no_sync = getattr(model, "no_sync", None)
-
-    def step() -> None:
-        inputs, targets = next(batches)
-        with contextlib.nullcontext() if sync or no_sync is None else no_sync():
-            loss_fn(model(inputs), targets).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
-def _blocks(steps: int, blocks: int) -> list[int]:
-    """``steps`` split into at most ``blocks`` near-equal positive parts: 20, 4 -> [5, 5, 5, 5]."""
-    blocks = max(1, min(blocks, steps))
-    return [steps // blocks + (1 if i < steps % blocks else 0) for i in range(blocks)]
-
-
-def _cycle(loader):
-    """Batches from ``loader`` forever (a new epoch, reshuffled, whenever one ends)."""
-    while True:
-        yield from loader
-
-
-# The orchestration, in the parent process --------------------------------------------------------
-
-
 def plan_launches(cfg: ScalingConfig, world_sizes: list[int], on_cpu: bool) -> dict[int, tuple[Variant, ...]]:
     """The variants each world size's launch measures."""
     b, t = cfg.batch_size, cfg.threads
@@ -242,32 +117,28 @@ def plan_launches(cfg: ScalingConfig, world_sizes: list[int], on_cpu: bool) -> d
     return launches
 
 
-def run_scaling(cfg: ScalingConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
-    """Run the benchmark; return the report (see :func:`format_scaling` for the text form)."""
+def measure(cfg: ScalingConfig, log: Log) -> Measured:
+    """Launch every world size ``repeat`` times, interleaved; rows, summaries and verdicts."""
     from shoal.distributed.device import choose_device
-    from shoal.env.host import usable_cores
 
     cores = usable_cores()
     world_sizes = sorted(set(cfg.world_sizes or range(1, _default_max(cfg.device, cores) + 1)) | {1})
     device = choose_device(cfg.device, 0, max(world_sizes))  # cuda: a GPU per process, or an error
     on_cpu = device.type == "cpu"
-    report = rep.new_report(
-        "scaling", {**asdict(cfg), "world_sizes": world_sizes, "workload": "synthetic"}, device=device.type, argv=argv
-    )
+    notes = []
     if on_cpu and max(world_sizes) * cfg.threads > cores:
-        report["notes"].append(
+        notes.append(
             f"oversubscribed: up to {max(world_sizes) * cfg.threads} threads on {cores} cores; "
             "rows beyond the core count measure time-sharing, not scaling"
         )
     launches = plan_launches(cfg, world_sizes, on_cpu)
     start_method = resolve_start_method(cfg.start_method, device.type)
-    report["config"]["start_method"] = start_method
     if start_method == "fork":
         import torchvision.models  # noqa: F401  (imported once here, inherited by every worker)
 
         import shoal.distributed.comm_hooks  # noqa: F401
     runs: dict[tuple[int, str], list[float]] = {}
-    loads = report["meta"]["load_averages"] = []  # sampled before each launch: how noisy it was
+    loads = []  # sampled before each launch: how noisy it was
     for order in rotations(world_sizes, cfg.repeat):
         for n in order:
             loads.append(load_average())
@@ -276,10 +147,16 @@ def run_scaling(cfg: ScalingConfig, *, log: Callable[[str], None] = print, argv=
             result = launch_workers(scaling_worker, (spec,), n, start_method)
             for name, timing in result.items():
                 runs.setdefault((n, name), []).append(timing["samples_per_s"])
-    report["rows"] = _rows(cfg, launches, runs, on_cpu)
-    report["summary"] = _summaries(report["rows"], cfg)
-    report["notes"] += [s["verdict"] for s in report["summary"]]
-    return rep.finish_report(report)
+    rows = _rows(cfg, launches, runs, on_cpu)
+    summary = _summaries(rows, cfg)
+    return Measured(
+        rows,
+        notes + [s["verdict"] for s in summary],
+        config={"world_sizes": world_sizes, "workload": "synthetic", "start_method": start_method},
+        device=device.type,
+        meta={"load_averages": loads},
+        extra={"summary": summary},
+    )
 
 
 def _default_max(device: str, cores: int) -> int:
@@ -298,7 +175,6 @@ def _rows(cfg: ScalingConfig, launches, runs, on_cpu: bool) -> list[dict[str, An
         for v in variants:
             values = runs[(n, v.name)]
             tput = median(values)
-            total_threads = n * v.threads if on_cpu else None
             scale = (n * v.threads / cfg.threads) if on_cpu else n
             rows.append(
                 {
@@ -307,7 +183,7 @@ def _rows(cfg: ScalingConfig, launches, runs, on_cpu: bool) -> list[dict[str, An
                     "label": _label(n, v, on_cpu),
                     "processes": n,
                     "threads_per_process": v.threads if on_cpu else None,
-                    "total_threads": total_threads,
+                    "total_threads": n * v.threads if on_cpu else None,
                     "batch_per_process": v.batch_size,
                     "global_batch": v.batch_size * n,
                     "scale": scale,
@@ -339,38 +215,36 @@ def _label(n: int, v: Variant, on_cpu: bool) -> str:
 def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig) -> list[dict[str, Any]]:
     """Per world size > 1: where the lost efficiency went, and a one-line verdict."""
     by = {(r["world_size"], r["variant"]): r for r in rows}
+
+    def paired(a: dict[str, Any], b: dict[str, Any]) -> float:
+        # Two variants measured in the same launch (or the same round) saw the same spell of a shared machine.
+        return paired_ratio(a["samples_per_s_runs"], b["samples_per_s_runs"])
+
     out = []
     for (n, name), row in sorted(by.items()):
         if n == 1 or name != "ddp":
             continue
         s: dict[str, Any] = {"world_size": n, "efficiency": row["efficiency"]}
-        # Comparisons are medians of per-launch (paired) ratios: two variants measured in the same
-        # launch, or in the same round, saw the same spell of a shared machine.
         control = by.get((n, "no_allreduce"))
         if control is not None:
             s["efficiency_no_allreduce"] = control["efficiency"]
             # The part of a step spent on gradient sync that did not overlap the backward pass.
-            s["allreduce_share"] = 1.0 - paired_ratio(row, control)
+            s["allreduce_share"] = 1.0 - paired(row, control)
         hook = by.get((n, f"hook:{cfg.comm_hook}"))
         if hook is not None:
             s["hook"] = cfg.comm_hook
             s["efficiency_hook"] = hook["efficiency"]
-            s["hook_gain"] = paired_ratio(hook, row) - 1.0
+            s["hook_gain"] = paired(hook, row) - 1.0
         defaults = by.get((n, "torch_defaults"))
         if defaults is not None:
             s["efficiency_torch_defaults"] = defaults["efficiency"]
-            s["settings_gain"] = paired_ratio(row, defaults) - 1.0
+            s["settings_gain"] = paired(row, defaults) - 1.0
         threads = by.get((1, f"threads:{n * cfg.threads}"))
         if threads is not None:
-            s["processes_vs_threads"] = paired_ratio(row, threads)
+            s["processes_vs_threads"] = paired(row, threads)
         s["bound"], s["verdict"] = _verdict(n, s)
         out.append(s)
     return out
-
-
-def paired_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
-    """Median over launches (or rounds) of ``a``'s samples/s over ``b``'s in the same one."""
-    return median(x / y for x, y in zip(a["samples_per_s_runs"], b["samples_per_s_runs"]))
 
 
 def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
@@ -411,79 +285,81 @@ def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
     return bound, f"{text}, {why}{extra}"
 
 
-def format_scaling(report: dict[str, Any]) -> str:
-    """The terminal form of a scaling report."""
+def text(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
-    lines = [
-        rep.header(report),
+    rows = [
+        [
+            r["label"],
+            r["global_batch"],
+            rep.rate(r["samples_per_s"]),
+            f"{r['step_s'] * 1000:.0f}",
+            f"{r['speedup']:.2f}x",
+            f"{r['efficiency']:.2f}",
+            rep.less_time(r["time_reduction"]) + (" *" if r["variant"] != "ddp" else ""),
+        ]
+        for r in report["rows"]
+    ]
+    return [
         f"synthetic {cfg['arch']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}/process, "
         f"{cfg['steps']} timed steps ({cfg['blocks']} interleaved blocks) after {cfg['warmup']} warm-up, "
         f"median of {cfg['repeat']} launch(es)",
         "",
-    ]
-    rows = []
-    for r in report["rows"]:
-        control = r["variant"] != "ddp"
-        rows.append(
-            [
-                r["label"],
-                r["global_batch"],
-                rep.rate(r["samples_per_s"]),
-                f"{r['step_s'] * 1000:.0f}",
-                f"{r['speedup']:.2f}x",
-                f"{r['efficiency']:.2f}",
-                rep.less_time(r["time_reduction"]) + (" *" if control else ""),
-            ]
-        )
-    lines.append(
         rep.table(
             ["configuration", "global batch", "samples/s", "ms/step", "speedup", "efficiency", "fixed work vs 1 proc"],
             rows,
-        )
-    )
-    lines.append("efficiency = samples/s / (scale x samples/s of 1 process); * = control/comparison, not the job")
-    lines += [f"- {note}" for note in report["notes"]]
-    return "\n".join(lines)
+        ),
+        "efficiency = samples/s / (scale x samples/s of 1 process); * = control/comparison, not the job",
+    ]
 
 
-def plot_scaling(report: dict[str, Any], path) -> tuple[Any, str | None]:
+def draw(ax: Any, report: dict[str, Any]) -> None:
     """Measured throughput against ideal linear scaling (and the controls)."""
-    rows = report["rows"]
+    rows, cfg = report["rows"], report["config"]
     base = next(r for r in rows if r["world_size"] == 1 and r["variant"] == "ddp")["samples_per_s"]
 
     def series(pred):
         pts = sorted((r["scale"], r["samples_per_s"]) for r in rows if pred(r))
         return [p[0] for p in pts], [p[1] for p in pts]
 
-    def draw(ax) -> None:
-        xs, ys = series(lambda r: r["variant"] == "ddp")
-        top = max(xs)
-        ax.plot([1, top], [base, base * top], "k--", label="ideal linear")
-        ax.plot(xs, ys, "o-", label="measured (DDP)")
-        for name, style, label in (
-            ("no_allreduce", "s:", "no all-reduce (control)"),
-            (f"hook:{report['config']['comm_hook']}", "^-", f"{report['config']['comm_hook']} hook"),
-        ):
-            cx, cy = series(
-                lambda r, name=name: r["variant"] == name or (r["variant"] == "ddp" and r["world_size"] == 1)
-            )
-            if len(cx) > 1:
-                ax.plot(cx, cy, style, label=label)
-        tx, ty = series(
-            lambda r: r["variant"].startswith("threads:") or (r["variant"] == "ddp" and r["world_size"] == 1)
-        )
-        if len(tx) > 1:
-            ax.plot(tx, ty, "d-.", label="1 process, more threads")
-        cfg = report["config"]
-        ax.set_xlabel("processes x threads (CPU) / processes (GPU)")
-        ax.set_ylabel("global samples/s")
-        ax.set_title(f"{cfg['arch']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}/process")
-        ax.set_xticks(sorted({r["scale"] for r in rows}))
-        ax.legend()
+    def with_base(pred):
+        return series(lambda r: pred(r) or (r["variant"] == "ddp" and r["world_size"] == 1))
 
-    return rep.save_plot(path, draw)
+    xs, ys = series(lambda r: r["variant"] == "ddp")
+    ax.plot([1, max(xs)], [base, base * max(xs)], "k--", label="ideal linear")
+    ax.plot(xs, ys, "o-", label="measured (DDP)")
+    controls = (
+        (lambda r: r["variant"] == "no_allreduce", "s:", "no all-reduce (control)"),
+        (lambda r: r["variant"] == f"hook:{cfg['comm_hook']}", "^-", f"{cfg['comm_hook']} hook"),
+        (lambda r: r["variant"].startswith("threads:"), "d-.", "1 process, more threads"),
+    )
+    for pred, style, label in controls:
+        cx, cy = with_base(pred)
+        if len(cx) > 1:
+            ax.plot(cx, cy, style, label=label)
+    ax.set_xlabel("processes x threads (CPU) / processes (GPU)")
+    ax.set_ylabel("global samples/s")
+    ax.set_title(f"{cfg['arch']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}/process")
+    ax.set_xticks(sorted({r["scale"] for r in rows}))
+    ax.legend()
 
 
-def smoke_config(**overrides: Any) -> ScalingConfig:
-    """The ``--smoke`` configuration (tiny sizes), with ``overrides`` applied."""
-    return replace(ScalingConfig(**SMOKE), **overrides)
+BENCHMARK = Benchmark(
+    name="scaling",
+    config=ScalingConfig,
+    smoke=SMOKE,
+    measure=measure,
+    text=text,
+    draw=draw,
+    description="Train a torchvision ResNet (or an MLP) on random images with 1..N processes started by shoal's "
+    "launcher; report global samples/s, speedup, scaling efficiency and the time saved on fixed work, with a "
+    "no-all-reduce control and (CPU) 1 process with N x threads.",
+    examples="""\
+examples:
+  shoal bench scaling                                   # 1..cores processes x 1 thread, ResNet-18 32x32, batch 32
+  shoal bench scaling --world-sizes 1,2 --repeat 5      # more repeats on a noisy machine
+  shoal bench scaling --comm-hook bf16                  # also measure bf16 gradient compression
+  shoal bench scaling --arch resnet50 --image-size 64 --batch-size 16
+  shoal bench scaling --device cuda --world-sizes 1,2,4,8 --json scaling.json   # GPUs, nccl
+  shoal bench scaling --smoke --json /tmp/s.json        # a few seconds: checks the machinery only
+""",
+)

@@ -13,22 +13,26 @@ machine). A failed run (a port taken by another job, say) is counted and reporte
 
 Variants (``--variants``, comma-separated):
 
-* ``torchrun``: ``python -m torch.distributed.run --standalone --nproc-per-node N probe.py`` (baseline);
+The probe is a real file, :mod:`shoal.bench.probes.startup_probe`: the script variants run it, the
+function variants import it.
+
+* ``torchrun``: ``python -m torch.distributed.run --standalone --nproc-per-node N startup_probe.py`` (baseline);
 * ``shoal_run``: ``shoal run --nproc N probe.py`` on the same script;
-* ``launch_spawn`` / ``launch_fork``: ``python -c`` calling ``shoal.launch.local.launch_local(probe,
-  (...), N, start_method=...)`` with a function entrypoint (what ``shoal train --nproc`` does);
+* ``launch_spawn`` / ``launch_fork``: ``python -c`` calling the probe's ``launch_probe``, that is
+  ``shoal.launch.local.launch_local(probe, (...), N, start_method=...)`` with a function entrypoint
+  (what ``shoal train --nproc`` does);
 * ``train_synthetic`` / ``train_digits``: ``shoal train ... --nproc N`` with an epoch of exactly one
   step per rank; observed from outside as the moment the ``epoch 1/1`` line appears, so it is an
   upper bound that also holds loading the data, one step and a tiny evaluation;
 * ``accelerate``: ``accelerate launch --multi_gpu --num_processes N probe.py`` (delegates to torchrun;
   on CPU too), and ``fabric``: Lightning's ``fabric run --accelerator cpu --devices N probe.py``:
   each skipped with a note when the package is not installed (``pip install 'shoal[bench]'``);
-* ``import_torch``: ``python -c "import torch.distributed"``, one process: the floor every worker pays.
+* ``import_torch``: ``python startup_probe.py --import-only``, one process that imports
+  ``torch.distributed``: the floor every worker pays.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -39,11 +43,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shoal.bench import report as rep
+from shoal.bench.harness import Benchmark, Log, Measured, paired_ratio, skip_missing_peers
 from shoal.bench.timing import load_average, median, rotations
 from shoal.errors import ShoalError
 from shoal.launch.ports import find_free_port
@@ -62,30 +67,8 @@ ALL_VARIANTS = (
 BASELINE = "torchrun"
 RUN_TIMEOUT_S = 180.0
 
-PROBE_SCRIPT = '''\
-"""shoal bench startup probe: join the group, finish one DDP training step, stamp the time."""
-import gc, os, sys, time
-import torch
-import torch.distributed as dist
-
-
-def probe(out_dir):
-    dist.init_process_group("gloo")
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model(torch.ones(4, 8)).sum().backward()  # the gradient all-reduce
-    optimizer.step()
-    stamp = time.time()
-    rank = dist.get_rank()
-    dist.destroy_process_group()
-    gc.collect()  # torch 2.14's gloo can abort at exit otherwise (see shoal.distributed.process_group)
-    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
-        f.write(repr(stamp))
-
-
-if __name__ == "__main__":
-    probe(sys.argv[1])
-'''
+PROBE = Path(__file__).with_name("probes") / "startup_probe.py"
+"""The probe the script variants run (:mod:`shoal.bench.probes.startup_probe`)."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +78,11 @@ class StartupConfig:
     nproc: int = 2
     """Workers per launch."""
     repeat: int = 5
-    """Timed rounds (every variant once per round, interleaved); the median is reported."""
+    """Timed rounds, every variant once per round, interleaved; the median is reported."""
     warmup: int = 1
-    """Untimed rounds first (warms the page cache)."""
+    """Untimed rounds first (they warm the page cache)."""
     variants: tuple[str, ...] = ALL_VARIANTS
+    """Comma-separated launchers to time (see the description above; default: all of them)."""
 
     def __post_init__(self) -> None:
         unknown = [v for v in self.variants if v not in ALL_VARIANTS]
@@ -117,20 +101,6 @@ SMOKE = dict(nproc=1, repeat=1, warmup=0, variants=("torchrun", "shoal_run"))
 """``--smoke``: torchrun and shoal run, once each, one worker (the machinery, in seconds)."""
 
 
-def startup_probe(out_dir: str) -> None:
-    """The probe as a function (a ``launch_local`` entrypoint): PROBE_SCRIPT's own ``probe``."""
-    namespace: dict[str, Any] = {"__name__": "shoal_startup_probe"}
-    exec(PROBE_SCRIPT, namespace)  # the one definition of the probe, shared with the script variants
-    namespace["probe"](out_dir)
-
-
-def launch_probe(start_method: str, nproc: int, out_dir: str) -> None:
-    """``python -c`` target of the ``launch_*`` variants: launch_local with a function entrypoint."""
-    from shoal.launch.local import launch_local
-
-    launch_local(startup_probe, (out_dir,), nproc, start_method=start_method)
-
-
 @dataclass
 class _Command:
     argv: list[str]
@@ -141,110 +111,43 @@ class _Command:
 
 def _commands(cfg: StartupConfig, script: Path, work: Path) -> tuple[dict[str, Callable[[Path], _Command]], list[str]]:
     """Variant -> factory of its command for a fresh output dir; plus notes on skipped variants."""
-    py, n = sys.executable, str(cfg.nproc)
-    notes: list[str] = []
+    py, n, ranks = sys.executable, str(cfg.nproc), cfg.nproc
+
+    def train(workload: str, *options: str) -> Callable[[Path], _Command]:
+        # Timed by its "epoch 1/1" line: an epoch of exactly one step per rank.
+        common = ["--nproc", n, "--epochs", "1", *options, "--device", "cpu", "--no-progress"]
+        return lambda out: _Command(
+            [py, "-m", "shoal", "train", workload, *common, "--out", str(out / "run")], line="epoch 1/1"
+        )
+
     made: dict[str, Callable[[Path], _Command]] = {
         "torchrun": lambda out: _Command(
-            [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, str(script), str(out)], cfg.nproc
+            [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, str(script), str(out)], ranks
         ),
-        "shoal_run": lambda out: _Command([py, "-m", "shoal", "run", "--nproc", n, str(script), str(out)], cfg.nproc),
-        "launch_spawn": lambda out: _Command([py, "-c", _probe_call("spawn", cfg.nproc, out)], cfg.nproc),
-        "launch_fork": lambda out: _Command([py, "-c", _probe_call("fork", cfg.nproc, out)], cfg.nproc),
-        # One step per rank per epoch: synthetic with nproc x 32 samples at batch 32; digits' 1,440
-        # training images at batch 1024 (each rank's shard fits one batch).
-        "train_synthetic": lambda out: _Command(
-            [
-                py,
-                "-m",
-                "shoal",
-                "train",
-                "synthetic",
-                "--nproc",
-                n,
-                "--epochs",
-                "1",
-                "--batch-size",
-                "32",
-                "--samples",
-                str(32 * cfg.nproc),
-                "--device",
-                "cpu",
-                "--no-progress",
-                "--out",
-                str(out / "run"),
-            ],
-            line="epoch 1/1",
-        ),
-        "train_digits": lambda out: _Command(
-            [
-                py,
-                "-m",
-                "shoal",
-                "train",
-                "digits",
-                "--nproc",
-                n,
-                "--epochs",
-                "1",
-                "--batch-size",
-                "1024",
-                "--device",
-                "cpu",
-                "--no-progress",
-                "--out",
-                str(out / "run"),
-            ],
-            line="epoch 1/1",
-        ),
+        "shoal_run": lambda out: _Command([py, "-m", "shoal", "run", "--nproc", n, str(script), str(out)], ranks),
+        "launch_spawn": lambda out: _Command([py, "-c", _probe_call("spawn", cfg.nproc, out)], ranks),
+        "launch_fork": lambda out: _Command([py, "-c", _probe_call("fork", cfg.nproc, out)], ranks),
+        # synthetic: nproc x 32 samples at batch 32; digits: 1,440 training images at batch 1024 (each
+        # rank's shard fits one batch).
+        "train_synthetic": train("synthetic", "--batch-size", "32", "--samples", str(32 * cfg.nproc)),
+        "train_digits": train("digits", "--batch-size", "1024"),
         # accelerate and fabric rendezvous on fixed default ports (29500, 29400): give them a free
         # one, or a concurrent job on the machine makes them fail with EADDRINUSE.
         "accelerate": lambda out: _Command(
-            [
-                py,
-                "-m",
-                "accelerate.commands.launch",
-                "--multi_gpu",
-                "--num_processes",
-                n,
-                "--num_machines",
-                "1",
-                "--mixed_precision",
-                "no",
-                "--dynamo_backend",
-                "no",
-                "--main_process_port",
-                str(find_free_port()),
-                str(script),
-                str(out),
-            ],
-            cfg.nproc,
+            [py, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", n, "--num_machines", "1"]
+            + ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(find_free_port())]
+            + [str(script), str(out)],
+            ranks,
         ),
         "fabric": lambda out: _Command(
-            [
-                py,
-                "-m",
-                "lightning.fabric.cli",
-                "--accelerator",
-                "cpu",
-                "--devices",
-                n,
-                "--main-port",
-                str(find_free_port()),
-                str(script),
-                str(out),
-            ],
-            cfg.nproc,
+            [py, "-m", "lightning.fabric.cli", "--accelerator", "cpu", "--devices", n]
+            + ["--main-port", str(find_free_port()), str(script), str(out)],
+            ranks,
         ),
-        "import_torch": lambda out: _Command([py, "-c", _import_call(out)], 1),
+        "import_torch": lambda out: _Command([py, str(script), "--import-only", str(out)], 1),
     }
-    chosen = {}
-    for name in cfg.variants:
-        missing = {"accelerate": "accelerate", "fabric": "lightning"}.get(name)
-        if missing and importlib.util.find_spec(missing) is None:
-            notes.append(f"{name} skipped: {missing} is not installed (pip install 'shoal[bench]')")
-            continue
-        chosen[name] = made[name]
-    return chosen, notes
+    chosen, notes = skip_missing_peers(cfg.variants)
+    return {name: made[name] for name in chosen}, notes
 
 
 def _display(argv: list[str]) -> str:
@@ -259,11 +162,7 @@ def _display(argv: list[str]) -> str:
 
 
 def _probe_call(method: str, nproc: int, out: Path) -> str:
-    return f"from shoal.bench.startup import launch_probe; launch_probe({method!r}, {nproc}, {str(out)!r})"
-
-
-def _import_call(out: Path) -> str:
-    return f"import time, torch, torch.distributed; open({str(out / 'rank0.txt')!r}, 'w').write(repr(time.time()))"
+    return f"from shoal.bench.probes.startup_probe import launch_probe; launch_probe({method!r}, {nproc}, {str(out)!r})"
 
 
 def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
@@ -329,20 +228,17 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_startup(cfg: StartupConfig, *, log: Callable[[str], None] = print, argv=None) -> dict[str, Any]:
-    """Run the benchmark; return the report."""
-    load_start, started = load_average(), rep.now()
+def measure(cfg: StartupConfig, log: Log) -> Measured:
+    """Every variant once per round, rotated, after the warm-up rounds; a failed run is noted, not fatal."""
     with tempfile.TemporaryDirectory(prefix="shoal-bench-startup-") as tmp:
         work = Path(tmp)
-        script = work / "probe.py"
-        script.write_text(PROBE_SCRIPT)
-        commands, notes = _commands(cfg, script, work)
+        commands, notes = _commands(cfg, PROBE, work)
         names = list(commands)
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         failures: dict[str, list[str]] = {name: [] for name in names}
         counter = 0
         total = cfg.warmup + cfg.repeat
-        loads = []
+        loads = []  # sampled before each round: how noisy it was
         for index, order in enumerate(rotations(names, total)):
             timed = index >= cfg.warmup
             loads.append(load_average())
@@ -361,56 +257,56 @@ def run_startup(cfg: StartupConfig, *, log: Callable[[str], None] = print, argv=
                     runs[name].append({**result, "round": index})
                 done.append(f"{name} {result['first_step_s']:.2f} s")
             log(f"  round {index + 1}/{total}{'' if timed else ' (warm-up, not counted)'}: " + ", ".join(done))
-        sample = {name: _display(commands[name](work / "OUT").argv) for name in names}
-    report = rep.new_report(
-        "startup", {**asdict(cfg), "variants": names}, argv=argv, load_start=load_start, started=started
-    )
-    report["meta"]["load_averages"] = loads  # sampled before each round: how noisy it was
-    report["notes"] += notes
+        commands_shown = {name: _shown(commands[name](work / "OUT").argv, work) for name in names}
     for name, errors in failures.items():
         if errors:
-            report["notes"].append(f"{name}: {len(errors)} run(s) failed and are not counted; first: {errors[0]}")
+            notes.append(f"{name}: {len(errors)} run(s) failed and are not counted; first: {errors[0]}")
+    rows = _rows(names, runs, failures, commands_shown)
+    if BASELINE not in runs:
+        notes.append("torchrun not measured: the ratios are n/a")
+    by = {r["variant"]: r for r in rows}
+    if "launch_fork" in by and "launch_spawn" in by:
+        fork, spawn = by["launch_fork"]["first_step_s"], by["launch_spawn"]["first_step_s"]
+        notes.append(
+            f"launch_local: fork {fork:.2f} s vs spawn {spawn:.2f} s to the first step "
+            f"({spawn - fork:+.2f} s for spawn)"
+        )
+    return Measured(rows, notes, config={"variants": names}, meta={"load_averages": loads})
+
+
+def _shown(argv: list[str], work: Path) -> str:
+    """The command as the report shows it: the temporary folders and the probe's path shortened."""
+    return _display(argv).replace(str(work / "OUT"), "OUT").replace(str(work), "TMP").replace(str(PROBE), PROBE.name)
+
+
+def _rows(names, runs, failures, commands_shown) -> list[dict[str, Any]]:
     base = median(r["first_step_s"] for r in runs[BASELINE]) if BASELINE in runs else float("nan")
     base_by_round = {r["round"]: r["first_step_s"] for r in runs.get(BASELINE, [])}
     rows = []
     for name in names:
         first = median(r["first_step_s"] for r in runs[name])
-        # Paired: each run against torchrun's in the same round (the same spell of a shared machine).
-        paired = median(
-            r["first_step_s"] / base_by_round[r["round"]] for r in runs[name] if r["round"] in base_by_round
-        )
         rows.append(
             {
                 "variant": name,
-                "command": sample[name].replace(str(work / "OUT"), "OUT").replace(str(work), "TMP"),
+                "command": commands_shown[name],
                 "first_step_s": first,
                 "first_step_runs": [r["first_step_s"] for r in runs[name]],
                 "failed_runs": len(failures[name]),
                 "exit_s": median(r["exit_s"] for r in runs[name]),
                 "vs_torchrun": first / base,
-                "vs_torchrun_paired": paired,
+                # Paired: each run against torchrun's in the same round (the same spell of a shared machine).
+                "vs_torchrun_paired": paired_ratio({r["round"]: r["first_step_s"] for r in runs[name]}, base_by_round),
                 "kind": "reference"
                 if name == "import_torch"
                 else ("upper bound" if name.startswith("train_") else "launcher"),
             }
         )
-    report["rows"] = rows
-    if BASELINE not in runs:
-        report["notes"].append("torchrun not measured: the ratios are n/a")
-    by = {r["variant"]: r for r in rows}
-    if "launch_fork" in by and "launch_spawn" in by:
-        fork, spawn = by["launch_fork"]["first_step_s"], by["launch_spawn"]["first_step_s"]
-        report["notes"].append(
-            f"launch_local: fork {fork:.2f} s vs spawn {spawn:.2f} s to the first step "
-            f"({spawn - fork:+.2f} s for spawn)"
-        )
-    return rep.finish_report(report)
+    return rows
 
 
-def format_startup(report: dict[str, Any]) -> str:
+def text(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
-    lines = [
-        rep.header(report),
+    return [
         f"{cfg['nproc']} workers; seconds from starting the command to the first training step done on every rank; "
         f"median of {cfg['repeat']} interleaved round(s) after {cfg['warmup']} warm-up round(s); "
         f"paired = median of per-round ratios to torchrun",
@@ -432,8 +328,6 @@ def format_startup(report: dict[str, Any]) -> str:
             align="lrrrrll",
         ),
     ]
-    lines += [f"- {note}" for note in report["notes"]]
-    return "\n".join(lines)
 
 
 def _ratio(value: float) -> str:
@@ -445,20 +339,26 @@ def _short(command: str) -> str:
     return command if len(command) <= 110 else command[:107] + "..."
 
 
-def plot_startup(report: dict[str, Any], path) -> tuple[Any, str | None]:
-    rows = report["rows"]
-
-    def draw(ax) -> None:
-        names = [r["variant"] for r in rows]
-        ax.barh(names, [r["first_step_s"] for r in rows])
-        for i, r in enumerate(rows):
-            ax.plot(r["first_step_runs"], [i] * len(r["first_step_runs"]), "k.", markersize=4)
-        ax.invert_yaxis()
-        ax.set_xlabel("seconds from the command to the first step on every rank (bars: median, dots: runs)")
-        ax.set_title(f"start-up, {report['config']['nproc']} workers")
-
-    return rep.save_plot(path, draw)
-
-
-def smoke_config(**overrides: Any) -> StartupConfig:
-    return replace(StartupConfig(**SMOKE), **overrides)
+BENCHMARK = Benchmark(
+    name="startup",
+    config=StartupConfig,
+    smoke=SMOKE,
+    measure=measure,
+    text=text,
+    draw=rep.runs_chart(
+        "first_step_s",
+        "first_step_runs",
+        "seconds from the command to the first step on every rank (bars: median, dots: runs)",
+        lambda cfg: f"start-up, {cfg['nproc']} workers",
+    ),
+    description="Start N workers that finish one DDP training step, through torchrun, shoal run, shoal's "
+    "launch_local (spawn and fork), shoal train, accelerate and Lightning Fabric (when installed); report the "
+    "median seconds to the first step and the ratio to torchrun.",
+    examples="""\
+examples:
+  shoal bench startup                                   # every variant, median of 5 interleaved rounds
+  shoal bench startup --variants torchrun,shoal_run,launch_spawn,launch_fork --repeat 9
+  shoal bench startup --nproc 4 --json startup.json
+  shoal bench startup --smoke                           # torchrun and shoal run once, 1 worker
+""",
+)

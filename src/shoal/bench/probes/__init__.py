@@ -1,0 +1,1 @@
+"""Programs the benchmarks time from the outside: real files that run as scripts or import as functions."""
