@@ -1,0 +1,150 @@
+"""``shoal bench NAME`` flags: generated from each config dataclass's fields and docstrings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import pytest
+
+from conftest import run_shoal
+from shoal.bench import BENCHMARKS, benchmark
+from shoal.bench.harness import flag
+from shoal.bench.report import parse_size
+from shoal.cli.bench import add_config_flags, register
+from shoal.cli.fields import field_docs, given_fields
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shoal")
+    register(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def config_from(argv: list[str]):
+    """The config ``shoal bench ARGV`` would run (parsed by the real parser, nothing measured)."""
+    args = bench_parser().parse_args(["bench", *argv])
+    bench = benchmark(argv[0])
+    return bench.configure(smoke=args.smoke, **given_fields(args, [f.name for f in fields(bench.config)]))
+
+
+def help_of(name: str) -> str:
+    sub = next(a for a in bench_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    benches = next(a for a in sub.choices["bench"]._actions if isinstance(a, argparse._SubParsersAction))
+    return benches.choices[name].format_help()
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_every_field_is_a_flag_with_its_docstring_as_help(name, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "500")  # argparse wraps help at hyphens too ("--min-" / "iters")
+    bench = benchmark(name)
+    text = help_of(name)
+    squashed = " ".join(text.split())
+    docs = field_docs(bench.config)
+    for f in fields(bench.config):
+        spelled = f.metadata["flag"].name if "flag" in f.metadata and f.metadata["flag"].name else None
+        assert (spelled or "--" + f.name.replace("_", "-")) in text, f.name
+        first_sentence = " ".join(docs[f.name].split(".")[0].split())
+        assert first_sentence in squashed, f.name
+    for common in ("--smoke", "--json PATH", "--plot PATH"):
+        assert common in text
+    assert text.rstrip().endswith(bench.examples.rstrip())  # the help ends with worked examples
+
+
+def test_existing_flags_keep_their_names_and_meaning():
+    scaling = config_from(
+        ["scaling", "--world-sizes", "1,2", "--no-controls", "--device", "cpu", "--comm-hook", "bf16"]
+    )
+    assert scaling.world_sizes == (1, 2) and scaling.controls is False and scaling.comm_hook == "bf16"
+    assert config_from(["scaling"]).controls is True
+    allreduce = config_from(
+        ["allreduce", "--min-bytes", "4K", "--max-bytes", "1M", "--nproc", "2", "--target-time", "0.5"]
+    )
+    assert (allreduce.min_bytes, allreduce.max_bytes, allreduce.nproc, allreduce.target_time) == (4096, 2**20, 2, 0.5)
+    overhead = config_from(["overhead", "--variants", "plain,shoal", "--start-method", "spawn"])
+    assert overhead.variants == ("plain", "shoal") and overhead.start_method == "spawn"
+    assert config_from(["checkpoint", "--dir", "."]).directory == "."
+    assert config_from(["data", "--data", "/nowhere", "--num-workers", "2"]).num_workers == 2
+    assert config_from(["startup", "--variants", "torchrun,shoal_run", "--nproc", "3"]).variants == (
+        "torchrun",
+        "shoal_run",
+    )
+
+
+def test_smoke_starts_from_tiny_sizes_and_a_given_flag_wins():
+    cfg = config_from(["checkpoint", "--smoke", "--repeat", "3"])
+    assert (cfg.model, cfg.repeat, cfg.warmup) == ("mb:2", 3, 0)
+    cfg = config_from(["scaling", "--smoke", "--world-sizes", "1"])
+    assert cfg.world_sizes == (1,) and cfg.steps == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["scaling", "--world-sizes", "1,two"], "comma-separated integers"),
+        (["allreduce", "--min-bytes", "4X"], "expected a size such as 4096, 4K"),
+        (["scaling", "--device", "tpu"], "'tpu' is not one of: auto, cpu, cuda"),
+        (["overhead", "--start-method", "forkserver"], "'forkserver' is not one of: auto, fork, spawn"),
+        (["startup", "--nproc", "two"], "'two' is not a whole number"),
+    ],
+)
+def test_malformed_values_are_refused_by_the_parser(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_parser().parse_args(["bench", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_new_option_is_one_field():
+    @dataclass(frozen=True)
+    class Toy:
+        rounds: int = 3
+        """Rounds to run.
+
+        A second paragraph the help leaves out."""
+        chunk: int = field(default=2**20, metadata=flag(parse=parse_size, metavar="SIZE", default="1M"))
+        """Bytes per chunk."""
+        where: str | None = field(default=None, metadata=flag(name="--in", metavar="DIR"))
+        """Where to write."""
+
+    parser = argparse.ArgumentParser(prog="toy")
+    names = add_config_flags(parser, Toy)
+    assert names == ["rounds", "chunk", "where"]
+    text = " ".join(parser.format_help().split())
+    assert "Rounds to run. (default: 3)" in text and "second paragraph" not in text and "--rounds" in text
+    assert "--chunk SIZE Bytes per chunk. (default: 1M)" in text and "--in DIR Where to write." in text
+    args = parser.parse_args(["--chunk", "4K", "--in", "/x"])
+    assert Toy(**given_fields(args, names)) == Toy(rounds=3, chunk=4096, where="/x")
+    assert given_fields(parser.parse_args([]), names) == {}
+
+
+def test_bench_help_imports_no_torch_and_no_benchmark_until_named():
+    code = """
+import argparse, sys
+from shoal.cli.bench import register
+parser = argparse.ArgumentParser(prog="shoal")
+register(parser.add_subparsers())
+before = sorted(m for m in sys.modules if m.startswith("shoal.bench."))
+for name in ("scaling", "allreduce", "overhead", "data", "startup", "checkpoint"):
+    try:
+        parser.parse_args(["bench", name, "--help"])
+    except SystemExit:
+        pass
+print(before, "torch" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[] False"
+    assert "shoal bench checkpoint --smoke --json ckpt.json" in proc.stdout
+
+
+def test_smoke_through_the_command_line_with_a_flag_that_wins(tmp_path: Path):
+    out = tmp_path / "c.json"
+    proc = run_shoal("bench", "checkpoint", "--smoke", "--repeat", "3", "--json", str(out), timeout=180)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    cfg = json.loads(out.read_text())["config"]
+    assert (cfg["smoke"], cfg["model"], cfg["repeat"], cfg["warmup"]) == (True, "mb:2", 3, 0)
+    assert "shoal bench checkpoint (smoke: tiny sizes, the numbers mean nothing)" in proc.stderr
