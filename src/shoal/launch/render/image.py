@@ -22,6 +22,13 @@ IMAGE_MARKER = "# Rendered by `shoal launch image`"
 DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 """The base image Kubeflow Trainer's torch-distributed runtime uses (kubeflow/trainer, 8c0f505)."""
 WORKDIR = "/workspace"
+MPI_SSH_CONFIG = (
+    "/etc/ssh/ssh_config.d/mpi.conf",
+    "Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n",
+)
+"""The MPI image's SSH client settings: every pod is new, so its host key cannot be known in advance."""
+MPI_SSHD_CONFIG = ("/etc/ssh/sshd_config.d/mpi.conf", "StrictModes no\n")
+"""The MPI image's SSH server settings: the key is a mounted Secret, whose file modes sshd must not judge."""
 DOCKERIGNORE = (
     ".git",
     ".venv",
@@ -69,9 +76,8 @@ def render_dockerfile(
             "    && apt-get install -y --no-install-recommends openmpi-bin openssh-server openssh-client \\",
             "    && rm -rf /var/lib/apt/lists/* \\",
             "    && mkdir -p /run/sshd \\",
-            "    && printf 'Host *\\n    StrictHostKeyChecking no\\n    UserKnownHostsFile /dev/null\\n' \\",
-            "        > /etc/ssh/ssh_config.d/mpi.conf \\",
-            "    && printf 'StrictModes no\\n' > /etc/ssh/sshd_config.d/mpi.conf",
+            f"    && printf {_printf(MPI_SSH_CONFIG[1])} > {MPI_SSH_CONFIG[0]} \\",
+            f"    && printf {_printf(MPI_SSHD_CONFIG[1])} > {MPI_SSHD_CONFIG[0]}",
             "",
         ]
     lines += ["ENV PYTHONUNBUFFERED=1", f"WORKDIR {WORKDIR}"]
@@ -102,3 +108,8 @@ def _check_relative(path: str, what: str) -> None:
             f"{what} {path} lies outside the build context (this directory), so the image cannot copy it",
             "run `shoal launch image` from the directory that holds the script, and name it by a relative path",
         )
+
+
+def _printf(text: str) -> str:
+    """``text`` as a single-quoted printf format (newlines as ``\\n``)."""
+    return shlex.quote(text.replace("\n", "\\n"))
