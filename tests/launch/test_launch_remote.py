@@ -1,11 +1,19 @@
-"""``run_launchers``: one launcher per host, real processes; which host's status is reported."""
+"""``run_launchers`` and ``run_mpirun``: real processes; which host's or rank's status is reported."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 import time
+
+import pytest
 
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED
 from shoal.launch.remote import processes as remote
+from shoal.launch.remote import rank_status
+from shoal.launch.render import render_mpirun
+from shoal.launch.spec import Here, JobSpec
 
 
 def _sh(script: str) -> list[str]:
@@ -42,3 +50,49 @@ def test_a_real_failure_stops_the_others_at_once(capsys, monkeypatch):
 
 def test_all_succeed():
     assert remote.run_launchers([_sh("exit 0"), _sh("sleep 0.2")], ["host a", "host b"]) == 0
+
+
+# ---- mpirun: each rank's status comes back, and the rank with the cause is named ------------------
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+
+
+def _mpirun_argv(script: str, np: int = 2) -> list[str]:
+    spec = JobSpec(command=("sh", "-c", script), np=np, python=sys.executable)
+    return render_mpirun(spec, Here.detect(), report_status=True)
+
+
+def test_rank_status_reports_the_command_status(capfd):
+    assert rank_status.main(["--", "sh", "-c", "exit 7"]) == 7
+    assert rank_status.main(["--", "/nonexistent/program"]) == 127
+    err = capfd.readouterr().err
+    assert f"{rank_status.STATUS_MARKER} rank=0 status=7" in err and "status=127" in err
+
+
+@needs_mpirun
+def test_mpirun_reports_the_cause_even_when_a_consequence_ends_first(capfd):
+    script = 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exit 75; fi; sleep 1; exit 4'
+    assert remote.run_mpirun(_mpirun_argv(script), ranks=["here", "here"]) == 4
+    err = capfd.readouterr().err
+    assert "shoal launch: rank 1 on here exited with status 4" in err and "rank=" not in err
+
+
+@needs_mpirun
+def test_mpirun_reports_a_consequence_alone_after_the_settle_time_and_stops_the_rest(tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(remote, "SETTLE_S", 1.0)
+    pid_file = tmp_path / "sleeper.pid"
+    script = f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exit 75; fi; echo $$ > {pid_file}; exec sleep 600'
+    started = time.monotonic()
+    assert remote.run_mpirun(_mpirun_argv(script), ranks=["a", "b"]) == EXIT_ANOTHER_NODE_FAILED
+    assert time.monotonic() - started < 60
+    assert "rank 0 on a exited with status 75 (stopped because another rank failed" in capfd.readouterr().err
+    sleeper = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{sleeper}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{sleeper}"), "the waiting rank was left running"
+
+
+@needs_mpirun
+def test_mpirun_all_ranks_succeed():
+    assert remote.run_mpirun(_mpirun_argv("exit 0"), ranks=["a", "b"]) == 0

@@ -6,6 +6,7 @@ Writes OUT_DIR/rank{rank}.json; run unchanged under mpirun, srun, PMI launchers 
 
 import json
 import os
+import socket
 import sys
 
 import torch
@@ -31,6 +32,7 @@ with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as f:
             "sum": total.item(),
             "pid": os.getpid(),
             "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "host": socket.gethostname(),
         },
         f,
     )
