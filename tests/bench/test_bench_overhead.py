@@ -84,7 +84,7 @@ def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
 @pytest.mark.multiprocess
 def test_a_different_job_is_detected(tmp_path: Path):
     """The check can fail: two different jobs do not end with the same digest."""
-    from shoal.bench._launch import launch_workers
+    from shoal.bench.harness import launch_workers
 
     jobs = [
         overhead_workers.Job("mlp", 8, 8, 32, 1, 1, str(tmp_path / name), seed=seed)

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from shoal.bench import report as rep
-from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
-from shoal.bench.harness import Benchmark, Log, Measured, flag
+from shoal.bench.harness import Benchmark, Log, Measured, flag, launch_workers
 from shoal.bench.timing import clock
 from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
+from shoal.launch.local import check_start_method, resolve_start_method
 
 DTYPES = ("float32", "bfloat16", "float16")
 

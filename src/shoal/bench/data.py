@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.bench import report as rep
-from shoal.bench.harness import Benchmark, Log, Measured
-from shoal.bench.options import require_at_least
+from shoal.bench.harness import Benchmark, Log, Measured, require_at_least
 from shoal.bench.timing import median, rotations
 from shoal.errors import ShoalError
 

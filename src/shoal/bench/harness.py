@@ -8,7 +8,8 @@ option given explicitly still wins), the report's common head (:mod:`shoal.bench
 form's header and notes, ``--json PATH`` with a PNG beside it, and ``--plot PATH``.
 
 Helpers the benchmarks share: :func:`paired_ratios` (comparisons paired by round), :func:`skip_missing_peers`
-(the rows of other frameworks, when installed) and :func:`flag` (a field whose command-line flag is
+(the rows of other frameworks, when installed), :func:`launch_workers` (shoal's own launcher),
+:func:`require_at_least` (config checks) and :func:`flag` (a field whose command-line flag is
 spelled or parsed otherwise than its type says). Nothing here imports torch.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 from shoal.bench import report as rep
 from shoal.bench.timing import load_average, median
+from shoal.errors import ShoalError
 
 Log = Callable[[str], None]
 
@@ -181,6 +183,23 @@ def skip_missing_peers(variants: Iterable[str]) -> tuple[list[str], list[str]]:
         else:
             kept.append(name)
     return kept, notes
+
+
+def launch_workers(entrypoint: Callable[..., Any], args: tuple[Any, ...], nproc: int, start_method: str) -> Any:
+    """``nproc`` workers running ``entrypoint(*args)`` through shoal's launcher; rank 0's return value."""
+    from shoal.launch.local import launch_local
+
+    return launch_local(entrypoint, args, nproc, start_method=start_method)[0]
+
+
+def require_at_least(cfg: Any, minimum: int, *names: str) -> None:
+    """Raise a ShoalError naming the flag (``--batch-size``) of the first field below ``minimum``."""
+    for name in names:
+        value = getattr(cfg, name)
+        if value < minimum:
+            flag = "--" + name.replace("_", "-")
+            floor = "at least 1" if minimum == 1 else f"{minimum} or more"
+            raise ShoalError(f"{flag} must be {floor}, got {value}", f"pass {flag} {minimum} or more")
 
 
 def _stderr(text: str) -> None:

@@ -39,13 +39,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shoal.bench import report as rep
-from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
-from shoal.bench.harness import Benchmark, Log, Measured, paired_ratios, skip_missing_peers
-from shoal.bench.options import require_at_least
+from shoal.bench.harness import (
+    Benchmark,
+    Log,
+    Measured,
+    launch_workers,
+    paired_ratios,
+    require_at_least,
+    skip_missing_peers,
+)
 from shoal.bench.overhead_workers import WORKERS, Job
 from shoal.bench.timing import load_average, median, rotations
 from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
+from shoal.launch.local import check_start_method, resolve_start_method
 
 VARIANTS = ("plain", "shoal", "accelerate", "fabric")
 BASELINE = "plain"

@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shoal.bench import report as rep
-from shoal.bench._launch import check_start_method, launch_workers, resolve_start_method
-from shoal.bench.harness import Benchmark, Log, Measured, flag, paired_ratio
-from shoal.bench.options import require_at_least
+from shoal.bench.harness import Benchmark, Log, Measured, flag, launch_workers, paired_ratio, require_at_least
 from shoal.bench.scaling_worker import Variant, WorkerSpec, scaling_worker
 from shoal.bench.timing import load_average, median, rotations
 from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
+from shoal.launch.local import check_start_method, resolve_start_method
 
 
 @dataclass(frozen=True)
