@@ -1,0 +1,167 @@
+"""Weights & Biases: online when an API key is configured and the server answers, offline otherwise.
+
+How the mode is chosen (no prompt, never a hang):
+
+1. ``WANDB_MODE`` when set (``online``, ``offline``, ``disabled``): the user decided.
+2. Otherwise online if wandb finds credentials the way ``wandb.init`` would (``WANDB_API_KEY``,
+   ``WANDB_IDENTITY_TOKEN_FILE``, ``~/.netrc``, wandb's settings file), else offline: without a
+   key ``wandb.init`` would prompt on a terminal, or fail without one.
+3. An online run that cannot be opened within ``init_timeout`` (no network, server down, bad key)
+   is opened offline instead, with the same run id.
+
+Offline runs are written under ``RUN_DIR/wandb`` and uploaded later with ``wandb sync RUN_DIR/wandb``
+(the tracker says so once); a resumed job writes a second offline directory with the same run id,
+and ``wandb sync`` replays them in start-time order into one run.
+
+Resume reopens the same run (``id`` + ``resume="allow"``). W&B keeps only increasing steps
+(wandb/wandb issue #9449, core/internal/stream/handler.go), so for steps the interrupted attempt
+logged after its checkpoint, the run keeps that attempt's values.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import string
+from collections.abc import Mapping
+from typing import Any
+
+from shoal.tracking.backend import Backend
+from shoal.tracking.predictions import Predictions
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits  # what wandb's own generate_id draws from
+TRANSACTION_LOG_FLUSH_S = 1.0
+"""How often wandb writes the run's transaction log (``x_transaction_log_flush_interval``, where the
+installed wandb has it): a killed job loses at most this much of its W&B data."""
+
+
+class WandbBackend(Backend):
+    name = "wandb"
+    modules = ("wandb", "wandb.sdk.wandb_setup")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Chosen here, not by wandb, so the state is known before the run has even opened.
+        previous = self.resume.state.get("run_id") if self.resume else None
+        self.run_id: str = previous or "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+        self.run: Any = None
+        # W&B writes a step's row once it is committed, and drops anything logged at that step or
+        # below afterwards; so values are gathered here per step and committed when a later step
+        # arrives, on flush (a checkpoint) and on close.
+        self.row: dict[str, Any] = {}
+        self.row_step: int | None = None
+        self.committed: int | None = None
+        self.dropped = False
+
+    @property
+    def wandb_dir(self) -> str:
+        return str(self.options.run_dir / "wandb")
+
+    def open(self) -> None:
+        import wandb
+
+        sync = f"upload later with: wandb sync {self.wandb_dir}"
+        chosen = os.environ.get("WANDB_MODE", "").strip().lower()
+        if chosen in ("online", "offline", "disabled"):
+            mode = chosen
+            if mode == "offline":
+                self.say(f"WANDB_MODE=offline: logging offline; {sync}")
+        else:
+            mode = "online" if _credentials_configured() else "offline"
+            if mode == "offline":
+                self.say(f"no W&B API key configured: logging offline; {sync}")
+        if mode == "online":
+            try:
+                self.run = self._init(wandb, "online")
+            except Exception as err:  # no network, server down, key refused: wandb raises many types
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                self.say(f"could not open an online run ({reason}): logging offline; {sync}")
+                mode = "offline"
+                # wandb's service keeps the failed run's id taken ("run ID ... is in use"): end the
+                # service (it holds nothing else that could reach the server now), then reopen offline.
+                wandb.teardown()
+        if self.run is None:
+            self.run = self._init(wandb, mode)
+        # Per-epoch records plot against the epoch; everything else against the global step.
+        self.run.define_metric("epoch")
+        self.run.define_metric("epoch/*", step_metric="epoch")
+
+    def _init(self, wandb: Any, mode: str) -> Any:
+        settings = {
+            "console": "off",  # leave rank 0's stdout and stderr alone
+            "silent": True,  # shoal says what matters, once
+            "init_timeout": self.options.init_timeout,
+        }
+        if "x_transaction_log_flush_interval" in getattr(wandb.Settings, "model_fields", {}):
+            # wandb-core writes the run's .wandb file every 15 s by default: a job killed in that
+            # window loses what it logged since, and offline that file is the only copy.
+            settings["x_transaction_log_flush_interval"] = TRANSACTION_LOG_FLUSH_S
+        return wandb.init(
+            project=self.options.project,
+            name=self.options.run_name,
+            id=self.run_id,
+            resume="allow",
+            dir=str(self.options.run_dir),
+            mode=mode,
+            reinit="create_new",  # never touch the user's own wandb.run
+            settings=wandb.Settings(**settings),
+        )
+
+    def log_config(self, config: Mapping[str, Any], step: int) -> None:
+        self.run.config.update(dict(config), allow_val_change=True)
+
+    def log_scalars(self, values: Mapping[str, float], step: int, timestamp: float) -> None:
+        self._add(values, step)
+
+    def _add(self, values: Mapping[str, Any], step: int) -> None:
+        if self.row_step is not None and step > self.row_step:
+            self.flush()
+        if (self.committed is not None and step <= self.committed) or (self.row_step or 0) > step:
+            if not self.dropped:
+                self.say(
+                    f"dropped step {step} (and will drop any other step below one already written): W&B keeps only increasing steps"
+                )
+            self.dropped = True
+            return
+        self.row.update(values)
+        self.row_step = step
+
+    def flush(self) -> None:
+        if self.row_step is not None:
+            self.run.log(self.row, step=self.row_step, commit=True)
+            self.committed, self.row, self.row_step = self.row_step, {}, None
+
+    def log_predictions(self, name: str, predictions: Predictions, step: int) -> None:
+        import wandb
+
+        table = wandb.Table(columns=predictions.columns)
+        for row_id, image, guess, truth, scores in predictions.rows():
+            table.add_data(row_id, wandb.Image(image), guess, truth, *scores)
+        self._add({name: table}, step)
+
+    def state(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "project": self.options.project}
+
+    def close(self, failed: bool) -> None:
+        self.flush()
+        self.run.finish(exit_code=1 if failed else 0)
+
+    def unfinished_hint(self) -> str:
+        return f"; its data is in {self.wandb_dir}: upload it with: wandb sync {self.wandb_dir}"
+
+
+def _credentials_configured() -> bool:
+    """Whether ``wandb.init`` would find credentials without asking (no network, no prompt)."""
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:  # a wandb without this module: only the environment variable is known
+        return bool(os.environ.get("WANDB_API_KEY"))
+    try:
+        host = wandb_setup.singleton().settings.base_url
+        # The lookup wandb.init does (wandb/sdk/lib/wbauth/authenticate.py, _use_system_auth):
+        # environment, then .netrc, then wandb's settings; prompt=False never asks.
+        found = wbauth.authenticate_session(host=host, source="shoal", prompt=False, update_session=False)
+    except Exception:  # a malformed key or netrc: online would fail too
+        return False
+    return found is not None
