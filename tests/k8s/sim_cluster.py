@@ -191,6 +191,51 @@ def start_container(
     return env, command, args
 
 
+def start_pod(
+    *,
+    name: str,
+    namespace: str,
+    role: str,
+    index: int,
+    hostname: str,
+    subdomain: str | None,
+    services: list[str],
+    pod_spec: Mapping[str, Any],
+    main: Mapping[str, Any],
+    restart_policy: str,
+    secrets: Mapping[str, Mapping[str, str]],
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+    dns_searches: Sequence[str] = (),
+) -> SimPod:
+    """The pod the kubelet starts from ``pod_spec``, ``main`` being its main container."""
+    labels, annotations = dict(labels or {}), dict(annotations or {})
+    env, command, args = start_container(
+        name=name, namespace=namespace, container=main, labels=labels, annotations=annotations, secrets=secrets
+    )
+    return SimPod(
+        name=name,
+        namespace=namespace,
+        role=role,
+        index=index,
+        hostname=hostname,
+        subdomain=subdomain,
+        services=services,
+        env=env,
+        command=command,
+        args=args,
+        restart_policy=restart_policy,
+        termination_grace_s=pod_spec.get("terminationGracePeriodSeconds"),
+        container=dict(main),
+        volumes=list(pod_spec.get("volumes", [])),
+        init_containers=init_containers if init_containers is not None else list(pod_spec.get("initContainers", [])),
+        dns_searches=list(dns_searches),
+        labels=labels,
+        annotations=annotations,
+    )
+
+
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 

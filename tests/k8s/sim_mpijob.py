@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from k8s.sim_cluster import CLUSTER_DOMAIN, SimPod, SimulationError, is_dns1035_label, start_container
+from k8s.sim_cluster import CLUSTER_DOMAIN, SimPod, SimulationError, is_dns1035_label, start_pod
 
 CONFIG_MOUNT = "/etc/mpi"
 HOSTFILE = f"{CONFIG_MOUNT}/hostfile"
@@ -204,10 +204,7 @@ def _pod(
     }
     if kind == "Worker":
         labels["training.kubeflow.org/replica-index"] = str(index)
-    env, command, args = start_container(
-        name=pod_name, namespace=namespace, container=main, labels=labels, annotations={}, secrets=secrets
-    )
-    return SimPod(
+    return start_pod(
         name=pod_name,
         namespace=namespace,
         role=kind.lower(),
@@ -215,14 +212,10 @@ def _pod(
         hostname=hostname,
         subdomain=name,
         services=[name],
-        env=env,
-        command=command,
-        args=args,
+        pod_spec=pod_spec,
+        main=main,
         restart_policy=replica["restartPolicy"],
-        termination_grace_s=pod_spec.get("terminationGracePeriodSeconds"),
-        container=main,
-        volumes=pod_spec["volumes"],
-        init_containers=pod_spec.get("initContainers", []),
-        dns_searches=list(searches),
+        secrets=secrets,
         labels=labels,
+        dns_searches=searches,
     )

@@ -17,15 +17,11 @@ Rules, from kubeflow/training-operator at tag v1.9.0 unless a version says other
   and port), PET_RDZV_BACKEND, PET_NNODES (``min:max``), PET_MAX_RESTARTS, PET_RDZV_ID, else
   PET_NNODES = the pod count. Versions differ (``version``, default (1, 9)):
 
-  ======== ============================== ===================== =======================
-  version  WORLD_SIZE                     PET_* besides elastic PYTHONUNBUFFERED
-  ======== ============================== ===================== =======================
-  1.6      pods                           none                  0
-  1.7      pods x int(nprocPerNode) [*]_  MASTER_*, NPROC (with a Master), NODE_RANK, NNODES  1
-  1.8+     pods x int(nprocPerNode) [*]_  as 1.7, NPROC set whenever nprocPerNode is  1
-  ======== ============================== ===================== =======================
-
-  .. [*] ``auto`` counts as 1 (``getNprocPerNodeInt``), so WORLD_SIZE is then the pod count.
+  - 1.6: WORLD_SIZE = pods; no PET_* besides the elastic ones; PYTHONUNBUFFERED=0;
+  - 1.7: WORLD_SIZE = pods x nprocPerNode (``auto`` counts as 1: ``getNprocPerNodeInt``);
+    PET_MASTER_ADDR/PORT, PET_NODE_RANK and PET_NNODES; PET_NPROC_PER_NODE only with a Master;
+  - 1.8 and later: as 1.7, with PET_NPROC_PER_NODE whenever nprocPerNode is set (it defaults to
+    ``auto``);
 - workers wait for the master's name: initcontainer.go adds ``init-pytorch`` (alpine:3.10,
   ``nslookup <job>-master-0`` up to 100 times) to Worker pods when there is a Master.
 """
@@ -36,7 +32,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from k8s.sim_cluster import SimPod, SimulationError, is_dns1035_label, start_container
+from k8s.sim_cluster import SimPod, SimulationError, is_dns1035_label, start_pod
 
 DEFAULT_PORT = 23456
 PORT_NAME = "pytorchjob-port"
@@ -145,10 +141,7 @@ def _pod(job: dict, kind: str, index: int, version: tuple[int, int], secrets: Ma
             }
         )
     main = next(c for c in pod_spec["containers"] if c["name"] == CONTAINER)
-    env, command, args = start_container(
-        name=pod_name, namespace=namespace, container=main, labels=labels, annotations={}, secrets=secrets
-    )
-    return SimPod(
+    return start_pod(
         name=pod_name,
         namespace=namespace,
         role=kind.lower(),
@@ -156,15 +149,12 @@ def _pod(job: dict, kind: str, index: int, version: tuple[int, int], secrets: Ma
         hostname=pod_name,
         subdomain=None,
         services=[pod_name],
-        env=env,
-        command=command,
-        args=args,
+        pod_spec=pod_spec,
+        main=main,
         restart_policy=replica["restartPolicy"],
-        termination_grace_s=pod_spec.get("terminationGracePeriodSeconds"),
-        container=main,
-        volumes=pod_spec.get("volumes", []),
-        init_containers=[*pod_spec.get("initContainers", []), *init],
+        secrets=secrets,
         labels=labels,
+        init_containers=[*pod_spec.get("initContainers", []), *init],
     )
 
 

@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from k8s.sim_cluster import SimPod, SimulationError, start_container
+from k8s.sim_cluster import SimPod, SimulationError, start_pod
 
 NODE = "node"
 TRAINER_PORT = 29500
@@ -201,10 +201,7 @@ def _pod(jobset: str, namespace: str, job: str, index: int, template: dict, secr
             )
     pod_name = f"{job}-{index}-sim{index:02d}"  # generateName <job>-<index>- plus the API server's suffix
     main = next(c for c in pod_spec["containers"] if c["name"] == NODE)
-    env, command, args = start_container(
-        name=pod_name, namespace=namespace, container=main, labels=labels, annotations=annotations, secrets=secrets
-    )
-    return SimPod(
+    return start_pod(
         name=pod_name,
         namespace=namespace,
         role=NODE,
@@ -212,14 +209,10 @@ def _pod(jobset: str, namespace: str, job: str, index: int, template: dict, secr
         hostname=f"{job}-{index}",
         subdomain=jobset,
         services=[jobset],
-        env=env,
-        command=command,
-        args=args,
-        restart_policy=pod_spec.get("restartPolicy", "OnFailure"),
-        termination_grace_s=pod_spec.get("terminationGracePeriodSeconds"),
-        container=main,
-        volumes=pod_spec.get("volumes", []),
-        init_containers=pod_spec.get("initContainers", []),
+        pod_spec=pod_spec,
+        main=main,
+        restart_policy=pod_spec.get("restartPolicy", "OnFailure"),  # JobSet's webhook default
+        secrets=secrets,
         labels=labels,
         annotations=annotations,
     )

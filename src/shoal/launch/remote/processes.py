@@ -95,22 +95,17 @@ def run_mpirun(argv: Sequence[str], ranks: Sequence[str] | None = None) -> int:
     reader.start()
     try:
         with _signals_raise():
-            settle_until = None
+            verdict = _FirstCause()
             while True:
                 done = proc.poll() is not None
                 if done:
                     reader.join(timeout=5)
                 failed = [(rank, status) for rank, status in dict(statuses).items() if status != 0]
-                causes = [(rank, status) for rank, status in failed if status != EXIT_ANOTHER_NODE_FAILED]
-                if failed and not causes and not done:
-                    settle_until = settle_until or time.monotonic() + SETTLE_S
-                    if time.monotonic() < settle_until:
-                        time.sleep(0.1)
-                        continue
-                if failed:
-                    rank, status = (causes or failed)[0]
+                chosen = verdict.pick(failed, still_running=not done)
+                if chosen is not None:
+                    rank, status, is_cause = chosen
                     host = f" on {ranks[rank]}" if rank < len(ranks) else ""
-                    why = "" if causes else " (stopped because another rank failed; none reported a cause)"
+                    why = "" if is_cause else " (stopped because another rank failed; none reported a cause)"
                     rest = "; stopping the other ranks" if not done else ""
                     print(
                         f"shoal launch: rank {rank}{host} exited with status {status}{why}{rest}",
@@ -126,6 +121,28 @@ def run_mpirun(argv: Sequence[str], ranks: Sequence[str] | None = None) -> int:
         print(f"shoal launch: stopping mpirun ({signal.Signals(stop.signum).name})", file=sys.stderr, flush=True)
         _stop([proc], by_stdin=False)
         return 128 + stop.signum
+
+
+class _FirstCause:
+    """Which failure to report: the first with a cause of its own; a failure that only follows another
+    node's (:data:`EXIT_ANOTHER_NODE_FAILED`) once no cause has shown within :data:`SETTLE_S` while
+    others still run (the node with the cause can be further away and end later)."""
+
+    def __init__(self) -> None:
+        self.settle_until: float | None = None
+
+    def pick(self, failed: Sequence[tuple[int, int]], *, still_running: bool) -> tuple[int, int, bool] | None:
+        """(who, status, is_cause) to report now, or None to keep waiting."""
+        causes = [(who, status) for who, status in failed if status != EXIT_ANOTHER_NODE_FAILED]
+        if causes:
+            return (*causes[0], True)
+        if not failed:
+            return None
+        if still_running:
+            self.settle_until = self.settle_until or time.monotonic() + SETTLE_S
+            if time.monotonic() < self.settle_until:
+                return None
+        return (*failed[0], False)
 
 
 def _relay_stderr(proc: subprocess.Popen, statuses: dict[int, int]) -> None:
@@ -156,20 +173,13 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
         with _signals_raise():
             for cmd in commands:
                 procs.append(subprocess.Popen(list(cmd), stdin=subprocess.PIPE, start_new_session=True))
-            settle_until = None
+            verdict = _FirstCause()
             while True:
                 running = [p for p in procs if p.poll() is None]
-                failed = [(i, p) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-                causes = [(i, p) for i, p in failed if _status(p.returncode) != EXIT_ANOTHER_NODE_FAILED]
-                if failed and not causes and running:
-                    # Only consequences so far: give the host with the cause SETTLE_S to exit.
-                    settle_until = settle_until or time.monotonic() + SETTLE_S
-                    if time.monotonic() < settle_until:
-                        time.sleep(0.1)
-                        continue
-                if failed:
-                    index, proc = (causes or failed)[0]
-                    status = _status(proc.returncode)
+                failed = [(i, _status(p.returncode)) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+                chosen = verdict.pick(failed, still_running=bool(running))
+                if chosen is not None:
+                    index, status, _ = chosen
                     rest = "; stopping the other hosts" if running else ""
                     print(
                         f"shoal launch: {labels[index]} exited with status {status}{rest}", file=sys.stderr, flush=True
