@@ -145,6 +145,7 @@ def test_a_failing_rank_is_named_with_its_cause_not_the_rank_it_stopped(cluster,
 BAD_INPUT = [
     (["--hosts", "node0:1,node2:1", "--via", "ssh"], "cannot run a command on node2 over ssh: ", "Connection refused", "start the SSH server on node2"),
     (["--hosts", "node0:1,node2:1", "--via", "mpirun"], "cannot run a command on node2 over ssh: ", "Connection refused", "start the SSH server on node2"),
+    (["mpirun", "--hosts", "node0:1,node2:1"], "cannot run a command on node2 over ssh: ", "Connection refused", "start the SSH server on node2"),
     (["--hosts", "node0:1,node3:1", "--via", "ssh"], "cannot run a command on node3 over ssh: ", "Permission denied", "ssh-copy-id node3"),
     (["--hosts", "node0:1,node3:1", "--via", "mpirun"], "cannot run a command on node3 over ssh: ", "Permission denied", "ssh-copy-id node3"),
     (["--hostfile", "{unknown}", "--via", "ssh"], "cannot run a command on ghost over ssh: ", "resolve", "this machine cannot resolve it"),
@@ -153,7 +154,7 @@ BAD_INPUT = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("args, message, reason, hint", BAD_INPUT, ids=[f"{a[1][:14]}-{a[3]}" for a, *_ in BAD_INPUT])
+@pytest.mark.parametrize("args, message, reason, hint", BAD_INPUT, ids=[f"{a[1][:14]}-{a[-1]}" for a, *_ in BAD_INPUT])
 def test_bad_hosts_fail_in_one_line_quickly_and_leave_nothing(cluster, tmp_path, args, message, reason, hint):
     net, servers = cluster
     if "mpirun" in args and shutil.which("mpirun") is None:

@@ -212,6 +212,8 @@ def run_mpirun(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shell(argv))
         return 0
+    remote.require_program("mpirun", remote.MPIRUN_HINT)
+    remote.check_reachable(_remote_hosts(spec, here), args.rsh, mpirun=True)
     announce(f"mpirun, {count(spec.world_size, 'process')}, rendezvous {spec.main_address()}:{spec.port()}")
     return remote.run_mpirun(argv)
 
