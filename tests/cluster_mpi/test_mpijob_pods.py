@@ -47,8 +47,14 @@ def can_make_pods():
         pytest.skip(reason)
 
 
-def _run_mpijob(tmp_path: Path, name: str, command: tuple[str, ...], workers: int = 2) -> tuple[int, str, object, list]:
-    """Render, validate, simulate and run an MPIJob; (launcher exit status, its output, pods, sshds)."""
+def _run_mpijob(
+    tmp_path: Path, name: str, command: tuple[str, ...], workers: int = 2, sshd_late_s: float = 0.0
+) -> tuple[int, str, Path, sim_mpijob.MPIJobPods]:
+    """Render, validate, simulate and run an MPIJob: (launcher exit status, its output, the claim, pods).
+
+    ``sshd_late_s``: start the workers' sshd this long after the launcher, as when the launcher pod
+    comes up first; the operator's ``OMPI_MCA_plm_rsh_args=-o ConnectionAttempts=10`` bridges it.
+    """
     spec = JobSpec(
         command=command,
         job_name=name,
@@ -107,7 +113,8 @@ def test_mpijob_trains_digits_across_worker_pods_over_real_ssh(tmp_path, can_mak
 
 def test_mpijob_runs_a_horovod_style_script(tmp_path, can_make_pods):
     pytest.importorskip("shoal.horovod", reason="shoal.horovod is not in this tree yet")
-    status, output, shared, job = _run_mpijob(tmp_path, "hvd", ("python", HVD_SCRIPT, SHARED))
+    # The launcher first, the workers' sshd 2 s later: mpirun's ssh retries (ConnectionAttempts=10).
+    status, output, shared, job = _run_mpijob(tmp_path, "hvd", ("python", HVD_SCRIPT, SHARED), sshd_late_s=2.0)
     assert status == 0, output
     ranks = [json.loads((shared / f"hvd-rank{r}.json").read_text()) for r in range(2)]
     assert [(r["rank"], r["size"], r["local_rank"]) for r in ranks] == [(0, 2, 0), (1, 2, 0)]
