@@ -1,0 +1,234 @@
+"""Horovod's reduction ops and ``allreduce`` family, run by ``torch.distributed``; handles for async calls.
+
+The collectives that move data (allgather, broadcast, alltoall, barrier) are in :mod:`.exchange`.
+
+Names, arguments and defaults follow ``horovod/torch/mpi_ops.py`` (Horovod 0.28): the out-of-place
+forms return a new tensor and are differentiable as Horovod's are; the ``_`` forms work in place;
+the ``_async`` forms return a handle for :func:`synchronize` / :func:`poll`. ``name`` is accepted
+and ignored: torch.distributed matches collectives by the order ranks issue them, not by name, so
+every rank must issue the same collectives in the same order (Horovod's coordinator would reorder
+them). With one process every call works locally.
+
+Average is a sum followed by a division by ``size()`` (gloo has no average; integer tensors are
+divided with truncation, as Horovod does). ``prescale_factor`` multiplies before the sum,
+``postscale_factor`` after it.
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shoal.integrations.horovod import state, unsupported
+from shoal.integrations.horovod.compression import Compression, check_compressor
+from shoal.integrations.horovod.errors import HorovodUnsupported, HorovodUsageError
+
+
+class ReduceOp(enum.IntEnum):
+    """Horovod's reduction ops, with Horovod's values (``horovod/common/message.h``)."""
+
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Average, Sum, Adasum, Min, Max, Product = (ReduceOp[name] for name in ReduceOp.__members__)
+
+_TORCH_OPS = {
+    ReduceOp.Average: dist.ReduceOp.SUM,
+    ReduceOp.Sum: dist.ReduceOp.SUM,
+    ReduceOp.Min: dist.ReduceOp.MIN,
+    ReduceOp.Max: dist.ReduceOp.MAX,
+    ReduceOp.Product: dist.ReduceOp.PRODUCT,
+}
+
+
+def resolve_op(op: Any, average: bool | None, call: str) -> ReduceOp:
+    """Horovod's rule: ``op`` wins, the deprecated ``average`` maps to Average/Sum, default Average."""
+    if op is not None and average is not None:
+        raise HorovodUsageError(
+            f"hvd.{call}: both op and average were given", "pass only op=hvd.Average or op=hvd.Sum (average is old)"
+        )
+    if op is None:
+        if average is not None:
+            warnings.warn("hvd: `average` is deprecated, use op=hvd.Average or hvd.Sum", DeprecationWarning, 3)
+        return ReduceOp.Average if average in (None, True) else ReduceOp.Sum
+    try:
+        resolved = ReduceOp(op)
+    except ValueError:
+        raise HorovodUsageError(
+            f"hvd.{call}: op={op!r} is not a reduction op", "use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product"
+        ) from None
+    if resolved is ReduceOp.Adasum:
+        raise unsupported.adasum(f"hvd.{call.removesuffix('()')}(op=hvd.Adasum)")
+    return resolved
+
+
+def check_ready(call: str) -> state._Job:
+    """The job, after checking that a collective may run now (after init, no rank has joined)."""
+    job = state.job(call)
+    if job.peers_joined():
+        raise HorovodUnsupported(
+            f"hvd.{call} after another rank called hvd.join(): shoal.horovod only keeps gradient "
+            "reduction going for ranks that joined",
+            "call hvd.join() on every rank when its data is done, then run the other collectives",
+        )
+    return job
+
+
+def scale_(tensor: torch.Tensor, factor: float) -> None:
+    """``tensor *= factor`` in place, truncating for integer tensors."""
+    if factor == 1.0:
+        return
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        tensor.mul_(factor)
+    else:
+        tensor.copy_((tensor.double() * factor).trunc())
+
+
+def average_(tensor: torch.Tensor, count: int) -> None:
+    """``tensor /= count`` in place (truncating division for integer tensors, as Horovod's)."""
+    if count == 1:
+        return
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        tensor.div_(count)
+    else:
+        tensor.copy_(torch.div(tensor, count, rounding_mode="trunc"))
+
+
+# ---- handles --------------------------------------------------------------------------------------
+
+
+class Handle:
+    """An operation in flight: :func:`synchronize` waits and returns its result, :func:`poll` asks."""
+
+    def __init__(self, work: Any, finish: Callable[[], Any]) -> None:
+        self._work = work
+        self._finish = finish
+        self._done = False
+        self._result: Any = None
+
+    def poll(self) -> bool:
+        return self._done or self._work is None or bool(self._work.is_completed())
+
+    def wait(self) -> Any:
+        if not self._done:
+            if self._work is not None:
+                self._work.wait()
+            self._result = self._finish()
+            self._done = True
+            self._work = self._finish = None  # type: ignore[assignment]
+        return self._result
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for an async operation; return its output (tensor, or tensors for alltoall with splits)."""
+    return handle.wait()
+
+
+def poll(handle: Handle) -> bool:
+    """True once the operation is complete (then :func:`synchronize` does not block)."""
+    return handle.poll()
+
+
+# ---- allreduce ------------------------------------------------------------------------------------
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = state.global_process_set,
+) -> Handle:
+    """Start reducing ``tensor`` in place across ranks; ``synchronize(handle)`` returns it reduced."""
+    reduce_op = resolve_op(op, average, "allreduce_async_()")
+    job = check_ready("allreduce_async_()")
+    state.check_process_set(process_set, "allreduce_async_")
+    if not tensor.is_contiguous():
+        raise HorovodUsageError("hvd.allreduce_: the tensor is not contiguous", "pass tensor.contiguous()")
+    scale_(tensor, prescale_factor)
+    world = job.context.world_size
+    work = None
+    if world > 1:
+        work = dist.all_reduce(tensor, op=_TORCH_OPS[reduce_op], group=state.group_for(tensor), async_op=True)
+
+    def finish() -> torch.Tensor:
+        if reduce_op is ReduceOp.Average:
+            average_(tensor, world)
+        scale_(tensor, postscale_factor)
+        return tensor
+
+    return Handle(work, finish)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=state.global_process_set,
+) -> Handle:
+    """Start reducing a copy of ``tensor`` (the input is left alone)."""
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return allreduce_async_(out, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=state.global_process_set,
+) -> torch.Tensor:
+    """Reduce ``tensor`` in place across ranks (Average by default); returns it."""
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
+
+
+class DifferentiableAllreduce(torch.autograd.Function):
+    """Differentiable allreduce: the gradient is reduced the same way (as Horovod's)."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, prescale_factor, postscale_factor):  # type: ignore[override]
+        ctx.args = (op, prescale_factor, postscale_factor)
+        return allreduce_async(tensor, None, None, op, prescale_factor, postscale_factor).wait()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        op, pre, post = ctx.args
+        return DifferentiableAllreduce.apply(grad.contiguous(), op, pre, post), None, None, None
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = state.global_process_set,
+) -> torch.Tensor:
+    """``tensor`` averaged (default) or reduced with ``op`` across ranks, as a new tensor."""
+    reduce_op = resolve_op(op, average, "allreduce()")
+    check_ready("allreduce()")
+    state.check_process_set(process_set, "allreduce")
+    compressor = check_compressor(compression)
+    wire, context = compressor.compress(tensor)
+    return compressor.decompress(
+        DifferentiableAllreduce.apply(wire, reduce_op, prescale_factor, postscale_factor), context
+    )

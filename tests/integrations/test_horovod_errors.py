@@ -1,0 +1,106 @@
+"""Bad input and what shoal.horovod does not offer: one line naming it, a HINT, a non-zero exit, no hang.
+
+The scripts run for real (scripts/hvd_bad_input.py); in-process tests cover what needs no process
+group (calls before ``hvd.init()`` raise before touching anything).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from horovod_launch import BAD_INPUT, clean_env, run
+
+import shoal.horovod as hvd
+from shoal.errors import ShoalError
+
+
+def _two_lines(stderr: str, message: str, hint: str) -> None:
+    """The error as the excepthook prints it: ``shoal: error: <message> (at file:line)`` then ``HINT: ...``."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    at = next(i for i, line in enumerate(lines) if "shoal: error:" in line)
+    assert message in lines[at] and "(at hvd_bad_input.py:" in lines[at], stderr
+    assert lines[at + 1].split("HINT: ", 1)[1].startswith(hint), stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("case", "message", "hint"),
+    [
+        ("before-init", "hvd.rank() was called before hvd.init()", "call hvd.init() once"),
+        ("adasum", "hvd.DistributedOptimizer(op=hvd.Adasum): Adasum is not supported", "use op=hvd.Average"),
+        ("elastic", "hvd.elastic.run: Horovod's elastic training is not supported", "restart failed workers"),
+        ("timeline", "hvd.start_timeline(): Horovod's timeline is not supported", "profile with torch.profiler"),
+        ("missing-name", "hvd.SyncBatchNorm: Horovod's SyncBatchNorm is not supported", "use torch.nn.SyncBatchNorm"),
+    ],
+)
+def test_one_process_fails_with_one_line_and_a_hint(case, message, hint):
+    proc = run("python", 1, BAD_INPUT, case, timeout=120)
+    assert proc.returncode == 1
+    _two_lines(proc.stderr, message, hint)
+    assert "not reached" not in proc.stdout
+
+
+def test_horovod_timeline_variable_is_refused_at_init():
+    proc = run("python", 1, BAD_INPUT, "none", env=clean_env(HOROVOD_TIMELINE="/tmp/timeline.json"), timeout=120)
+    assert proc.returncode == 1
+    _two_lines(proc.stderr, "HOROVOD_TIMELINE: Horovod's timeline is not supported", "profile with torch.profiler")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", ["shoal-run", "torchrun"])
+def test_parameters_that_differ_across_ranks_fail_on_every_rank(launcher):
+    """Rank 1 builds a wider layer: both ranks name the parameter and stop, well within the timeout."""
+    proc = run(launcher, 2, BAD_INPUT, "model-differs", timeout=180)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "shoal: error: hvd.DistributedOptimizer" in line]
+    message = "0.weight is [9, 4] float32 on rank 1 but [8, 4] float32 on rank 0"
+    assert {line.split("]: ", 1)[0] for line in errors if message in line} >= {"[rank0", "[rank1"}, proc.stderr
+    assert "HINT: build the same model on every rank" in proc.stderr
+    assert "not reached" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        hvd.size,
+        hvd.rank,
+        hvd.local_rank,
+        hvd.local_size,
+        hvd.cross_rank,
+        hvd.cross_size,
+        hvd.mpi_threads_supported,
+        hvd.barrier,
+        hvd.join,
+        lambda: hvd.allreduce(torch.ones(1)),
+        lambda: hvd.allgather(torch.ones(1)),
+        lambda: hvd.broadcast(torch.ones(1), 0),
+        lambda: hvd.broadcast_object(1),
+        lambda: hvd.broadcast_parameters({}, 0),
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)),
+    ],
+)
+def test_calls_before_init_are_value_errors_with_a_hint(call):
+    assert not hvd.is_initialized()
+    with pytest.raises(ValueError, match=r"was called before hvd\.init\(\)") as caught:
+        call()
+    assert isinstance(caught.value, ShoalError) and caught.value.hint.startswith("call hvd.init() once")
+
+
+def test_unknown_names_are_attribute_errors_naming_them():
+    assert not hasattr(hvd, "SyncBatchNorm") and not hasattr(hvd, "no_such_thing")
+    with pytest.raises(AttributeError, match="hvd.reducescatter: hvd.reducescatter is not supported") as caught:
+        hvd.reducescatter  # noqa: B018
+    assert "reduce_scatter_tensor" in caught.value.hint
+    with pytest.raises(AttributeError, match="hvd.no_such_thing is not part of shoal.horovod"):
+        hvd.no_such_thing  # noqa: B018
+    with pytest.raises(NotImplementedError, match="hvd.elastic.TorchState"):
+        hvd.elastic.TorchState  # noqa: B018
+
+
+def test_adasum_and_unknown_ops_are_refused_before_anything_runs():
+    with pytest.raises(NotImplementedError, match=r"hvd.allreduce\(op=hvd.Adasum\): Adasum is not supported"):
+        hvd.allreduce(torch.ones(1), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="op=7 is not a reduction op"):
+        hvd.allreduce(torch.ones(1), op=7)
+    with pytest.raises(ValueError, match="both op and average were given"):
+        hvd.allreduce(torch.ones(1), op=hvd.Sum, average=True)
