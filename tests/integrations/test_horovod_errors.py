@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from horovod_launch import BAD_INPUT, clean_env, run
+from horovod_launch import BAD_INPUT, clean_env, needs_mpirun, run
 
 import shoal.horovod as hvd
 from shoal.errors import ShoalError
@@ -47,14 +47,17 @@ def test_horovod_timeline_variable_is_refused_at_init():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("launcher", ["shoal-run", "torchrun"])
+@pytest.mark.parametrize("launcher", ["shoal-run", "torchrun", pytest.param("mpirun", marks=needs_mpirun)])
 def test_parameters_that_differ_across_ranks_fail_on_every_rank(launcher):
     """Rank 1 builds a wider layer: both ranks name the parameter and stop, well within the timeout."""
     proc = run(launcher, 2, BAD_INPUT, "model-differs", timeout=180)
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if "shoal: error: hvd.DistributedOptimizer" in line]
     message = "0.weight is [9, 4] float32 on rank 1 but [8, 4] float32 on rank 0"
-    assert {line.split("]: ", 1)[0] for line in errors if message in line} >= {"[rank0", "[rank1"}, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "shoal: error: hvd.DistributedOptimizer" in line]
+    if launcher == "mpirun":  # each rank's own stderr, unprefixed
+        assert sum(message in line for line in errors) == 2, proc.stderr
+    else:  # torch's agent prefixes each rank's lines with [rankN]
+        assert {line.split("]: ", 1)[0] for line in errors if message in line} >= {"[rank0", "[rank1"}, proc.stderr
     assert "HINT: build the same model on every rank" in proc.stderr
     assert "not reached" not in proc.stdout
 

@@ -71,7 +71,6 @@ def _control_round(job: state._Job) -> int:
     An odd size (7 doubles) keeps it from pairing silently with a user's small all-reduce: a
     mismatch fails at once in gloo ("Received data size doesn't match expected size").
     """
-    device = torch.device("cpu") if job.cpu_group is not None or job.context.backend == "gloo" else job.context.device
-    flag = torch.zeros(7, dtype=torch.float64, device=device)
+    flag = torch.zeros(7, dtype=torch.float64)  # on the CPU: the default group is gloo, or cpu_group is
     dist.all_reduce(flag, group=job.cpu_group)
     return round(float(flag[0]))

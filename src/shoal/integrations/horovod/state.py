@@ -99,6 +99,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     had_context = shoal_context.current() is not None
     ctx = shoal_context.init()
     if comm not in (None, []) and not (isinstance(comm, (list, tuple)) and list(comm) == list(range(ctx.world_size))):
+        if not had_context:
+            ctx.shutdown()
         raise HorovodUnsupported(
             "hvd.init(comm=...) with a subset of the ranks or an MPI communicator is not supported",
             "start only the processes you need (every process shoal.horovod sees is in the job), "
