@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from types import FrameType
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shoal.console import write_line
 from shoal.errors import ShoalError
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -51,6 +51,7 @@ class PreemptionWatch:
         self._last_check = time.perf_counter()
         self._group = None
         self._watchdog: threading.Timer | None = None
+        self._announced = False
         self._distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
     def __enter__(self) -> "PreemptionWatch":
@@ -71,19 +72,28 @@ class PreemptionWatch:
             self._watchdog.cancel()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only recorded here: every rank of a job usually gets the signal at once (the launcher
+        # forwards it), and one line from rank 0 says it when the ranks agree (see _announce).
         if not self.received:
             self.received = signum
-            print(
-                f"shoal: received {signal.Signals(signum).name}: checkpointing within a few steps",
-                file=sys.stderr,
-                flush=True,
-            )
             self._watchdog = threading.Timer(self.grace_s, _give_up, args=(signum, self.grace_s))
             self._watchdog.daemon = True
             self._watchdog.start()
 
     def requested(self) -> int:
         """The signal every rank agreed to stop for (0: none). Call once per step on every rank."""
+        return self._announce(self._agreed())
+
+    def _announce(self, signum: int) -> int:
+        if signum and not self._announced:
+            self._announced = True
+            if not self._distributed or dist.get_rank() == 0:
+                write_line(
+                    f"shoal: received {signal.Signals(signum).name}: checkpointing after this step, then exiting"
+                )
+        return signum
+
+    def _agreed(self) -> int:
         if not self._distributed:
             return self.received
         self._steps += 1
@@ -110,9 +120,7 @@ class PreemptionWatch:
 
 
 def _give_up(signum: int, grace_s: float) -> None:
-    print(
-        f"shoal: no checkpoint within the {grace_s:.0f} s grace period after {signal.Signals(signum).name}; exiting",
-        file=sys.stderr,
-        flush=True,
+    write_line(
+        f"shoal: no checkpoint within the {grace_s:.0f} s grace period after {signal.Signals(signum).name}; exiting"
     )
     os._exit(128 + signum)

@@ -79,4 +79,7 @@ def _is_script(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return any(part.endswith(b"trace_train.py") for part in cmdline) and b"-c" not in cmdline
+    # the stderr tee forked by the worker shim keeps the shim's command line: not a worker
+    return any(part.endswith(b"trace_train.py") for part in cmdline) and not any(
+        part.endswith(b"worker_shim.py") for part in cmdline
+    )

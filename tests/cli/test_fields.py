@@ -44,7 +44,7 @@ def test_docstrings_under_fields_become_help():
     assert docs["batch_size"].startswith("Samples per process per step.")
     assert "undocumented" not in docs
     text = parser_for()[0].format_help()
-    assert "--batch-size BATCH_SIZE" in text and "Samples per process per step." in text
+    assert "--batch-size N" in text and "Samples per process per step." in text
     assert "second paragraph" not in text
     assert "(default: 0.1)" in text and "100% of the world size" in text
     assert "--mode none|linear|sqrt" in text
@@ -71,7 +71,11 @@ def test_bad_values_are_refused_by_the_parser():
 def test_only_exclude_aliases_and_overrides():
     parser = argparse.ArgumentParser(prog="t")
     names = add_fields(
-        parser, Example, only=["lr", "mode", "batch_size"], exclude=["mode"], aliases={"lr": ["-l"]},
+        parser,
+        Example,
+        only=["lr", "mode", "batch_size"],
+        exclude=["mode"],
+        aliases={"lr": ["-l"]},
         help_overrides={"batch_size": "per process"},
     )
     assert names == ["batch_size", "lr"]

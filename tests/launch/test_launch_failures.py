@@ -15,7 +15,6 @@ from shoal.launch.failures import (
     exception_line,
     extract_last_traceback,
     find_stderr_log,
-    format_child_failure,
 )
 
 TB = """\
@@ -153,7 +152,7 @@ def test_other_aborts_get_no_hint(tmp_path):
 
 def test_no_logs_at_all():
     err = ChildFailedError("train.py", {0: _failure(0, 3)})
-    text = format_child_failure(err)
+    text = describe_child_failure(err).format()
     assert text.splitlines() == [
         "shoal: rank 0 (local rank 0) failed with exit code 3; it left no traceback.",
         "shoal: error: rank 0 failed: exit code 3",

@@ -28,7 +28,7 @@ FAIL = str(SCRIPTS / "fail_rank1.py")
 STEPS = str(Path(__file__).parents[1] / "cluster" / "scripts" / "steps.py")
 STARTUP = re.compile(
     r"^shoal run: (\d+) workers? on this node, rendezvous (\S+):(\d+)( \(free port picked\))?, "
-    r"OMP_NUM_THREADS=(\d+)( \(yours\))?$",
+    r"OMP_NUM_THREADS=(\d+)( \(yours\))?, listening on 127.0.0.1 only$",
     re.M,
 )
 
@@ -182,7 +182,7 @@ def test_failing_rank_shows_its_own_traceback_and_no_worker_survives(tmp_path):
     assert "ValueError: boom at rank 1" in report
     assert report[-1] == "shoal: error: rank 1 failed: ValueError: boom at rank 1"
     _assert_no_worker_left(pids, 2)
-    assert elapsed < 60  # rank 0 sleeps 120 s: the agent stopped it
+    assert elapsed < 110  # rank 0 sleeps 120 s: the agent stopped it rather than waiting for it
     assert not list((tmp_path / "tmp").iterdir()), "temporary log dir left behind"
 
 
@@ -234,7 +234,7 @@ def test_a_killed_worker_is_restarted_with_max_restarts(tmp_path):
     out.mkdir()
     proc = _run("--nproc", "2", "--max-restarts", "1", STEPS, str(out), "--die-rank", "1", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "shoal run: restarting the workers (restart 1 of 1)" in proc.stderr
+    assert "shoal run: restarting the workers (restart 1 of 1), 2 workers on this node" in proc.stderr
     results = _results(out, 2)
     assert {r["attempt"] for r in results} == {1} and {r["sum"] for r in results} == {12.0}
 
@@ -242,20 +242,17 @@ def test_a_killed_worker_is_restarted_with_max_restarts(tmp_path):
 # --- bad input: fails before anything is launched ---------------------------------------------
 
 
-def test_port_in_use_is_a_quick_one_line_error(tmp_path):
+def test_port_in_use_is_a_one_line_error_before_anything_starts(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        start = time.monotonic()
         proc = _run("--nproc", "2", "--master-port", str(port), ALLREDUCE, str(tmp_path), tmp_path=tmp_path)
-        elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
         f"shoal: error: port {port} is already in use on this machine",
         "HINT: pick another --master-port, or omit it to get a free one",
     ]
-    assert elapsed < 30  # no rendezvous timeout: only the time to import torch
 
 
 def _main_run(capsys, *args: str) -> tuple[int, str]:
@@ -283,12 +280,13 @@ def test_nproc_and_nproc_per_node_disagree(capsys):
     assert code == 2 and "disagree" in err
 
 
-def test_unknown_flag_is_torchruns_parser_error(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["run", "--no-such-flag", ALLREDUCE])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert "usage: shoal run" in err and "--no-such-flag" in err and "Traceback" not in err
+def test_unknown_flag_is_one_line_from_torchruns_parser(capsys):
+    code, err = _main_run(capsys, "--no-such-flag", ALLREDUCE)
+    assert code == 2
+    assert err.splitlines() == [
+        "shoal: error: unrecognized arguments: --no-such-flag",
+        "HINT: see `shoal run --help`",
+    ]
 
 
 def test_modules_are_not_checked_programs_are():
@@ -325,10 +323,17 @@ def test_listed_in_shoal_help():
     assert proc.returncode == 0 and re.search(r"^\s+run\s+launch a script", proc.stdout, re.M)
 
 
-def test_run_leaves_os_environ_alone(monkeypatch):
-    # run() sets OMP_NUM_THREADS for the workers only; it is called in-process by other launchers.
+def _environ_of_a_worker():
+    return dict(os.environ)
+
+
+def test_launching_leaves_os_environ_alone(monkeypatch):
+    # The core sets OMP_NUM_THREADS and the interface variables for the workers only; torch's
+    # launcher writes TORCHELASTIC_SIGNALS_TO_HANDLE: a library call must leave its caller as it was.
+    from shoal.launch.local import launch_local
+
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    with launch_run._launch_environ({"OMP_NUM_THREADS": "7"}):
-        assert os.environ["OMP_NUM_THREADS"] == "7"
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM"  # what torch's launcher writes
-    assert "OMP_NUM_THREADS" not in os.environ and "TORCHELASTIC_SIGNALS_TO_HANDLE" not in os.environ
+    before = dict(os.environ)
+    seen = launch_local(_environ_of_a_worker, (), 1, start_method="fork")[0]
+    assert dict(os.environ) == before
+    assert seen["OMP_NUM_THREADS"] and seen["GLOO_SOCKET_IFNAME"] == "lo"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import run_shoal
-from shoal.train.trainer import has_conv2d, in_channels_last
+from shoal.train.step import has_conv2d, in_channels_last
 from shoal.workloads.synthetic import build_synthetic_model
 
 
@@ -63,7 +63,7 @@ def test_resnet_trains_in_channels_last_by_default_and_the_switch_turns_it_off(t
         proc = _train(tmp_path / name, *flags)
         assert proc.returncode == 0, proc.stderr + proc.stdout
         config = json.loads((tmp_path / name / "config.json").read_text())
-        results[name] = config["channels_last"]
+        results[name] = config["extra"]["channels_last"]
         state = torch.load(tmp_path / name / "model.pt", weights_only=True)
         # The saved weights load into a fresh model in the ordinary memory format.
         fresh = build_synthetic_model("resnet18", 16)

@@ -122,7 +122,7 @@ import os, sys, time
 
 import torch
 
-from shoal.cli.train import _fork_safe
+from shoal.train.job import _fork_safe
 
 mode = sys.argv[1]
 torch.set_num_threads(2)
@@ -227,7 +227,7 @@ def test_shoal_train_forks_on_cpu_and_matches_spawn(tmp_path):
     for name, result in (("fork", forked), ("spawn", spawned)):
         out = tmp_path / name
         config = json.loads((out / "config.json").read_text())
-        assert config["start_method"] == ("auto" if name == "fork" else "spawn")
+        assert config["launch"]["start_method"] == ("auto" if name == "fork" else "spawn")
         assert config["extra"]["start_method"] == name
         metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert len(metrics) == 1 and metrics[0]["test_accuracy"] > 0.5
@@ -247,15 +247,17 @@ def test_bad_start_method_is_one_line_with_hint(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [
         "shoal: error: --start-method 'bogus' is not one of: auto, fork, spawn",
-        "HINT: pass --start-method auto",
+        "HINT: choose one of: auto, fork, spawn",
     ], result.stderr
     assert not out.exists()
 
 
 SIGNALS = '''
-import ctypes, os, signal
+import ctypes, os, signal, tempfile
 
-import shoal.train.entry as entry
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
 from shoal.launch.local import launch_local
 
 LAUNCHER = os.getpid()
@@ -269,8 +271,8 @@ def handlers():
     return {name: describe(signal.getsignal(getattr(signal, name))) for name in NAMES}
 
 
-def probe(cfg):
-    """Stands in for training: what run_local_worker left this forked worker with."""
+def probe():
+    """Stands in for training: what shoal's launch core left this forked worker with."""
     sig = ctypes.c_int(0)
     ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(sig))  # 2 = PR_GET_PDEATHSIG
     return {"handlers": handlers(), "pdeathsig": sig.value, "parent_is_launcher": os.getppid() == LAUNCHER}
@@ -280,9 +282,12 @@ def raw():
     return {"handlers": handlers()}
 
 
-entry.run_worker = probe  # run_local_worker looks it up when called: the forked workers see this
-print("raw", launch_local(raw, (), 2, start_method="fork")[0]["handlers"], flush=True)
-print("worker", launch_local(entry.run_local_worker, (None,), 2, start_method="fork"), flush=True)
+# torch's agent alone, forking: the hazard shoal's core removes.
+config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
+                      run_id="raw", max_restarts=0, start_method="fork",
+                      logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp()))
+print("raw", elastic_launch(config, raw)()[0]["handlers"], flush=True)
+print("worker", launch_local(probe, (), 2, start_method="fork"), flush=True)
 '''
 
 

@@ -12,7 +12,8 @@ _PATTERN = re.compile(r"^\s*(\d+)\s*(epochs?|steps?)?\s*$")
 
 @dataclass(frozen=True)
 class Cadence:
-    """Checkpoint every ``every`` units; ``every == 0`` never (only the final/preemption saves)."""
+    """Checkpoint every ``every`` units; ``every == 0``: no periodic checkpoint (a preemption still
+    saves one)."""
 
     every: int
     unit: str = "epoch"
@@ -35,11 +36,13 @@ class Cadence:
         return cls(int(match.group(1)), unit)
 
     def due(self, *, step: int, epoch: int, epoch_end: bool) -> bool:
-        """True when the state after optimizer step ``step`` (in epoch ``epoch``) should be saved."""
+        """True when the state should be saved: after optimizer step ``step`` inside an epoch (step
+        cadences), or at the end of epoch ``epoch`` (epoch cadences). Each kind of cadence saves only
+        at its own kind of moment, so the end of an epoch never saves a step's state twice."""
         if self.every <= 0:
             return False
         if self.unit == "step":
-            return step % self.every == 0
+            return not epoch_end and step % self.every == 0
         return epoch_end and epoch % self.every == 0
 
     def __str__(self) -> str:

@@ -83,11 +83,28 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------------
 
+    def due(self, *, epoch: int, step: int, epoch_end: bool, final: bool = False, force: bool = False) -> bool:
+        """Whether to save now: the cadence says so, or it is the run's last epoch end (``final``,
+        unless checkpoints are off), or ``force`` (a preemption). The one place that decides."""
+        if force:
+            return True
+        if final and epoch_end:
+            return self.every.every > 0
+        return self.every.due(step=step, epoch=epoch, epoch_end=epoch_end)
+
     def maybe_save(
-        self, *, epoch: int, step: int, epoch_end: bool, objects: Mapping[str, Any], **kwargs: Any
+        self,
+        *,
+        epoch: int,
+        step: int,
+        epoch_end: bool,
+        objects: Mapping[str, Any],
+        final: bool = False,
+        force: bool = False,
+        **kwargs: Any,
     ) -> Path | None:
-        """Save if the cadence says so (see :meth:`save`)."""
-        if self.every.due(step=step, epoch=epoch, epoch_end=epoch_end):
+        """Save if :meth:`due` says so (see :meth:`save` for the rest)."""
+        if self.due(epoch=epoch, step=step, epoch_end=epoch_end, final=final, force=force):
             return self.save(epoch=epoch, step=step, objects=objects, **kwargs)
         return None
 

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 
+from shoal.cli.fields import add_fields, given_fields
 from shoal.errors import ShoalError
 
 EXAMPLES = """\
@@ -41,7 +42,7 @@ DEMOS = {
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``shoal demo`` with its two demos."""
-    from shoal.launch.rendezvous import add_rendezvous_arguments
+    from shoal.launch.options import LaunchOptions
 
     parser = subparsers.add_parser(
         "demo",
@@ -76,55 +77,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 metavar="K",
                 help="timed all-reduces for the bandwidth figure (default 5; 0: none)",
             )
-        p.add_argument(
-            "--nproc",
-            type=int,
-            default=None,
-            metavar="N",
-            help="start N local worker processes (not under another launcher)",
-        )
-        add_rendezvous_arguments(p, max_restarts=True)
-        p.set_defaults(func=main_args)
+        launch = add_fields(p, LaunchOptions, only=("nproc", "start_method", "max_restarts", "verbose"))
+        nodes = p.add_argument_group("across nodes", "Run the same command on every node; see docs/MULTINODE.md.")
+        launch += add_fields(nodes, LaunchOptions, exclude=(*launch, "rdzv_conf"))
+        p.set_defaults(func=main_args, launch_fields=launch)
 
 
 def main_args(args: argparse.Namespace) -> int:
     """Run the demo here (already one rank of a job), or start ``--nproc`` workers for it."""
-    from shoal.env import detect_environment
-    from shoal.launch.rendezvous import options_from_args
+    from shoal.launch.local import run_here_or_launch
+    from shoal.launch.options import LaunchOptions
+    from shoal.launch.pods import operator_defaults
 
     if args.size < 1:
         raise ShoalError(f"--size must be at least 1, got {args.size}", "pass --size 1000, for example")
     iters = getattr(args, "iters", 0) or 0
     if iters < 0:
         raise ShoalError(f"--iters must be >= 0, got {iters}", "pass --iters 5, for example")
-    rendezvous = options_from_args(args)
-    env = detect_environment()
-    if env.world_size > 1:
-        if args.nproc is not None or rendezvous is not None:
-            raise ShoalError(
-                f"--nproc or rendezvous flags given, but {env.scheme} already started this process "
-                f"as rank {env.rank} of {env.world_size}",
-                "drop --nproc and the rendezvous flags: the launcher starts one process per rank",
-            )
-        return run_demo(args.demo, args.size, iters)
-    nproc = args.nproc if args.nproc is not None else 1
-    if nproc < 1:
-        raise ShoalError(f"--nproc must be at least 1, got {nproc}", "pass --nproc 2, for example")
-    if nproc == 1 and rendezvous is None:
-        return run_demo(args.demo, args.size, iters)
-    from shoal.launch.local import launch_local
-
-    launch_local(
-        run_worker, (args.demo, args.size, iters), nproc, max_restarts=args.max_restarts, rendezvous=rendezvous
-    )
-    return 0
+    pod = operator_defaults(os.environ)
+    options = LaunchOptions(**{**pod, **given_fields(args, args.launch_fields)})
+    results = run_here_or_launch(run_worker, (args.demo, args.size, iters), options, pod=bool(pod))
+    return max((code or 0 for code in results.values()), default=0)
 
 
-def run_worker(demo: str, size: int, iters: int) -> None:
-    """A worker started by ``--nproc``: a failed check makes it exit 1 (the launcher reports it)."""
+def run_worker(demo: str, size: int, iters: int) -> int:
+    """One rank: run the demo; in a started worker a failed check exits 1 (the launcher reports it)."""
     code = run_demo(demo, size, iters)
-    if code:
+    if code and os.environ.get("TORCHELASTIC_RUN_ID") is not None:
         raise SystemExit(code)
+    return code
 
 
 def run_demo(demo: str, size: int, iters: int = 0) -> int:

@@ -9,11 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from shoal.distributed.device import BACKEND_CHOICES, DEVICE_CHOICES
 from shoal.env.base import EnvInfo
 from shoal.env.detect import detect_environment, scheme_names, torch_env_vars
-
-DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("auto", "gloo", "nccl")
 
 EXAMPLES = """\
 examples:
@@ -38,9 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (machine-readable)")
-    parser.add_argument("--device", choices=DEVICES, default="auto", help="device request to resolve (default: auto)")
     parser.add_argument(
-        "--backend", choices=BACKENDS, default="auto", help="backend request to resolve (default: auto)"
+        "--device", choices=DEVICE_CHOICES, default="auto", help="device request to resolve (default: auto)"
+    )
+    parser.add_argument(
+        "--backend", choices=BACKEND_CHOICES, default="auto", help="backend request to resolve (default: auto)"
     )
     parser.add_argument(
         "--scheme",

@@ -12,6 +12,7 @@ the default shown; :func:`given_fields` returns only the fields the user gave, s
 defaults (and its ``__post_init__`` checks) stay the single source of truth. Adding an option is
 adding a field.
 
+A field's ``metadata={"metavar": "DIR"}`` names its value in the help (default: N, X or TEXT).
 Types understood: ``bool`` (``--x/--no-x``), ``int``, ``float``, ``str``, ``Literal[...]`` (choices),
 ``X | None`` of those (``None``: "not given, decide later"), and ``tuple[int, ...]`` /
 ``tuple[str, ...]`` (comma-separated). Nothing here imports torch.
@@ -27,9 +28,11 @@ import inspect
 import textwrap
 import types
 import typing
-from typing import Any, Callable, Iterable, Literal, Union
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, Union
 
 _MISSING = dataclasses.MISSING
+_METAVARS = {int: "N", float: "X", str: "TEXT"}
 
 
 @functools.cache
@@ -95,7 +98,8 @@ def add_fields(
             options["action"] = argparse.BooleanOptionalAction
         else:
             options["type"] = convert
-            options["metavar"] = "|".join(choices) if choices else field.name.upper()
+            metavar = field.metadata.get("metavar") or _METAVARS.get(_strip_none(hints[field.name]), "VALUE")
+            options["metavar"] = "|".join(choices) if choices else metavar
         parser.add_argument(*names, **options)
         added.append(field.name)
     return added

@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from shoal.cli.parser import ArgumentParser
 from shoal.errors import ShoalError
 
 # Subcommands whose arguments are handed over untouched (they have parsers of their own).
@@ -25,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     from shoal.cli import run as run_cmd
     from shoal.cli import train as train_cmd
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="shoal",
         description="Take a PyTorch training job from one device to many machines without a rewrite.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

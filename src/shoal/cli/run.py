@@ -33,6 +33,7 @@ def main_raw(argv: list[str]) -> int:
 
     Raises :class:`shoal.errors.ShoalError` for problems the user can fix; the caller prints it.
     """
-    from shoal.launch.run import run
+    from shoal.cli.parser import errors_with_hints
+    from shoal.launch.run import build_parser, run
 
-    return run(list(argv))
+    return run(list(argv), errors_with_hints(build_parser()))

@@ -15,11 +15,12 @@ nodes) and costs two casts per bucket otherwise; ``shoal bench scaling --comm-ho
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 COMM_HOOKS = ("none", "bf16", "fp16")
 """The names :func:`register_comm_hook` accepts."""
@@ -37,7 +38,7 @@ def check_comm_hook(name: str) -> str:
     return name
 
 
-def register_comm_hook(model: nn.Module, name: str, *, process_group: Any = None) -> nn.Module:
+def register_comm_hook(model: "nn.Module", name: str, *, process_group: Any = None) -> "nn.Module":
     """Register torch's ``name`` gradient-compression hook on a DDP ``model``; return the model.
 
     Args:

@@ -53,12 +53,16 @@ class Route:
     """The master is a loopback address: every node must run on this machine."""
 
 
+class UnresolvedHost(ShoalError):
+    """A host name that does not resolve here (yet: a pod's Service name resolves once it runs)."""
+
+
 def resolve(host: str) -> list[str]:
-    """The addresses ``host`` resolves to here, IPv4 first; ShoalError if it does not resolve."""
+    """The addresses ``host`` resolves to here, IPv4 first; :class:`UnresolvedHost` if it does not."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror as err:
-        raise ShoalError(
+        raise UnresolvedHost(
             f"cannot resolve the master address {host!r} on this node: {err.strerror}",
             "give the master node's IP address (e.g. --master-addr 10.0.0.1), or a name that "
             "resolves on every node (check /etc/hosts and DNS)",

@@ -259,18 +259,6 @@ def describe_child_failure(
     return report
 
 
-def format_child_failure(
-    err: ChildFailedError,
-    log_dir: str | None = None,
-    *,
-    stderr_logs: Mapping[int, str] | None = None,
-    keep_logs: bool = False,
-) -> str:
-    """The text to print for a failed job: see :func:`describe_child_failure` and
-    :meth:`FailureReport.format`."""
-    return describe_child_failure(err, log_dir, stderr_logs=stderr_logs, keep_logs=keep_logs).format()
-
-
 def _failure_time(failure: ProcessFailure, stderr_log: str | None) -> float:
     """When the worker failed, as precisely as known (see the module docstring)."""
     times = []

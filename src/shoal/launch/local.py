@@ -1,29 +1,38 @@
-"""Start N local worker processes running a Python function, through torch's elastic agent.
+"""Start this node's workers running a Python function, and decide whether to start any at all.
 
-This is what ``shoal train --nproc N`` uses: the same agent as torchrun (c10d rendezvous on a
-port the OS picks, worker monitoring, the rest of the group stopped when one worker fails), with
-a function as entrypoint so the workers need no command line of their own.
+- :func:`launch_local`: ``entrypoint(*args)`` in N worker processes through torch's elastic agent
+  (the machinery behind torchrun: worker monitoring, the rest of the group stopped when one fails,
+  restarts), joining other nodes when the options say so. ``shoal train --nproc``, ``shoal demo``
+  and ``shoal.fit`` use it; its workers need no command line of their own.
+- :func:`run_here_or_launch`: the one place that decides between running the job in this process
+  (one process, or this process is already a rank started by torchrun, srun, mpirun, a pod) and
+  starting workers.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
-import shutil
-import signal
-import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from shoal.env import detect_environment
 from shoal.errors import ShoalError
+from shoal.launch.core import Launch, WorkersFailed, run_workers
+from shoal.launch.options import START_METHODS, LaunchOptions
+from shoal.launch.rendezvous import plan_for
 
-if TYPE_CHECKING:
-    from shoal.launch.rendezvous import RendezvousOptions, RendezvousPlan
-
-
-START_METHODS = ("auto", "fork", "spawn")
+__all__ = [
+    "START_METHODS",
+    "WorkersFailed",
+    "check_start_method",
+    "launch_local",
+    "resolve_start_method",
+    "run_here_or_launch",
+    "starts_workers",
+]
 
 
 def check_start_method(name: str) -> str:
@@ -41,188 +50,90 @@ def resolve_start_method(name: str, device_type: str) -> str:
     return "spawn" if device_type == "cuda" else "fork"
 
 
-# Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see shoal.preemption).
-_PREEMPTED_CODES = {128 + signal.SIGTERM, 128 + signal.SIGUSR1}
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-@contextlib.contextmanager
-def _fresh_store_per_attempt() -> Iterator[None]:
-    """Give every restart attempt its own store (unless the user decided otherwise).
-
-    By default torch's c10d rendezvous lets the workers share the agent's store across restarts,
-    and a restarted rank can then read the previous attempt's keys (the old rank 0's gloo
-    address) and time out connecting to it: pytorch/pytorch#135712. Seen here with
-    ``--max-restarts 1`` after a SIGKILLed worker.
-    """
-    name = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-    if name in os.environ:
-        yield
-        return
-    os.environ[name] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)
-
-
-@contextlib.contextmanager
-def _environ_restored(*names: str) -> Iterator[None]:
-    """Undo what torch's launcher writes into this process's environment (a library call that
-    launches workers should leave its caller's environment as it was)."""
-    saved = {name: os.environ.get(name) for name in names}
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-class WorkersFailed(ShoalError):
-    """Some local worker failed; the message already holds its traceback and summary."""
-
-    def format(self) -> str:
-        return self.message
-
-
 def launch_local(
     entrypoint: Callable[..., Any],
     args: tuple[Any, ...],
-    nproc: int,
+    nproc: int = 1,
     *,
     max_restarts: int = 0,
     start_method: str = "spawn",
-    rendezvous: RendezvousOptions | None = None,
+    options: LaunchOptions | None = None,
 ) -> dict[int, Any]:
-    """Run ``entrypoint(*args)`` in ``nproc`` worker processes on this machine and wait for them.
+    """Run ``entrypoint(*args)`` in worker processes on this node and wait for them.
 
-    Returns ``{rank: return value}`` for this node's workers. A failed worker raises
-    :class:`WorkersFailed` carrying the failing rank's own traceback; the other workers are stopped
-    by the agent first.
+    Either ``nproc``/``max_restarts``/``start_method`` (workers on this machine only), or
+    ``options`` (which may also join other nodes; its ``start_method`` must not be ``auto``: see
+    :func:`resolve_start_method`). Returns ``{local rank: return value}`` for this node's workers.
 
     ``start_method``: ``spawn`` (fresh interpreters that import everything again) or ``fork``
     (copies of this process: seconds sooner to the first step, but this process must not have run
-    torch work on several threads or initialised CUDA first; ``shoal train`` picks with
-    :func:`resolve_start_method`: fork on CPU, spawn with CUDA).
+    torch work on several threads or initialised CUDA first).
 
-    ``rendezvous``: this node is one of several (see :mod:`shoal.launch.rendezvous`): the workers
-    join the others through that rendezvous, with the interface, address and timeouts shoal picks
-    (printed at start); one that cannot complete raises a ShoalError saying why.
+    Raises :class:`~shoal.launch.core.WorkersFailed` carrying the failing rank's own traceback
+    (the other workers are stopped by the agent first), and ShoalError when the nodes cannot meet.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
 
-    from shoal.launch.failures import describe_child_failure
-
-    if nproc < 1:
-        raise ShoalError(f"--nproc must be at least 1, got {nproc}", "pass --nproc 1 or more")
-    if start_method not in ("spawn", "fork", "forkserver"):
-        raise ShoalError(f"unknown start method {start_method!r}", "use fork or spawn")
+    if options is None:
+        if nproc < 1:
+            raise ShoalError(f"--nproc must be at least 1, got {nproc}", "pass --nproc 1 or more")
+        options = LaunchOptions(nproc=nproc, max_restarts=max_restarts, start_method=check_start_method(start_method))
+    method = options.start_method
+    if method == "auto":
+        raise ShoalError("launch_local needs a start method, not auto", "pass resolve_start_method(name, device)")
+    plan = plan_for(options)
     log_dir = tempfile.mkdtemp(prefix="shoal-workers-")
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"shoal-{uuid.uuid4().hex[:8]}",
-        # c10d on port 0: the agent's store binds a port the OS picks, so concurrent jobs on one
-        # machine never collide (what torchrun --standalone does).
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=max_restarts,
+        min_nodes=plan.min_nodes,
+        max_nodes=plan.max_nodes,
+        nproc_per_node=options.nproc,
+        run_id=options.rdzv_id if options.several_nodes else f"shoal-{uuid.uuid4().hex[:8]}",
+        max_restarts=options.max_restarts,
         monitor_interval=0.1,
-        start_method=start_method,
+        start_method=method,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        local_addr=options.local_addr,
     )
-    plan = None
-    try:
-        if rendezvous is not None:
-            plan = _join_nodes(config, rendezvous)
-        # Forked workers start with a copy of this process's unwritten output buffers: empty
-        # them first, so nothing printed before the launch comes out once per worker.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with _fresh_store_per_attempt(), _worker_environ(plan), _environ_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"):
-            return elastic_launch(config, entrypoint)(*args)
-    except ChildFailedError as err:
-        codes = {failure.exitcode for failure in err.failures.values()}
-        if codes and codes <= _PREEMPTED_CODES:
-            # Every worker stopped for a preemption signal: they said so (and where the
-            # checkpoint went) themselves; a traceback report would only bury that.
-            code = max(codes)
-            raise WorkersFailed(f"shoal: workers stopped by {_signal_name(code - 128)}", exit_code=code) from None
-        report = describe_child_failure(err, log_dir)
-        raise WorkersFailed(report.format(), exit_code=report.exit_code) from None
-    except SignalException as err:
-        # This launcher got the signal (e.g. Kubernetes or Slurm stopping the job): the agent has
-        # forwarded it to the workers, which checkpoint and exit.
-        raise WorkersFailed(
-            f"shoal: stopped by {_signal_name(int(err.sigval))}; the workers checkpointed on the way out",
-            exit_code=128 + int(err.sigval),
-        ) from None
-    except Exception as err:
-        from shoal.launch.rendezvous import explain_failure, is_rendezvous_failure
-
-        if plan is not None and is_rendezvous_failure(err):
-            raise explain_failure(err, plan) from None
-        raise
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
-        sys.stdout.flush()
+    launch = Launch(plan=plan, prog="shoal", log_dir=log_dir, verbose=options.verbose)
+    return run_workers(config, entrypoint, args, launch)
 
 
-def _join_nodes(config: Any, rendezvous: RendezvousOptions) -> RendezvousPlan:
-    """Turn the single-node ``config`` into this node's part of a multi-node launch.
+def starts_workers(options: LaunchOptions, *, pod: bool = False, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process starts worker processes (True) or runs the job itself (False).
 
-    Checks what can be checked before anything starts (addresses, route, the store's port) and
-    prints what was chosen.
+    Itself: one process on one node, or this process is already one rank of a job another launcher
+    started (torchrun, srun, mpirun, a one-process-per-pod job); then asking for workers (``--nproc``,
+    rendezvous flags) is an error rather than a job of jobs. ``pod``: this is a Kubernetes pod's
+    command and ``options`` came from the operator's variables (:mod:`shoal.launch.pods`): it starts
+    the pod's workers whatever the environment says.
     """
-    from shoal.launch.rendezvous import check_store_port, plan_rendezvous, register_backends
-    from shoal.launch.run import _recording_logs_specs
-
-    plan = plan_rendezvous(rendezvous)
-    check_store_port(plan)
-    config.min_nodes, config.max_nodes = plan.min_nodes, plan.max_nodes
-    config.run_id = rendezvous.run_id
-    config.rdzv_endpoint = plan.endpoint
-    plan.configure(config)
-    register_backends()
-    print("\n".join(plan.lines("shoal", config.nproc_per_node)), file=sys.stderr, flush=True)
-    starts = []
-
-    def on_start(env: dict[str, str]) -> None:  # local rank 0's environment, at each (re)start
-        first, last = int(env["RANK"]), int(env["RANK"]) + config.nproc_per_node - 1
-        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
-        restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        why = (
-            f"restart {restart} of {config.max_restarts}: "
-            if restart
-            else ("the other nodes changed: " if starts else "")
-        )
-        starts.append(restart)
-        print(f"shoal: {why}rendezvous done; starting {ranks} of {env['WORLD_SIZE']}", file=sys.stderr, flush=True)
-
-    config.logs_specs = _recording_logs_specs(config.logs_specs, tee=False, on_start=on_start)
-    return plan
+    if pod:
+        return True
+    env = detect_environment(dict(os.environ if environ is None else environ))
+    if env.world_size > 1:
+        if options.starts_workers:
+            raise ShoalError(
+                f"--nproc or rendezvous flags given, but {env.scheme} already started this process as "
+                f"rank {env.rank} of {env.world_size}",
+                "drop --nproc and the rendezvous flags (--nnodes, --master-addr, --rdzv-*): the launcher "
+                "already starts one process per rank",
+            )
+        return False
+    return options.starts_workers
 
 
-@contextlib.contextmanager
-def _worker_environ(plan: RendezvousPlan | None) -> Iterator[None]:
-    """Export the plan's variables (socket interfaces, join timeout) to the workers, then restore."""
-    extra = {k: v for k, v in (plan.environ if plan else {}).items() if k not in os.environ}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key in extra:
-            os.environ.pop(key, None)
+def run_here_or_launch(
+    entrypoint: Callable[..., Any],
+    args: tuple[Any, ...],
+    options: LaunchOptions,
+    *,
+    device_type: str = "cpu",
+    pod: bool = False,
+) -> dict[int, Any]:
+    """Run ``entrypoint(*args)`` here, or start this node's workers for it (see :func:`starts_workers`);
+    ``{local rank: result}``."""
+    if not starts_workers(options, pod=pod):
+        return {0: entrypoint(*args)}
+    method = resolve_start_method(options.start_method, device_type)
+    return launch_local(entrypoint, args, options=dataclasses.replace(options, start_method=method))

@@ -1,136 +1,149 @@
-"""The resolved configuration of one training run (``shoal train``), validated on construction."""
+"""What one training run computes (``shoal train``, ``shoal.fit``): :class:`TrainConfig`.
+
+Frozen and checked on construction; :meth:`TrainConfig.resolved` fills what the user left to the
+workload (epochs, batch size, lr, optimizer, weight decay, warm-up), once, before any worker starts.
+``shoal train``'s flags are generated from the fields and the docstrings under them
+(``shoal.cli.fields``): a new option is one field here. How many processes run the job, and how
+they meet, is not part of it (:class:`shoal.launch.options.LaunchOptions`).
+
+Nothing here imports torch: ``shoal train --help`` stays instant.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from shoal.checkpoint.cadence import Cadence
+from shoal.distributed.comm_hooks import COMM_HOOKS, check_comm_hook
 from shoal.errors import ShoalError
 
 LR_SCALING = ("none", "linear", "sqrt")
 AMP_MODES = ("off", "bf16", "fp16")
-DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
+_FROM_WORKLOAD = ("epochs", "batch_size", "lr", "optimizer", "weight_decay", "warmup_epochs")
+"""Fields that None leaves to the workload's defaults."""
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Everything a ``shoal train`` run needs; ``None`` means "the workload's default"."""
+    """Everything a training run computes with; ``None`` means "the workload's default"."""
 
     workload: str = "digits"
-    """Name of the ready workload: digits, mnist, cifar10 or synthetic."""
+    """The ready workload: digits, mnist, cifar10 or synthetic."""
     epochs: int | None = None
-    """Passes over the training set."""
+    """Passes over the training set (workload default)."""
     batch_size: int | None = None
-    """Samples per process per micro-batch (the global batch is this x world size x grad_accum)."""
+    """Samples per process per micro-batch; the global batch is this x world size x grad accumulation."""
     lr: float | None = None
-    """Base learning rate, before ``lr_scaling``."""
-    lr_scaling: str = "none"
+    """Base learning rate, before --lr-scaling (workload default)."""
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     """How the base lr grows with the world size: none, linear (x N) or sqrt (x sqrt N)."""
-    optimizer: str | None = None
-    """sgd (momentum 0.9, nesterov) or adamw."""
+    optimizer: Literal["sgd", "adamw"] | None = None
+    """sgd (momentum 0.9, nesterov) or adamw (workload default)."""
     weight_decay: float | None = None
-    """L2 weight decay of the optimizer."""
-    warmup_epochs: float = 0.0
-    """Linear warm-up of the lr over this many epochs, then cosine decay to zero."""
+    """L2 weight decay of the optimizer (workload default)."""
+    warmup_epochs: float | None = None
+    """Linear lr warm-up over this many epochs, then cosine decay to zero (workload default, else 0)."""
     seed: int = 0
     """Seeds model initialisation, the data order and augmentation."""
-    data: str | None = None
-    """Dataset directory for mnist / cifar10."""
+    data: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """Dataset directory (mnist: DIR/MNIST/raw; cifar10: DIR/cifar-10-batches-py)."""
     download: bool = False
-    """Let torchvision download the dataset into ``data`` when it is missing."""
-    out: str | None = None
-    """Output directory; default runs/<workload>-<timestamp>."""
-    device: str = "auto"
-    """auto, cpu or cuda."""
-    backend: str = "auto"
+    """Download the dataset into --data when it is missing."""
+    out: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """Output directory (default runs/<workload>-<timestamp>); an existing run there is resumed."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto (a GPU per process when there are enough, else the CPU), cpu or cuda."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
-    amp: str = "off"
+    amp: Literal["off", "bf16", "fp16"] = "off"
     """Mixed precision: off, bf16 or fp16 (fp16 needs CUDA)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
-    nproc: int = 1
-    """Local worker processes to start (through torch's elastic agent)."""
-    arch: str = "resnet18"
-    """Model of the synthetic workload: any torchvision ResNet."""
+    arch: str = field(default="resnet18", metadata={"metavar": "NAME"})
+    """synthetic: the model, a torchvision ResNet (resnet18 ... resnet152) or mlp."""
     image_size: int = 32
-    """Side of the synthetic workload's square inputs."""
+    """synthetic: side of the square input images."""
     samples: int | None = None
-    """Training samples of the synthetic workload."""
+    """synthetic: training samples (default 1024)."""
     eval_batch_size: int | None = None
-    """Per-process batch size for evaluation (default: 4 x batch_size)."""
+    """Per-process batch size for evaluation (default 4 x --batch-size)."""
     channels_last: bool | None = None
-    """Convolutions in channels-last (NHWC) memory format; default: on for models with 2-D
-    convolutions (oneDNN on CPU and cuDNN on GPU run them faster that way)."""
+    """Convolutions in channels-last (NHWC) memory format: faster on CPU and GPU (default: on for conv models)."""
     progress: bool | None = None
-    """Show a progress bar on rank 0 (default: when stderr is a terminal)."""
-    checkpoint_every: str = "1"
-    """Checkpoint cadence: N (epochs), Nepochs or Nsteps; 0/off: never."""
-    checkpoint_dir: str | None = None
-    """Where checkpoints go (default <out>/checkpoints)."""
+    """Progress bar on rank 0 (default: when stderr is a terminal)."""
+    comm_hook: Literal["none", "bf16", "fp16"] = "none"
+    """DDP gradient compression: all-reduce the gradients in bf16 or fp16, half the bytes of float32
+    (parameters and optimizer stay float32); pays off when communication is the bottleneck."""
+    checkpoint_every: str = field(default="1", metadata={"metavar": "N|Nsteps"})
+    """Checkpoint every N epochs (2, 2epochs) or steps (500steps); 0 or off: only at the end."""
+    checkpoint_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """Where checkpoints go (default OUT/checkpoints)."""
     keep: int = 3
     """Keep the newest K checkpoints."""
-    resume: str = "auto"
-    """auto (newest valid checkpoint in the checkpoint dir, if any), never, or a checkpoint file."""
-    preempt_grace: float = 25.0
-    """Seconds after SIGTERM/SIGUSR1 within which the preemption checkpoint must be written."""
-    max_restarts: int = 0
-    """Times torch's elastic agent restarts the local workers after a failure (--nproc runs)."""
-    start_method: str = "auto"
-    """How --nproc workers are started: auto (fork on CPU, spawn with CUDA), fork or spawn."""
-    comm_hook: str = "none"
-    """DDP gradient compression: none (float32 all-reduce), bf16 or fp16 (half the bytes)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Filled in at start: detected environment and world size, for config.json."""
+    resume: str = field(default="auto", metadata={"metavar": "auto|never|PATH"})
+    """auto: continue from the newest valid checkpoint in the output directory; never; or a ckpt-*.pt file."""
+    preempt_grace: float = field(default=25.0, metadata={"metavar": "S"})
+    """After SIGTERM/SIGUSR1: checkpoint and exit within this many seconds."""
 
     def __post_init__(self) -> None:
-        _positive("--epochs", self.epochs)
-        _positive("--batch-size", self.batch_size, hint="pass --batch-size 1 or more (it is per process)")
-        _positive("--grad-accum", self.grad_accum)
-        _positive("--image-size", self.image_size)
-        _positive("--samples", self.samples)
-        _positive("--eval-batch-size", self.eval_batch_size)
-        if self.nproc is None or self.nproc < 1:
-            raise ShoalError(
-                f"--nproc must be at least 1, got {self.nproc}",
-                "pass --nproc 1 or more (the number of worker processes on this machine)",
-            )
+        for flag, value in (
+            ("--epochs", self.epochs),
+            ("--grad-accum", self.grad_accum),
+            ("--image-size", self.image_size),
+            ("--samples", self.samples),
+            ("--eval-batch-size", self.eval_batch_size),
+            ("--keep", self.keep),
+        ):
+            _at_least_one(flag, value)
+        _at_least_one("--batch-size", self.batch_size, hint="pass --batch-size 1 or more (it is per process)")
         if self.lr is not None and not self.lr > 0:
             raise ShoalError(f"--lr must be positive, got {self.lr}", "pass a learning rate such as --lr 0.05")
-        if self.warmup_epochs < 0:
+        if self.warmup_epochs is not None and self.warmup_epochs < 0:
             raise ShoalError(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}", "pass 0 to disable warm-up")
-        _positive("--keep", self.keep)
-        if self.max_restarts < 0:
-            raise ShoalError(f"--max-restarts must be >= 0, got {self.max_restarts}", "pass --max-restarts 0 or more")
         if self.preempt_grace <= 0:
             raise ShoalError(f"--preempt-grace must be positive, got {self.preempt_grace}", "pass seconds, e.g. 25")
-        from shoal.checkpoint.cadence import Cadence
-
-        Cadence.parse(self.checkpoint_every)  # raises a ShoalError with a hint if malformed
         _choice("--lr-scaling", self.lr_scaling, LR_SCALING)
         _choice("--amp", self.amp, AMP_MODES)
-        _choice("--device", self.device, DEVICES)
+        _choice("--device", self.device, ("auto", "cpu", "cuda"))
+        _choice("--backend", self.backend, ("auto", "gloo", "nccl"))
         if self.optimizer is not None:
             _choice("--optimizer", self.optimizer, OPTIMIZERS)
-        from shoal.launch.local import START_METHODS
-
-        _choice("--start-method", self.start_method, START_METHODS)
-        from shoal.distributed.comm_hooks import check_comm_hook
-
         try:
             check_comm_hook(self.comm_hook)
         except ShoalError as err:
             raise ShoalError(f"--comm-hook: {err.message}", err.hint) from None
+        self.cadence  # noqa: B018  (parsed once here: a malformed --checkpoint-every fails now)
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    @functools.cached_property
+    def cadence(self) -> Cadence:
+        """``checkpoint_every``, parsed."""
+        return Cadence.parse(self.checkpoint_every)
+
+    @property
+    def is_resolved(self) -> bool:
+        return all(getattr(self, name) is not None for name in _FROM_WORKLOAD)
+
+    def resolved(self) -> TrainConfig:
+        """This config with every field left to the workload filled in (idempotent)."""
+        if self.is_resolved:
+            return self
+        from shoal.workloads import workload_defaults
+
+        defaults = {"warmup_epochs": 0.0, **workload_defaults(self.workload)}
+        return self.replace(**{name: defaults[name] for name in _FROM_WORKLOAD if getattr(self, name) is None})
+
+    def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _positive(flag: str, value: int | None, hint: str | None = None) -> None:
+def _at_least_one(flag: str, value: int | None, hint: str | None = None) -> None:
     if value is not None and value < 1:
         raise ShoalError(f"{flag} must be at least 1, got {value}", hint or f"pass {flag} 1 or more")
 
@@ -138,3 +151,6 @@ def _positive(flag: str, value: int | None, hint: str | None = None) -> None:
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ShoalError(f"{flag} {value!r} is not one of: {', '.join(choices)}", f"pass {flag} {choices[0]}")
+
+
+__all__ = ["COMM_HOOKS", "TrainConfig"]

@@ -63,8 +63,12 @@ class RunOutputs:
         return (self.directory / CONFIG).exists()
 
     @property
+    def model_path(self) -> Path:
+        return self.directory / MODEL
+
+    @property
     def finished(self) -> bool:
-        return (self.directory / MODEL).exists()
+        return self.model_path.exists()
 
     def write_config(self, config: dict[str, Any]) -> None:
         atomic_write_text(self.directory / CONFIG, json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
@@ -99,4 +103,4 @@ class RunOutputs:
         atomic_write_text(self.directory / ACCURACIES, json.dumps(self.accuracies) + "\n")
 
     def save_model(self, state_dict: dict[str, Any]) -> Path:
-        return atomic_torch_save(state_dict, self.directory / MODEL)
+        return atomic_torch_save(state_dict, self.model_path)

@@ -8,24 +8,20 @@ the same or another world size, continues exactly where it stopped.
 
 from __future__ import annotations
 
-import contextlib
+import signal
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from shoal import __version__ as shoal_version
 from shoal.checkpoint.manager import CheckpointManager, restore
 from shoal.context import Context
 from shoal.context import init as init_context
-from shoal.distributed import collectives
 from shoal.distributed.collectives import all_reduce_sum, broadcast_object
 from shoal.distributed.comm_hooks import register_comm_hook
 from shoal.distributed.wrap import model_state_dict
@@ -35,6 +31,7 @@ from shoal.preemption import Preempted, PreemptionWatch
 from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
+from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
 from shoal.workloads import get_workload
 
 _HOOK_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -61,129 +58,54 @@ class Plan:
         )
 
 
-def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with every None replaced by the workload's default."""
-    workload = get_workload(cfg.workload)
-    defaults = workload.defaults
-    changes = {
-        name: defaults[name]
-        for name in ("epochs", "batch_size", "lr", "optimizer", "weight_decay")
-        if getattr(cfg, name) is None and name in defaults
-    }
-    if cfg.warmup_epochs == 0 and "warmup_epochs" in defaults:
-        changes["warmup_epochs"] = defaults["warmup_epochs"]
-    return cfg.replace(**changes) if changes else cfg
+@dataclass(frozen=True)
+class TrainResult:
+    """What a rank returns: the run directory, the epochs' metrics and (rank 0) the model file."""
+
+    run_dir: str
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    """One record per epoch of the whole run, as in metrics.jsonl (on rank 0; the last epoch elsewhere)."""
+    model_path: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    """The resolved configuration."""
 
 
-class EpochTally:
-    """The running sums of the current epoch (checkpointed, so a resumed epoch reports whole)."""
+def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, Any] | None = None) -> TrainResult:
+    """Run one training job in this process (one rank of it).
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.reset()
-
-    def reset(self) -> None:
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.count = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.samples = 0  # global, real (non-padding) samples
-        self.train_s = 0.0
-
-    def consolidate(self) -> None:
-        """Sum the per-rank loss sums onto rank 0 (collective), so rank 0's state is the total."""
-        totals = all_reduce_sum(torch.stack([self.loss_sum, self.count]))
-        keep = collectives.rank() == 0
-        self.loss_sum, self.count = (
-            (totals[0], totals[1]) if keep else (torch.zeros_like(totals[0]), torch.zeros_like(totals[1]))
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "loss_sum": self.loss_sum.cpu(),
-            "count": self.count.cpu(),
-            "samples": self.samples,
-            "train_s": self.train_s,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        rank0 = collectives.rank() == 0
-        self.loss_sum = (
-            state["loss_sum"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
-        )
-        self.count = (
-            state["count"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
-        )
-        self.samples, self.train_s = int(state["samples"]), float(state["train_s"])
-
-
-class _GeneratorState:
-    """Adapts a torch.Generator to the state_dict protocol (per-rank augmentation RNG)."""
-
-    def __init__(self, generator: torch.Generator) -> None:
-        self.generator = generator
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["state"])
-
-
-def has_conv2d(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.Conv2d) for m in model.modules())
-
-
-def in_channels_last(transform: Callable | None) -> Callable:
-    """``transform`` followed by moving 4-D inputs to channels-last memory (one copy per batch)."""
-
-    def apply(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        if transform is not None:
-            batch = transform(batch)
-        inputs, *rest = batch
-        if inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return (inputs, *rest)
-
-    return apply
-
-
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run one training job in this process (one rank of it); return the last epoch's metrics."""
-    cfg = resolve_defaults(cfg)
+    ``started_by``: how a local launcher started this worker (``fork``/``spawn``); ``launch``: the
+    launch options it was given. Both only go on the record (config.json).
+    """
+    cfg = cfg.resolved()
     workload = get_workload(cfg.workload)
     ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
     try:
         if cfg.amp == "fp16" and ctx.device.type != "cuda":
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
-        outputs, checkpoints = _open_run(cfg, ctx)
+        out, outputs, checkpoints = _open_run(cfg, ctx)
         data = workload.load(cfg, ctx.device, rank=ctx.rank)
         model = workload.build_model(cfg, data.num_classes)
-        cfg.channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model)
-        if cfg.channels_last:
+        channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model)
+        if channels_last:
             model = model.to(memory_format=torch.channels_last)
             data.train_transform = in_channels_last(data.train_transform)
             data.test_transform = in_channels_last(data.test_transform)
         model = ctx.wrap(model)
         register_comm_hook(model, cfg.comm_hook)  # no-op without DDP (one process)
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform)
-        test_loader = ctx.eval_loader(
-            data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform
-        )
+        eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
+        test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform)
         plan = _plan(cfg, ctx, len(train_loader))
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
         schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
         step = Step(model, optimizer, cfg.amp, ctx.device)
-        tally = EpochTally(ctx.device)
-        state: dict[str, Any] = {
-            "model": model,
-            "optimizer": optimizer,
-            "scaler": step.scaler,
-            "loader": train_loader,
-            "tally": tally,
-        }
-        per_rank = {"augment": _GeneratorState(data.generator)} if data.generator is not None else {}
-        run = _Run(cfg, ctx, plan, outputs, checkpoints, state, per_rank)
+        state = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader}
+        state["tally"] = EpochTally(ctx.device)
+        per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
+        run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank)
         run.resume()
-        _announce(cfg, ctx, plan, outputs, run)
+        derived = {"channels_last": channels_last, "start_method": started_by}
+        _announce(run, derived, launch)
         record: dict[str, Any] = {}
         with PreemptionWatch(grace_s=cfg.preempt_grace) as preemption:
             while run.epoch <= plan.epochs:
@@ -191,12 +113,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     _train_epoch(run, step, train_loader, schedule, preemption)
                 record = _finish_epoch(run, model, test_loader, step)
                 run.next_epoch()
+        model_path = None
         if not run.trained_now:
-            ctx.print(f"shoal: the run in {cfg.out} is already complete ({plan.epochs} epochs): nothing to do")
-        if outputs and (run.trained_now or not outputs.finished):
-            path = outputs.save_model(model_state_dict(model))
-            ctx.print(f"saved {path} and metrics in {outputs.directory}")
-        return record
+            ctx.print(f"shoal: the run in {out} is already complete ({plan.epochs} epochs): nothing to do")
+        if outputs:
+            if run.trained_now or not outputs.finished:
+                ctx.print(f"saved {outputs.save_model(model_state_dict(model))} and metrics in {outputs.directory}")
+            model_path = str(outputs.model_path)
+        metrics = outputs.logged_epochs() if outputs else ([record] if record else [])
+        return TrainResult(run_dir=str(out), metrics=metrics, model_path=model_path, config=cfg.to_dict())
     except Preempted as err:
         err.quiet = not ctx.is_main  # the same message from every rank: print it once
         raise
@@ -207,8 +132,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 class _Run:
     """Where the run stands (epoch, step, whether the epoch's training part is done) and its I/O."""
 
-    def __init__(self, cfg, ctx, plan, outputs, checkpoints, state, per_rank) -> None:
-        self.cfg, self.ctx, self.plan = cfg, ctx, plan
+    def __init__(self, cfg, ctx, plan, out, outputs, checkpoints, state, per_rank) -> None:
+        self.cfg, self.ctx, self.plan, self.out = cfg, ctx, plan, out
         self.outputs: RunOutputs | None = outputs
         self.checkpoints: CheckpointManager = checkpoints
         self.state, self.per_rank = state, per_rank
@@ -216,10 +141,6 @@ class _Run:
         self.epoch_trained = False  # the epoch's training pass is done, its evaluation is not
         self.resumed_from: Path | None = None
         self.trained_now = False
-
-    @property
-    def loader(self):
-        return self.state["loader"]
 
     @property
     def tally(self) -> EpochTally:
@@ -236,13 +157,13 @@ class _Run:
         started = broadcast_object(self.outputs.started if self.outputs else None)
         if checkpoint is None:
             if started and cfg.resume == "never":
-                refuse_existing_run(Path(cfg.out), "previous")
+                refuse_existing_run(self.out, "previous")
             if started and self.outputs:
                 # Without a checkpoint to resume from, only a run that logged nothing yet (killed
                 # in its first epoch) may be started over: anything else would lose results.
                 if self.outputs.finished or self.outputs.logged_epochs():
-                    refuse_existing_run(Path(cfg.out), "finished" if self.outputs.finished else "previous")
-                self.ctx.print(f"shoal: {cfg.out} has no checkpoint yet: starting from the beginning")
+                    refuse_existing_run(self.out, "finished" if self.outputs.finished else "previous")
+                self.ctx.print(f"shoal: {self.out} has no checkpoint yet: starting from the beginning")
             return
         restore(checkpoint, self.state, per_rank=self.per_rank)
         extra = checkpoint.extra
@@ -256,13 +177,11 @@ class _Run:
             self.outputs.keep_epochs(self.epoch - 1)
 
     def save(self, *, epoch_end: bool, force: bool = False) -> Path | None:
-        """Checkpoint now if the cadence says so (or ``force``): collective, on every rank."""
-        cadence = self.checkpoints.every
-        # Step cadences save inside the epoch, epoch cadences at its end (after evaluation).
-        due = epoch_end == (cadence.unit == "epoch") and cadence.due(
-            step=self.global_step, epoch=self.epoch, epoch_end=epoch_end
-        )
-        if not (force or due):
+        """Checkpoint now if the manager says it is due (collective: on every rank)."""
+        final = epoch_end and self.epoch == self.plan.epochs
+        if not self.checkpoints.due(
+            epoch=self.epoch, step=self.global_step, epoch_end=epoch_end, final=final, force=force
+        ):
             return None
         self.tally.consolidate()
         extra = {"epoch": self.epoch, "epoch_trained": self.epoch_trained, "epoch_logged": epoch_end}
@@ -278,7 +197,7 @@ class _Run:
         self.tally.reset()
 
 
-def _train_epoch(run: _Run, step: "Step", loader: Any, schedule: LRSchedule, preemption: PreemptionWatch) -> None:
+def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preemption: PreemptionWatch) -> None:
     """This rank's pass over the rest of the epoch's shard, checkpointing on the cadence."""
     ctx, cfg, tally = run.ctx, run.cfg, run.tally
     step.model.train()
@@ -290,6 +209,7 @@ def _train_epoch(run: _Run, step: "Step", loader: Any, schedule: LRSchedule, pre
     postfix_every = max(1, batches // 10)
     remaining = sampler.num_remaining if not sampler.epoch_done else num_samples
     position = num_samples - remaining  # global samples of this epoch before the next step
+    step_cadence = run.checkpoints.every.unit == "step"
     started = time.perf_counter()
     for index, (inputs, targets) in enumerate(loader):
         window_start = index - index % accum
@@ -312,7 +232,7 @@ def _train_epoch(run: _Run, step: "Step", loader: Any, schedule: LRSchedule, pre
         position = num_samples - remaining
         run.epoch_trained = sampler.epoch_done and index == batches - 1
         signum = preemption.requested()
-        if signum or run.checkpoints.every.unit == "step":
+        if signum or step_cadence:
             tally.train_s += time.perf_counter() - started
             started = time.perf_counter()
             path = run.save(epoch_end=False, force=bool(signum))
@@ -325,7 +245,7 @@ def _train_epoch(run: _Run, step: "Step", loader: Any, schedule: LRSchedule, pre
     run.trained_now = True
 
 
-def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: "Step") -> dict[str, Any]:
+def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> dict[str, Any]:
     """Evaluate, log the epoch's metrics, and checkpoint on the epoch cadence."""
     ctx, tally = run.ctx, run.tally
     started = time.perf_counter()
@@ -350,47 +270,18 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: "Step") -
         f"epoch {run.epoch}/{run.plan.epochs}  train_loss {record['train_loss']:.4f}  test_loss {scores['loss']:.4f}  "
         f"test_acc {scores['accuracy']:.4f}  {record['samples_per_s']:,.0f} samples/s  {record['epoch_s']:.2f} s"
     )
-    run.save(epoch_end=True, force=run.epoch == run.plan.epochs and run.checkpoints.every.every > 0)
+    run.save(epoch_end=True)
     return record
 
 
 def _preempted(run: _Run, signum: int, path: Path | None) -> Preempted:
-    import signal
-
     name = signal.Signals(signum).name
     where = f" to {path}" if path else ""
     return Preempted(
         f"preempted by {name} in epoch {run.epoch} after step {run.global_step}; checkpoint saved{where}",
-        f"run the same command again to resume (--resume auto finds the newest checkpoint in {run.cfg.out})",
+        f"run the same command again to resume (--resume auto finds the newest checkpoint in {run.out})",
         exit_code=128 + signum,
     )
-
-
-class Step:
-    """One optimizer step over ``grad_accum`` micro-batches, with AMP and DDP's no_sync handled."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, amp: str, device: torch.device) -> None:
-        self.model, self.optimizer = model, optimizer
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-        self.autocast: Callable[[], Any] | None = (
-            (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else None
-        )
-        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-        self.loss_fn = F.cross_entropy
-
-    def micro_batch(self, inputs: torch.Tensor, targets: torch.Tensor, *, weight: float, sync: bool) -> torch.Tensor:
-        """Forward and backward one micro-batch; gradients are all-reduced only when ``sync``."""
-        no_sync = getattr(self.model, "no_sync", None)
-        with contextlib.nullcontext() if sync or no_sync is None else no_sync():
-            with self.autocast() if self.autocast else contextlib.nullcontext():
-                loss = self.loss_fn(self.model(inputs), targets)
-            self.scaler.scale(loss * weight).backward()
-        return loss.detach()
-
-    def apply(self) -> None:
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 def _plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> Plan:
@@ -406,21 +297,23 @@ def _plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> Plan:
     )
 
 
-def _open_run(cfg: TrainConfig, ctx: Context) -> tuple[RunOutputs | None, CheckpointManager]:
-    """The run directory (named on rank 0 and shared so all ranks agree) and its checkpoints."""
-    if cfg.out is None:
-        cfg.out = broadcast_object(default_out_dir(cfg.workload) if ctx.is_main else None)
-    outputs = RunOutputs(prepare_out_dir(cfg.out)) if ctx.is_main else None
-    directory = cfg.checkpoint_dir or str(Path(cfg.out) / "checkpoints")
-    return outputs, CheckpointManager(Path(directory), every=cfg.checkpoint_every, keep=cfg.keep)
+def _open_run(cfg: TrainConfig, ctx: Context) -> tuple[Path, RunOutputs | None, CheckpointManager]:
+    """The run directory (named on rank 0 and shared, so all ranks agree), rank 0's writer for it,
+    and its checkpoints."""
+    out = Path(cfg.out or broadcast_object(default_out_dir(cfg.workload) if ctx.is_main else None))
+    outputs = RunOutputs(prepare_out_dir(out)) if ctx.is_main else None
+    directory = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else out / "checkpoints"
+    return out, outputs, CheckpointManager(directory, every=cfg.cadence, keep=cfg.keep)
 
 
-def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | None, run: _Run) -> None:
-    started = cfg.extra.get("start_method")  # set by `shoal train --nproc`
+def _announce(run: _Run, derived: dict[str, Any], launch: dict[str, Any] | None) -> None:
+    """Rank 0's start lines, and config.json (the resolved config, what was derived, the machine)."""
+    cfg, ctx, plan = run.cfg, run.ctx, run.plan
+    started = derived.get("start_method")
     ctx.print(f"shoal train {cfg.workload}: {ctx.describe()}" + (f" | workers started by {started}" if started else ""))
     ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
     if cfg.comm_hook != "none":
-        applied = isinstance(run.state["model"], DistributedDataParallel)
+        applied = hasattr(run.state["model"], "register_comm_hook")
         ctx.print(
             f"  comm hook {cfg.comm_hook}: gradients all-reduced in {_HOOK_DTYPES[cfg.comm_hook]}"
             if applied
@@ -430,11 +323,14 @@ def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | 
     if run.resumed_from is not None:
         where = "training" if not run.epoch_trained else "evaluation"
         ctx.print(f"  resuming from {run.resumed_from}: epoch {run.epoch}, step {run.global_step} ({where})")
-    if outputs:
+    if run.outputs:
         env = ctx.environment
         config = cfg.to_dict()
+        config["out"] = str(run.out)
+        if launch is not None:
+            config["launch"] = launch
         config["extra"] = {
-            **cfg.extra,
+            **{k: v for k, v in derived.items() if v is not None},
             "environment": env.scheme,
             "world_size": ctx.world_size,
             "num_nodes": env.num_nodes,
@@ -446,8 +342,8 @@ def _announce(cfg: TrainConfig, ctx: Context, plan: Plan, outputs: RunOutputs | 
             "shoal_version": shoal_version,
             "torch_version": torch.__version__,
         }
-        outputs.write_config(config)
-        ctx.print(f"  output: {outputs.directory}")
+        run.outputs.write_config(config)
+        ctx.print(f"  output: {run.outputs.directory}")
 
 
 def _progress(cfg: TrainConfig, ctx: Context, total: int, epoch: int, epochs: int):

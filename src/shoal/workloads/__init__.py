@@ -1,11 +1,17 @@
-"""Ready workloads for ``shoal train``: one module each, loaded only when asked for."""
+"""Ready workloads for ``shoal train``: one module each, loaded only when asked for.
+
+This package's ``__init__`` imports no torch, so the command line can list the names.
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
-from shoal.workloads.base import Workload, WorkloadData
+
+if TYPE_CHECKING:
+    from shoal.workloads.base import Workload
 
 WORKLOADS: dict[str, str] = {
     "digits": "shoal.workloads.digits:Digits",
@@ -28,4 +34,9 @@ def get_workload(name: str) -> Workload:
     return getattr(importlib.import_module(module_name), class_name)()
 
 
-__all__ = ["WORKLOADS", "Workload", "WorkloadData", "get_workload"]
+def workload_defaults(name: str) -> dict[str, Any]:
+    """The training defaults of workload ``name`` (epochs, batch_size, lr, ...)."""
+    return dict(get_workload(name).defaults)
+
+
+__all__ = ["WORKLOADS", "get_workload", "workload_defaults"]

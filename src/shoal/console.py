@@ -1,0 +1,25 @@
+"""shoal's lines on the terminal: one write per line, so lines from several processes never run together."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+
+def write_line(text: str, stream: TextIO | None = None) -> None:
+    """Write ``text`` and a newline with one ``write`` call on the stream's file descriptor.
+
+    ``print`` writes the text and the newline separately, so lines that several processes print at
+    the same instant run together on one line of the terminal; one small write does not interleave.
+    """
+    stream = stream or sys.stderr
+    data = (text + "\n").encode(errors="replace")
+    try:
+        stream.flush()
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured or closed stream
+        stream.write(text + "\n")
+        return
+    while data:
+        data = data[os.write(fd, data) :]

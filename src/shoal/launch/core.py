@@ -1,0 +1,262 @@
+"""The launch core: start this node's workers through torch's elastic agent, and say what happened.
+
+``shoal run`` (a script or program per worker) and :func:`shoal.launch.local.launch_local` (a Python
+function per worker: ``shoal train --nproc``, ``shoal demo``, ``shoal.fit``) both end here, in
+:func:`run_workers`. It owns, once for every launcher:
+
+- the rendezvous: the plan (:mod:`shoal.launch.rendezvous`) applied to torch's ``LaunchConfig``,
+  shoal's handlers registered, the store's port checked before anything starts;
+- the workers' environment: ``OMP_NUM_THREADS`` (usable cores / workers unless set), the plan's
+  interface variables, restored afterwards so a library call leaves its caller's environment alone;
+- the workers' life: each dies with the launcher (:func:`shoal.launch.process.die_with_parent`),
+  a forked one starts with default signal handlers, a program's stderr is tee'd into a per-rank log;
+- what the user sees: shoal's own start, restart and failure lines (torch's agent logs only with
+  ``verbose``), the failing rank's own traceback, one line when a signal stopped the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.console import write_line
+from shoal.env.host import threads_per_process
+from shoal.errors import ShoalError
+from shoal.launch.failures import describe_child_failure
+from shoal.launch.ports import check_port_free
+from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
+from shoal.launch.rendezvous.handlers import SHARED_STORE_OPT_OUT, first_line, register_backends
+from shoal.launch.rendezvous.plan import RendezvousPlan
+from shoal.launch.worker_logs import recording_logs_specs, wait_for_tees
+
+WORKER_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_shim.py")
+PREEMPTED_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGUSR1})
+"""Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see :mod:`shoal.preemption`)."""
+_TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
+
+
+class WorkersFailed(ShoalError):
+    """A worker failed (or the workers were stopped); the message is the whole report to print."""
+
+    def format(self) -> str:
+        return self.message
+
+
+@dataclass
+class Launch:
+    """What :func:`run_workers` needs besides torch's ``LaunchConfig`` and the entrypoint."""
+
+    plan: RendezvousPlan
+    prog: str = "shoal"
+    """How lines start (``shoal run``, ``shoal``)."""
+    announce_single_node: bool = False
+    """Print a start line on a single node too (``shoal run``; ``shoal train`` has its own)."""
+    log_dir: str = ""
+    """The workers' log directory, the one ``config.logs_specs`` writes to."""
+    keep_logs: bool = False
+    """The user chose the log directory: keep it, and name it in failure reports (else it is removed)."""
+    verbose: bool = False
+    """Show torch's elastic agent logs."""
+    stopped_note: str = "workers stopped"
+    """What a signal to the launcher did, for its one line."""
+    starts: list[int] = field(default_factory=list)
+    """Restart count of every start so far (filled in as the workers start)."""
+
+
+def run_workers(
+    config: Any, entrypoint: Callable[..., Any] | str, args: tuple[Any, ...], launch: Launch
+) -> dict[int, Any]:
+    """Start ``config.nproc_per_node`` workers running ``entrypoint(*args)`` (a function) or the
+    program ``entrypoint ARGS`` and wait for them; return ``{local rank: return value}``.
+
+    Raises:
+        WorkersFailed: a worker failed (the failing rank's traceback and a summary line), or the
+            workers or the launcher were stopped by a signal (exit status 128 + signal).
+        ShoalError: the rendezvous could not complete (endpoint, arrivals, hint), or its port is taken.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    plan = launch.plan
+    _apply_plan(config, plan)
+    if plan.single_node and plan.workers_port:
+        check_port_free(plan.workers_port, host=plan.bind_addr)  # the hint: pick another, or omit it
+    elif plan.hosts_store and plan.port:
+        where = "--master-port" if plan.backend == "static" else "the port in --rdzv-endpoint"
+        hint = f"pick another {where} that is free on this node, and give every node the same one"
+        check_port_free(plan.port, host=plan.bind_addr, hint=hint)
+    register_backends()
+    shimmed = isinstance(entrypoint, str) and sys.platform.startswith("linux")
+    if shimmed:
+        args = (WORKER_SHIM, str(os.getpid()), entrypoint, *args)
+        entrypoint = sys.executable
+    elif not isinstance(entrypoint, str):
+        args = (entrypoint, *args)
+        entrypoint = function_worker
+    if not plan.single_node:
+        for line in plan.lines(launch.prog, config.nproc_per_node, extra=_threads_note(config)):
+            write_line(line)
+    recorder = recording_logs_specs(config.logs_specs, tee=shimmed, on_start=lambda env: _on_start(launch, config, env))
+    config.logs_specs = recorder
+    # Forked workers start with a copy of this process's unwritten output buffers: empty them
+    # first, so nothing printed before the launch comes out once per worker.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # ... and with a copy of its unreachable objects. A TCPStore server of an earlier launch that
+    # waits in a reference cycle would be finalised by a worker's garbage collector, whose C++
+    # destructor then waits for a libuv thread that exists only here: a hang, or a SIGSEGV.
+    gc.collect()
+    try:
+        with _workers_environ(config, plan), _torch_logs(launch.verbose, launch.log_dir if launch.keep_logs else None):
+            return elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as err:
+        wait_for_tees(recorder.stderrs.values())
+        codes = {failure.exitcode for failure in err.failures.values()}
+        if codes and codes <= PREEMPTED_CODES:
+            # Every worker stopped for a preemption signal: they said so (and where the checkpoint
+            # went) themselves; a traceback report would only bury that.
+            code = max(codes)
+            raise WorkersFailed(
+                f"{launch.prog}: workers stopped by {signal_name(code - 128)}", exit_code=code
+            ) from None
+        report = describe_child_failure(err, launch.log_dir, stderr_logs=recorder.stderrs, keep_logs=launch.keep_logs)
+        raise WorkersFailed(report.format(), exit_code=report.exit_code) from None
+    except SignalException as err:
+        # This launcher got the signal (Kubernetes or Slurm stopping the job, a Ctrl-C): the agent
+        # has forwarded it to the workers and waited for them.
+        signum = int(err.sigval)
+        raise WorkersFailed(
+            f"{launch.prog}: stopped by {signal_name(signum)}; {launch.stopped_note}", exit_code=128 + signum
+        ) from None
+    except Exception as err:
+        from shoal.launch.rendezvous.explain import explain_failure, is_rendezvous_failure
+
+        if not is_rendezvous_failure(err):
+            raise
+        if not plan.single_node:
+            raise explain_failure(err, plan) from None
+        raise ShoalError(
+            f"the workers' rendezvous on this machine failed: {first_line(err)}",
+            "run again; if it persists, run with --verbose and report the output",
+            exit_code=1,
+        ) from None
+    finally:
+        gc.collect()  # this launch's stores: their threads stop and their ports close now
+        if not launch.keep_logs and launch.log_dir:
+            shutil.rmtree(launch.log_dir, ignore_errors=True)
+        sys.stdout.flush()
+
+
+def function_worker(function: Callable[..., Any], *args: Any) -> Any:
+    """What every worker of a function launch runs: die with the launcher, then ``function(*args)``.
+
+    A forked worker first drops the launcher's signal handlers (see
+    :func:`~shoal.launch.process.reset_inherited_signal_handlers`). Module-level, so spawned
+    workers can unpickle it.
+    """
+    die_with_parent()
+    reset_inherited_signal_handlers()
+    return function(*args)
+
+
+def _apply_plan(config: Any, plan: RendezvousPlan) -> None:
+    config.rdzv_backend = plan.launch_backend
+    config.rdzv_endpoint = plan.endpoint
+    config.run_id = plan.run_id
+    config.min_nodes, config.max_nodes = plan.min_nodes, plan.max_nodes
+    config.rdzv_configs.update(plan.rdzv_configs)
+    if not config.local_addr:
+        config.local_addr = plan.local_addr
+
+
+@contextlib.contextmanager
+def _workers_environ(config: Any, plan: RendezvousPlan) -> Iterator[None]:
+    """Set what the workers inherit (the agent copies os.environ into them); restore afterwards.
+
+    torch's launcher writes os.environ too (TORCHELASTIC_SIGNALS_TO_HANDLE): the whole mapping is
+    restored, so a library call that launches workers leaves its caller's environment as it was.
+    """
+    saved = dict(os.environ)
+    extra = {"OMP_NUM_THREADS": str(threads_per_process(config.nproc_per_node)), **plan.environ}
+    os.environ.update({k: v for k, v in extra.items() if k not in os.environ})
+    os.environ[SHARED_STORE_OPT_OUT] = "1"  # shoal serves the workers' store (see handlers)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _torch_logs(verbose: bool, log_dir: str | None) -> Iterator[None]:
+    """torch's agent logs (warnings on every signal and restart) only with ``verbose``; into
+    ``<log_dir>/agent.log`` when the user keeps the logs."""
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    handler = None
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        handler = logging.FileHandler(os.path.join(log_dir, "agent.log"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for lg in loggers:
+        lg.setLevel(logging.INFO if handler else logging.CRITICAL)
+        lg.propagate = False
+        if handler:
+            lg.addHandler(handler)
+    try:
+        yield
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved):
+            lg.setLevel(level)
+            lg.propagate = propagate
+            if handler:
+                lg.removeHandler(handler)
+        if handler:
+            handler.close()
+
+
+def _threads_note(config: Any) -> str:
+    if "OMP_NUM_THREADS" in os.environ:
+        return f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (yours)"
+    return f", OMP_NUM_THREADS={threads_per_process(config.nproc_per_node)}"
+
+
+def _on_start(launch: Launch, config: Any, env: dict[str, str]) -> None:
+    """One line per (re)start of the workers, from local rank 0's environment."""
+    restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    first, nproc = int(env["RANK"]), config.nproc_per_node
+    ranks = f"rank {first}" if nproc == 1 else f"ranks {first}-{first + nproc - 1}"
+    if restart:
+        why = f"restarting the workers (restart {restart} of {config.max_restarts}): "
+    elif launch.starts:
+        # Another node failed and restarted, or joined (elastic): torch restarts every node's
+        # workers, without counting it against this node's restarts.
+        why = "the other nodes changed (one restarted or joined): "
+    else:
+        why = ""
+    launch.starts.append(restart)
+    if launch.plan.single_node:
+        if not (launch.announce_single_node or restart):
+            return
+        workers = f"{nproc} worker{'s' if nproc != 1 else ''}"
+        rendezvous = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        picked = "" if launch.plan.workers_port else " (free port picked)"
+        restarting = f"restarting the workers (restart {restart} of {config.max_restarts}), " if restart else ""
+        write_line(
+            f"{launch.prog}: {restarting}{workers} on this node, rendezvous {rendezvous}{picked}"
+            f"{_threads_note(config)}, listening on {launch.plan.bind_addr} only"
+        )
+        return
+    write_line(f"{launch.prog}: {why}rendezvous done; starting {ranks} of {env['WORLD_SIZE']}")

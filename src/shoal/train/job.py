@@ -1,0 +1,103 @@
+"""A training job seen from the process that starts it: ``shoal train`` and ``shoal.fit`` call
+:func:`run_training` with a config and launch options.
+
+It checks what would otherwise fail N times over in the workers, prepares (or downloads) the data
+once, decides how workers start and where the run directory is, then trains in this process or
+starts this node's workers through :func:`shoal.launch.local.launch_local`.
+
+Fork safety of this process. Forked workers inherit it as it is, so before the launch it must not
+have
+
+* run a torch operation on more than one intra-op thread: GNU libgomp (torch's OpenMP on Linux) is
+  not fork-safe, and a child whose parent has started its thread pool hangs in its first parallel
+  region (tests/train/test_train_fork.py shows it). What runs here: the config, the environment, the
+  workload's ``prepare()``, the device check and the run directory: no torch computation, except
+  torchvision's MNIST reader when ``--download`` fetches the files (it converts the labels with
+  ``.long()``, a parallel op on 60,000 elements); :func:`_fork_safe` makes any such op run on this
+  thread alone.
+* initialised CUDA: the CUDA driver does not survive fork. ``torch.cuda.is_available()`` calls
+  cudaGetDeviceCount (which runs cuInit) unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, with which it
+  counts devices through NVML and leaves the driver alone; :func:`_worker_device` sets it for its
+  check. With CUDA the workers are spawned anyway; this matters for CPU runs on a machine with GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from shoal.errors import ShoalError
+from shoal.launch.local import launch_local, resolve_start_method, starts_workers
+from shoal.launch.options import LaunchOptions
+from shoal.train.config import TrainConfig
+from shoal.train.entry import run_worker
+from shoal.train.outputs import default_out_dir, prepare_out_dir
+from shoal.train.trainer import TrainResult
+from shoal.workloads import get_workload
+
+
+def run_training(cfg: TrainConfig, options: LaunchOptions, *, pod: bool = False) -> TrainResult | None:
+    """Train with ``cfg`` here, or on this node's workers; rank 0's result when it runs on this node.
+
+    ``pod``: ``options`` came from a Kubernetes operator's variables (see :mod:`shoal.launch.pods`).
+    Raises ShoalError for bad input before any worker starts.
+    """
+    cfg = cfg.resolved()
+    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
+        raise ShoalError(
+            f"--resume {cfg.resume}: no such checkpoint file", "pass --resume auto, never, or a ckpt-*.pt file"
+        )
+    if not starts_workers(options, pod=pod):
+        get_workload(cfg.workload).prepare(cfg)
+        return run_worker(cfg)
+    # The data is present (or downloaded) before the workers start, which may be forked from here.
+    with _fork_safe():
+        get_workload(cfg.workload).prepare(cfg)
+    device = _worker_device(cfg, options)
+    method = resolve_start_method(options.start_method, device.type)
+    if cfg.out is None:
+        if options.several_nodes:
+            # A name made up per attempt would change on every restart, and a restarted group must
+            # find the checkpoints of the one before.
+            raise ShoalError(
+                "a multi-node shoal train needs --out",
+                "pass --out DIR on storage every node can see (checkpoints and resume live there)",
+            )
+        cfg = cfg.replace(out=default_out_dir(cfg.workload))
+    prepare_out_dir(cfg.out)
+    record = dataclasses.asdict(options)
+    results = launch_local(run_worker, (cfg, method, record), options=dataclasses.replace(options, start_method=method))
+    return results.get(0)
+
+
+@contextlib.contextmanager
+def _fork_safe() -> Iterator[None]:
+    """Run torch operations in this block on the calling thread only (no OpenMP thread pool)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)  # what the workers inherit (and then set their own)
+
+
+def _worker_device(cfg: TrainConfig, options: LaunchOptions) -> Any:
+    """``choose_device`` for the workers' device type, without initialising CUDA in this process."""
+    from shoal.distributed.device import choose_device
+
+    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
+    if options.start_method == "spawn" or name in os.environ:
+        return choose_device(cfg.device, 0, options.nproc)
+    os.environ[name] = "1"
+    try:
+        return choose_device(cfg.device, 0, options.nproc)
+    finally:
+        os.environ.pop(name, None)
