@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import traceback
 from types import TracebackType
 
@@ -51,13 +52,18 @@ def not_initialized(call: str) -> HorovodUsageError:
 
 
 def _user_frame(tb: TracebackType | None) -> str:
-    """``file:line`` of the innermost frame outside shoal, where the user's script made the call."""
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    where = ""
-    for frame in traceback.extract_tb(tb):
-        if not os.path.abspath(frame.filename).startswith(package + os.sep):
-            where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
-    return where
+    """``file:line`` where the user's code made the failing call: the innermost frame outside shoal,
+    and outside the installed libraries (torch's autograd runs the optimizer's hooks) when one is."""
+    shoal_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    libraries = tuple(os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "purelib", "platlib"))
+    outside_shoal = [
+        frame
+        for frame in traceback.extract_tb(tb)
+        if not os.path.abspath(frame.filename).startswith(shoal_dir + os.sep)
+    ]
+    users = [frame for frame in outside_shoal if not os.path.abspath(frame.filename).startswith(libraries)]
+    chosen = (users or outside_shoal or [None])[-1]
+    return f"{os.path.basename(chosen.filename)}:{chosen.lineno}" if chosen else ""
 
 
 def install_excepthook() -> None:
