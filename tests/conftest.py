@@ -13,6 +13,10 @@ import pytest
 # leak guard below only reports what the code under test changes.
 import torchvision  # noqa: F401
 
+# One definition of the session's Slurm cluster (real slurmctld, slurmd and munge, started on first
+# use): a fixture imported by several test modules would be several fixtures, and two clusters.
+from cluster_slurm.slurm_cluster import slurm  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MNIST_GZ = SHARED / "data" / "mnist"

@@ -49,6 +49,8 @@ _EXPORTS = {
     "ShoalError": "shoal.errors",
     "evaluate": "shoal.evaluation",
     "Preempted": "shoal.preemption",
+    "TrainResult": "shoal.train.trainer",
+    "fit": "shoal.train.job",
     "PreemptionWatch": "shoal.preemption",
 }
 
@@ -77,3 +79,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from shoal.errors import ShoalError
     from shoal.evaluation import evaluate
     from shoal.preemption import Preempted, PreemptionWatch
+    from shoal.train.job import fit
+    from shoal.train.trainer import TrainResult

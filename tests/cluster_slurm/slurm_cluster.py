@@ -5,8 +5,8 @@ munge key and socket, state, spool, logs and pid files; the daemons listen on po
 test sessions running at the same time, or a system Slurm, do not interfere. No systemd: each
 daemon is started directly and stopped by the PID in its pid file (SIGTERM, then SIGKILL).
 
-The fixture is a session fixture imported by the test modules (``from slurm_cluster import
-slurm``) rather than defined in a ``conftest.py``: a second ``conftest`` module would replace the
+The fixture is a session fixture imported once, by the top-level conftest.py, rather than defined
+in a ``conftest.py`` here: a second ``conftest`` module would replace the
 top-level one in ``sys.modules`` and break the ``from conftest import ...`` of tests collected
 after this directory.
 """

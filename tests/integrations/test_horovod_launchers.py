@@ -21,7 +21,6 @@ from horovod_launch import TUTORIAL, check, clean_env, needs_mpirun, results, ru
 from shoal.launch.ports import find_free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster_slurm"))
-from slurm_cluster import slurm  # noqa: F401  (the session fixture: real slurmctld, slurmd, munge)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -65,7 +64,7 @@ def test_mpirun_and_shoal_run_give_the_same_weights(reference, launcher, tmp_pat
     assert ranks[0]["weights"] == reference["ranks"][0]["weights"]
 
 
-def test_srun_gives_the_same_weights(reference, slurm, tmp_path):  # noqa: F811 (the fixture imported above)
+def test_srun_gives_the_same_weights(reference, slurm, tmp_path):
     # A free port: shoal's Slurm default (15000 + job id % 5000) repeats across the fresh test clusters
     # that other sessions on this machine may be running at the same time (each starts at job 1).
     env = clean_env(SLURM_CONF=slurm.env["SLURM_CONF"], MASTER_PORT=str(find_free_port()))

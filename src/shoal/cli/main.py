@@ -84,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(args.func(args) or 0)
     except ShoalError as err:
-        print(err.format(), file=sys.stderr, flush=True)
+        if not getattr(err, "quiet", False):  # e.g. a preemption, said once by rank 0
+            print(err.format(), file=sys.stderr, flush=True)
         return err.exit_code
     except KeyboardInterrupt:
         print("shoal: interrupted", file=sys.stderr)

@@ -36,15 +36,49 @@ from shoal.launch.options import LaunchOptions
 from shoal.train.config import TrainConfig
 from shoal.train.entry import run_worker
 from shoal.train.outputs import default_out_dir, prepare_out_dir
-from shoal.train.trainer import TrainResult
+from shoal.train.trainer import TrainResult, train
 from shoal.workloads import get_workload
+
+
+def fit(workload: str = "digits", **options: Any) -> TrainResult:
+    """Train a ready workload, as ``shoal train`` does; return its result.
+
+    ``options`` are ``shoal train``'s flags as keyword arguments (``epochs=3``, ``nproc=2``,
+    ``out="runs/x"``, ``nnodes=2``...). With ``nproc`` above 1 (or several nodes) this process
+    starts the workers itself, through torch's elastic agent: no torchrun needed, in a notebook or a
+    Flyte task too. Started as one rank of a job (torchrun, srun, mpirun, a pod), it is that rank.
+    In a Kubeflow pod the operator's variables give the launch options' defaults.
+
+    Returns the :class:`~shoal.train.trainer.TrainResult` of global rank 0 (``.metrics``,
+    ``.accuracies``, ``.model_path``, ``.run_dir``, ``.config``); a rank other than 0 gets its own.
+    Raises ShoalError for bad input and for a failed job (with the failing rank's traceback).
+    """
+    import dataclasses as dc
+
+    from shoal.launch.pods import operator_defaults
+
+    config_fields = {f.name for f in dc.fields(TrainConfig)}
+    launch_fields = {f.name for f in dc.fields(LaunchOptions)}
+    unknown = sorted(set(options) - config_fields - launch_fields)
+    if unknown:
+        raise ShoalError(
+            f"shoal.fit got unknown option(s): {', '.join(unknown)}",
+            "use shoal train's flags as keyword arguments, e.g. epochs=3, nproc=2 (see `shoal train --help`)",
+        )
+    cfg = TrainConfig(workload=workload, **{k: v for k, v in options.items() if k in config_fields})
+    pod = operator_defaults(os.environ)
+    launch = LaunchOptions(**{**pod, **{k: v for k, v in options.items() if k in launch_fields}})
+    result = run_training(cfg, launch, pod=bool(pod))
+    if result is None:  # this node ran no rank 0 (another node of the job did)
+        raise ShoalError("this node ran no rank 0 of the job: its result is on node 0", "read the run directory there")
+    return result
 
 
 def run_training(cfg: TrainConfig, options: LaunchOptions, *, pod: bool = False) -> TrainResult | None:
     """Train with ``cfg`` here, or on this node's workers; rank 0's result when it runs on this node.
 
     ``pod``: ``options`` came from a Kubernetes operator's variables (see :mod:`shoal.launch.pods`).
-    Raises ShoalError for bad input before any worker starts.
+    Raises ShoalError for bad input before any worker starts, and for a failed run.
     """
     cfg = cfg.resolved()
     if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
@@ -53,7 +87,7 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, pod: bool = False)
         )
     if not starts_workers(options, pod=pod):
         get_workload(cfg.workload).prepare(cfg)
-        return run_worker(cfg)
+        return train(cfg)
     # The data is present (or downloaded) before the workers start, which may be forked from here.
     with _fork_safe():
         get_workload(cfg.workload).prepare(cfg)

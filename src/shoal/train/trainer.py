@@ -60,14 +60,23 @@ class Plan:
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a rank returns: the run directory, the epochs' metrics and (rank 0) the model file."""
+    """What a training run returns (``shoal.fit``): the run directory, the epochs' metrics, the model.
 
-    run_dir: str
+    Complete on global rank 0; other ranks of a job get their run directory and the last epoch.
+    """
+
+    run_dir: Path
     metrics: list[dict[str, Any]] = field(default_factory=list)
-    """One record per epoch of the whole run, as in metrics.jsonl (on rank 0; the last epoch elsewhere)."""
-    model_path: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
+    """One record per epoch of the whole run, as in metrics.jsonl (resumed epochs included)."""
+    model_path: Path | None = None
+    """``model.pt``: the unwrapped model's plain state dict (rank 0)."""
+    config: TrainConfig | None = None
     """The resolved configuration."""
+
+    @property
+    def accuracies(self) -> list[float]:
+        """The test accuracy of every epoch, in order."""
+        return [record["test_accuracy"] for record in self.metrics]
 
 
 def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, Any] | None = None) -> TrainResult:
@@ -119,9 +128,9 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
         if outputs:
             if run.trained_now or not outputs.finished:
                 ctx.print(f"saved {outputs.save_model(model_state_dict(model))} and metrics in {outputs.directory}")
-            model_path = str(outputs.model_path)
+            model_path = outputs.model_path
         metrics = outputs.logged_epochs() if outputs else ([record] if record else [])
-        return TrainResult(run_dir=str(out), metrics=metrics, model_path=model_path, config=cfg.to_dict())
+        return TrainResult(run_dir=out, metrics=metrics, model_path=model_path, config=cfg)
     except Preempted as err:
         err.quiet = not ctx.is_main  # the same message from every rank: print it once
         raise
