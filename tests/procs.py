@@ -15,8 +15,8 @@ def start(*args: str, **kwargs) -> subprocess.Popen:
     return start_cmd(sys.executable, "-m", "shoal", *args, **kwargs)
 
 
-def start_cmd(*cmd: str, **kwargs) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
+def start_cmd(*cmd: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "SHOAL_ENV"}
     return subprocess.Popen(
         list(cmd),
         stdout=subprocess.PIPE,

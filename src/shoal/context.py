@@ -119,6 +119,14 @@ class Context:
 
         return PreemptionWatch(grace_s=grace_s)
 
+    def tracker(self, spec: str | None, *, run_dir: str, **options: Any):
+        """Experiment trackers for your own loop (``"wandb,tensorboard,mlflow"``, any subset): rank 0
+        logs, every other rank gets a tracker whose methods do nothing. Reduce what you log first
+        (``shoal.tracking.reduce_metrics``). Options: see :func:`shoal.tracking.create_tracker`."""
+        from shoal.tracking import create_tracker
+
+        return create_tracker(spec, run_dir=run_dir, rank=self.rank, **options)
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""
         if self.is_main:

@@ -50,7 +50,7 @@ def all_reduce_mean(value):
         return out
     if isinstance(value, Mapping):
         keys = list(value)
-        packed = torch.tensor([float(value[k]) for k in keys], dtype=torch.float64, device=_collective_device())
+        packed = torch.tensor([float(value[k]) for k in keys], dtype=torch.float64, device=collective_device())
         packed = all_reduce_mean(packed)
         return {k: float(v) for k, v in zip(keys, packed.tolist())}
     raise TypeError(f"all_reduce_mean takes a tensor or a dict of numbers, not {type(value).__name__}")
@@ -69,7 +69,7 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     if world_size() <= 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, device=_collective_device())
+    dist.broadcast_object_list(box, src=src, device=collective_device())
     return box[0]
 
 
@@ -80,7 +80,8 @@ def print0(*args: Any, **kwargs: Any) -> None:
         builtins.print(*args, **kwargs)
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
+    """The device a collective of this group moves tensors on: CUDA under NCCL, else the CPU."""
     # NCCL only moves CUDA tensors; gloo moves CPU tensors.
     if is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())

@@ -35,7 +35,7 @@ def reduce_metrics(values: Mapping[str, Any], *, count: Any = None, sums: Iterab
         raise ValueError(f"sums names {sorted(unknown)} that are not in values")
     weight = 1.0 if count is None else _number(count)
     packed = [_number(values[name]) * (1.0 if name in summed else weight) for name in names]
-    device = collectives._collective_device()  # CUDA under NCCL, else CPU
+    device = collectives.collective_device()  # CUDA under NCCL, else CPU
     totals = collectives.all_reduce_sum(torch.tensor([*packed, weight], dtype=torch.float64, device=device)).tolist()
     total_weight = totals[-1]
     return {

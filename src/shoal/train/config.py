@@ -19,6 +19,7 @@ from typing import Any, Literal
 from shoal.checkpoint.cadence import Cadence
 from shoal.distributed.comm_hooks import COMM_HOOKS, check_comm_hook
 from shoal.errors import ShoalError
+from shoal.tracking.spec import parse_spec, require_installed
 
 LR_SCALING = ("none", "linear", "sqrt")
 AMP_MODES = ("off", "bf16", "fp16")
@@ -88,6 +89,18 @@ class TrainConfig:
     """auto: continue from the newest valid checkpoint in the output directory; never; or a ckpt-*.pt file."""
     preempt_grace: float = field(default=25.0, metadata={"metavar": "S"})
     """After SIGTERM/SIGUSR1: checkpoint and exit within this many seconds."""
+    tracker: str | None = field(default=None, metadata={"metavar": "wandb,tensorboard,mlflow"})
+    """Experiment trackers rank 0 logs to, comma-separated (any of wandb, tensorboard, mlflow; default none)."""
+    log_every: int = 50
+    """Log the train loss, lr and throughput to the trackers every N optimizer steps (0: epoch records only)."""
+    project: str = field(default="shoal", metadata={"metavar": "NAME"})
+    """W&B project and MLflow experiment."""
+    run_name: str | None = field(default=None, metadata={"metavar": "NAME"})
+    """The run's name in every tracker (default: the output directory's name)."""
+    mlflow_uri: str | None = field(default=None, metadata={"metavar": "URI"})
+    """MLflow tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default)."""
+    log_predictions: int = 32
+    """Rows of the per-epoch table of test predictions (id, image, guess, truth, scores); 0: none."""
 
     def __post_init__(self) -> None:
         for flag, value in (
@@ -117,6 +130,9 @@ class TrainConfig:
         except ShoalError as err:
             raise ShoalError(f"--comm-hook: {err.message}", err.hint) from None
         self.cadence  # noqa: B018  (parsed once here: a malformed --checkpoint-every fails now)
+        if self.log_every < 0 or self.log_predictions < 0:
+            raise ShoalError("--log-every and --log-predictions must be 0 or more", "pass 0 to turn them off")
+        require_installed(parse_spec(self.tracker))  # an unknown name or a missing package fails here
 
     @functools.cached_property
     def cadence(self) -> Cadence:

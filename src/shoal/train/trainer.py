@@ -31,6 +31,7 @@ from shoal.preemption import Preempted, PreemptionWatch
 from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
+from shoal.train.reporting import Reports
 from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
 from shoal.workloads import get_workload
 
@@ -88,10 +89,13 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
     cfg = cfg.resolved()
     workload = get_workload(cfg.workload)
     ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
+    reports: Reports | None = None
+    failed = True
     try:
         if cfg.amp == "fp16" and ctx.device.type != "cuda":
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
         out, outputs, checkpoints = _open_run(cfg, ctx)
+        reports = Reports(cfg, ctx, out)
         data = workload.load(cfg, ctx.device, rank=ctx.rank)
         model = workload.build_model(cfg, data.num_classes)
         channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model)
@@ -111,7 +115,7 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
         state = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader}
         state["tally"] = EpochTally(ctx.device)
         per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
-        run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank)
+        run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
         run.resume()
         derived = {"channels_last": channels_last, "start_method": started_by}
         _announce(run, derived, launch)
@@ -121,6 +125,7 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
                 if not run.epoch_trained:
                     _train_epoch(run, step, train_loader, schedule, preemption)
                 record = _finish_epoch(run, model, test_loader, step)
+                reports.epoch(record, run.global_step, model, data.test, data.test_transform, workload)
                 run.next_epoch()
         model_path = None
         if not run.trained_now:
@@ -130,19 +135,23 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
                 ctx.print(f"saved {outputs.save_model(model_state_dict(model))} and metrics in {outputs.directory}")
             model_path = outputs.model_path
         metrics = outputs.logged_epochs() if outputs else ([record] if record else [])
+        failed = False
         return TrainResult(run_dir=out, metrics=metrics, model_path=model_path, config=cfg)
     except Preempted as err:
         err.quiet = not ctx.is_main  # the same message from every rank: print it once
+        failed = False  # preempted, not failed: the trackers' runs continue on resume
         raise
     finally:
+        if reports is not None:
+            reports.close(failed=failed)
         ctx.shutdown()
 
 
 class _Run:
     """Where the run stands (epoch, step, whether the epoch's training part is done) and its I/O."""
 
-    def __init__(self, cfg, ctx, plan, out, outputs, checkpoints, state, per_rank) -> None:
-        self.cfg, self.ctx, self.plan, self.out = cfg, ctx, plan, out
+    def __init__(self, cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports) -> None:
+        self.cfg, self.ctx, self.plan, self.out, self.reports = cfg, ctx, plan, out, reports
         self.outputs: RunOutputs | None = outputs
         self.checkpoints: CheckpointManager = checkpoints
         self.state, self.per_rank = state, per_rank
@@ -176,6 +185,7 @@ class _Run:
             return
         restore(checkpoint, self.state, per_rank=self.per_rank)
         extra = checkpoint.extra
+        self.reports.load_state_dict(extra.get("tracker"))
         self.epoch, self.global_step = int(extra["epoch"]), checkpoint.step
         self.epoch_trained = bool(extra["epoch_trained"])
         if extra.get("epoch_logged"):
@@ -196,6 +206,7 @@ class _Run:
         extra = {"epoch": self.epoch, "epoch_trained": self.epoch_trained, "epoch_logged": epoch_end}
         if self.outputs is not None:
             extra["config"] = self.cfg.to_dict()
+            extra["tracker"] = self.reports.state_dict()
         return self.checkpoints.save(
             epoch=self.epoch, step=self.global_step, objects=self.state, extra=extra, per_rank=self.per_rank
         )
@@ -219,6 +230,8 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
     remaining = sampler.num_remaining if not sampler.epoch_done else num_samples
     position = num_samples - remaining  # global samples of this epoch before the next step
     step_cadence = run.checkpoints.every.unit == "step"
+    reports = run.reports
+    reports.epoch_started()
     started = time.perf_counter()
     for index, (inputs, targets) in enumerate(loader):
         window_start = index - index % accum
@@ -227,6 +240,7 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
         loss = step.micro_batch(inputs, targets, weight=1.0 / window, sync=last)
         tally.loss_sum += loss.double() * targets.shape[0]
         tally.count += targets.shape[0]
+        reports.micro_batch(loss, targets.shape[0])
         if bar is not None:
             bar.update(1)
             if index % postfix_every == 0:  # the only host sync of the step, and only now and then
@@ -240,6 +254,7 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
         remaining = sampler.num_remaining
         position = num_samples - remaining
         run.epoch_trained = sampler.epoch_done and index == batches - 1
+        reports.step(run.global_step, step.optimizer.param_groups[0]["lr"], tally.samples)
         signum = preemption.requested()
         if signum or step_cadence:
             tally.train_s += time.perf_counter() - started
@@ -352,6 +367,7 @@ def _announce(run: _Run, derived: dict[str, Any], launch: dict[str, Any] | None)
             "torch_version": torch.__version__,
         }
         run.outputs.write_config(config)
+        run.reports.config(config)
         ctx.print(f"  output: {run.outputs.directory}")
 
 

@@ -67,6 +67,13 @@ class Workload:
     def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:  # pragma: no cover
         raise NotImplementedError
 
+    class_names: ClassVar[tuple[str, ...] | None] = None
+    """Names of the classes, for tables of predictions (default: their indices)."""
+
+    def display_images(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Test inputs as pictures (``N x H x W`` or ``N x C x H x W``) for a predictions table."""
+        return inputs
+
 
 def data_root(cfg: WorkloadSettings, layout: str) -> Path:
     """``--data`` as a path; a missing ``--data`` is an error saying which ``layout`` is expected."""

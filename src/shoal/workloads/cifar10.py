@@ -28,6 +28,8 @@ class CIFAR10(Workload):
         "warmup_epochs": 1.0,
     }
 
+    class_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
     def prepare(self, cfg: WorkloadSettings) -> None:
         root = data_root(cfg, LAYOUT)
         missing = [name for name in FILES if not (root / BATCH_DIR / name).is_file()]

@@ -1,0 +1,122 @@
+"""What a training run tells the experiment trackers (``--tracker wandb,tensorboard,mlflow``).
+
+Every rank holds a :class:`Reports`; only global rank 0's tracker talks to a tracker (see
+:mod:`shoal.tracking`). What is logged is the job's number, never one rank's: the train loss of
+every ``--log-every`` steps is reduced across ranks (one all-reduce, weighted by samples) before
+rank 0 logs it; the epoch records are already exact (metrics.jsonl's). The predictions table comes
+from rank 0 alone, on the first ``--log-predictions`` test samples, with the unwrapped model (a DDP
+forward on one rank would wait for the others).
+
+With no tracker every method returns at once: the per-step path costs one attribute test.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from shoal.context import Context
+from shoal.distributed.wrap import unwrap_model
+from shoal.tracking import create_tracker, reduce_metrics
+from shoal.tracking.predictions import Predictions
+from shoal.tracking.spec import parse_spec
+from shoal.train.config import TrainConfig
+
+
+class Reports:
+    """The run's tracker and the train-loss window between two logs."""
+
+    def __init__(self, cfg: TrainConfig, ctx: Context, out: Path) -> None:
+        self.tracker = create_tracker(
+            cfg.tracker,
+            run_dir=out,
+            project=cfg.project,
+            run_name=cfg.run_name,
+            rank=ctx.rank,
+            mlflow_uri=cfg.mlflow_uri,
+            max_predictions=max(1, cfg.log_predictions),
+        )
+        on = bool(parse_spec(cfg.tracker))
+        self.every = cfg.log_every if on else 0
+        self.predictions = cfg.log_predictions if on else 0
+        self.device = ctx.device
+        self._start_window()
+
+    def _start_window(self, samples: int = 0) -> None:
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.count = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.window_samples, self.window_started = samples, time.perf_counter()
+
+    # -- the loop's calls ---------------------------------------------------------------------------
+
+    def micro_batch(self, loss: torch.Tensor, size: int) -> None:
+        """Add a micro-batch's mean loss to the window (no host sync)."""
+        if self.every:
+            self.loss_sum += loss.double() * size
+            self.count += size
+
+    def step(self, step: int, lr: float, samples: int) -> None:
+        """After optimizer step ``step`` (``samples``: global samples of the epoch so far); every
+        ``--log-every`` steps the window's loss, lr and throughput (collective: every rank)."""
+        if not self.every or step % self.every:
+            return
+        count = self.count.item()
+        stats = reduce_metrics({"loss": self.loss_sum.item() / max(count, 1.0)}, count=count)
+        seconds = time.perf_counter() - self.window_started
+        done = samples - self.window_samples
+        metrics = {"train/loss": stats["loss"], "train/lr": lr}
+        if seconds > 0 and done > 0:
+            metrics["train/samples_per_s"] = done / seconds
+        self.tracker.log(metrics, step=step)
+        self._start_window(samples)
+
+    def epoch_started(self) -> None:
+        if self.every:
+            self._start_window()
+
+    def epoch(
+        self, record: dict[str, Any], step: int, model: nn.Module, test: Any, transform: Any, workload: Any
+    ) -> None:
+        """The epoch's record, and (rank 0) the predictions table of the first test samples."""
+        if not (self.every or self.predictions):
+            return
+        self.tracker.log_epoch(record, step=step)
+        if self.predictions and self.tracker.enabled:
+            self.tracker.log_predictions(self._predictions(model, test, transform, workload), step=step)
+
+    def _predictions(self, model: nn.Module, test: Any, transform: Any, workload: Any) -> Predictions:
+        inputs, targets = test[0][: self.predictions], test[1][: self.predictions]
+        net = unwrap_model(model)
+        was_training = net.training
+        net.eval()
+        with torch.no_grad():
+            batch = (inputs, targets) if transform is None else transform((inputs, targets))
+            logits = net(batch[0])
+        net.train(was_training)
+        return Predictions.from_logits(
+            logits,
+            targets,
+            workload.display_images(inputs),
+            ids=range(len(targets)),
+            class_names=workload.class_names,
+        )
+
+    # -- configuration, resume, end -------------------------------------------------------------
+
+    def config(self, config: dict[str, Any]) -> None:
+        if self.tracker.names:
+            self.tracker.log_config(config)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trackers' run ids and last step, for the checkpoint (rank 0 flushes first)."""
+        return self.tracker.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.tracker.load_state_dict(state)
+
+    def close(self, *, failed: bool) -> None:
+        self.tracker.close(failed=failed)
