@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -191,3 +195,109 @@ def test_find_stderr_log_picks_the_newest(tmp_path):
 def test_exit_codes(code, expected):
     err = ChildFailedError("x", {0: _failure(0, code)})
     assert describe_child_failure(err).exit_code == expected
+
+
+# --- a worker killed by SIGKILL: the out-of-memory killer, or someone else ----------------------
+
+MEMORY_LIMIT = 1536 << 20
+"""For the launcher (torch imported: a few hundred MiB) and its two workers."""
+WORKER = """\
+import os, signal, sys, time
+if os.environ["RANK"] != "1":
+    time.sleep(300)  # the agent stops this rank once rank 1 is gone
+    sys.exit(0)
+print("rank 1: starting", flush=True)
+if sys.argv[1] == "oom":
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")  # be the OOM killer's victim, not the launcher
+    chunks = []
+    for _ in range(200):  # 64 MiB at a time, written (so resident), far beyond the cgroup's limit
+        chunks.append(b"x" * (64 << 20))
+    print("rank 1: the memory limit never came", flush=True)
+else:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A fresh child of this process's memory cgroup limited to MEMORY_LIMIT (v1 or v2); removed afterwards."""
+    from shoal.launch.failures import memory_state
+
+    state = memory_state()
+    if state.directory is None:
+        pytest.skip("no memory cgroup with an OOM kill counter is readable here")
+    child = os.path.join(state.directory, f"shoal-test-{os.getpid()}-{time.monotonic_ns()}")
+    v2 = os.path.exists(os.path.join(state.directory, "memory.events"))
+    try:
+        if v2:
+            with open(os.path.join(state.directory, "cgroup.subtree_control"), "w") as f:
+                f.write("+memory")
+        os.mkdir(child)
+        for name, value in (
+            [("memory.max", MEMORY_LIMIT), ("memory.swap.max", 0)]
+            if v2
+            else [("memory.limit_in_bytes", MEMORY_LIMIT), ("memory.memsw.limit_in_bytes", MEMORY_LIMIT)]
+        ):
+            if os.path.exists(os.path.join(child, name)):
+                with open(os.path.join(child, name), "w") as f:
+                    f.write(str(value))
+    except OSError as err:
+        if os.path.isdir(child):
+            os.rmdir(child)
+        pytest.skip(f"the kernel refuses a child memory cgroup with a limit here: {err}")
+    try:
+        yield child
+    finally:
+        deadline = time.monotonic() + 30
+        while True:  # the last processes may still be exiting
+            try:
+                os.rmdir(child)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def _run_in_cgroup(cgroup: str, tmp_path, mode: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", str(script), mode]
+    # The launcher joins the cgroup before it starts: its workers are born there, and every page of
+    # theirs and its own counts against the limit.
+    wrapped = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *cmd]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
+    return subprocess.run(wrapped, capture_output=True, text=True, timeout=240, env=env)
+
+
+@pytest.mark.multiprocess
+def test_a_real_oom_kill_is_named_with_rank_host_and_cgroup(memory_cgroup, tmp_path):
+    proc = _run_in_cgroup(memory_cgroup, tmp_path, "oom")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 128 + signal.SIGKILL, out
+    assert "the memory limit never came" not in out
+    cgroup = "/" + os.path.relpath(memory_cgroup, "/sys/fs/cgroup").split("/", 1)[-1]
+    summary = next(line for line in out.splitlines() if line.startswith("shoal: error:"))
+    assert summary.startswith(
+        f"shoal: error: rank 1 on {socket.gethostname()} was killed by the kernel's out-of-memory killer (SIGKILL; "
+    ), out
+    assert f"OOM kills in memory cgroup {cgroup} (limit 1.50 GiB): 0 -> 1" in summary, out
+    if os.access("/dev/kmsg", os.R_OK):  # the kernel's own record of this very process
+        assert re.search(r"kernel: .*Killed process \d+ \(python", summary), summary
+    assert out.splitlines()[-1].startswith(
+        "HINT: the node ran out of memory (1.50 GiB for the launcher and its workers): lower the batch size"
+    ), out
+
+
+@pytest.mark.multiprocess
+def test_a_plain_sigkill_is_not_called_an_oom_kill(memory_cgroup, tmp_path):
+    proc = _run_in_cgroup(memory_cgroup, tmp_path, "kill")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 128 + signal.SIGKILL, out
+    assert "rank 1 (local rank 1) was killed by SIGKILL (9)" in out
+    assert (
+        f"shoal: error: rank 1 on {socket.gethostname()} was killed by SIGKILL, not by the out-of-memory killer" in out
+    )
+    assert ": still 0)" in out
+    assert out.splitlines()[-1].startswith("HINT: not the out-of-memory killer: something sent SIGKILL"), out
