@@ -37,27 +37,34 @@ def _save(manager, step, value=None):
 
 
 def test_killed_at_random_points_always_leaves_old_or_new(tmp_path):
-    """SIGKILL a process that saves in a loop, 5 times at random instants: the newest loadable
-    checkpoint is always one that was completely written, and a later good save cleans up."""
+    """SIGKILL a process that saves in a loop, 5 times at random instants after its first save:
+    the newest loadable checkpoint is always the last one completely written, the pointer names it
+    or the one before, and a later good save cleans up."""
     rng = random.Random(1234)
     directory = tmp_path / "ckpt"
+    last_saved = 0
     for _ in range(5):
         proc = subprocess.Popen([sys.executable, str(SAVE_FOREVER), str(directory)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
+        first = proc.stdout.readline().split()  # ["saved", N]: every round kills after a save
+        assert first[0] == "saved" and int(first[1]) == last_saved + 1, first
         time.sleep(rng.uniform(0.0, 0.6))
         proc.send_signal(signal.SIGKILL)
+        announced = [int(line.split()[1]) for line in proc.stdout.read().splitlines() if line.startswith("saved")]
         proc.wait(timeout=30)
+        last_saved = max([int(first[1]), *announced])
         manager = CheckpointManager(directory, keep=2)
         files = manager.checkpoints()
-        if not files:
-            continue  # killed before the first save completed
         found = manager.load_latest()
         assert found is not None and not manager.warnings, manager.warnings
         blob = found.payload["state"]["blob"]
         assert torch.all(blob["weights"] == blob["step"])  # complete, not torn
         assert found.path == files[-1]
+        # The newest file is the last save announced, or the one killed after its file was durable.
+        assert found.step in (last_saved, last_saved + 1), (found.step, last_saved)
+        last_saved = found.step
         pointer = (directory / POINTER).read_text().strip()
-        assert (directory / pointer).exists()
+        assert pointer in (files[-1].name, *(f.name for f in files[-2:-1]))
     # A good save removes temporaries that the kills left behind.
     manager = CheckpointManager(directory, keep=2)
     _save(manager, 10**6)
@@ -161,3 +168,38 @@ def test_cadence_parsing(text, every, unit):
 def test_cadence_rejects_nonsense():
     with pytest.raises(ShoalError, match="not a count of epochs or steps"):
         Cadence.parse("every tuesday")
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        "../outside.pt",
+        "/etc/passwd",
+        "ckpt-e00001-s000000001.pt/../../outside.pt",
+        "notes.txt",
+        "ckpt-e00009-s000000009.pt",
+    ],
+)
+def test_a_pointer_naming_anything_but_a_checkpoint_here_is_refused(tmp_path, named):
+    """A tampered (or foreign) ``latest`` pointer: one clear error, nothing loaded, nothing changed."""
+    directory = tmp_path / "ckpt"
+    manager = CheckpointManager(directory, keep=2)
+    _save(manager, 1)
+    outside = tmp_path / "outside.pt"
+    outside.write_bytes((directory / "ckpt-e00001-s000000001.pt").read_bytes())  # would load fine
+    (directory / "notes.txt").write_text("not a checkpoint")
+    (directory / POINTER).write_text(named + "\n")
+    with pytest.raises(ShoalError, match="checkpoint pointer .* which is not a checkpoint file in") as info:
+        CheckpointManager(directory, keep=2).load_latest()
+    assert "delete" in info.value.hint
+    assert (directory / POINTER).read_text() == named + "\n"
+
+
+def test_a_pointer_one_save_behind_is_fine(tmp_path):
+    """Killed between writing a checkpoint and moving the pointer: the newer complete file wins."""
+    manager = CheckpointManager(tmp_path, keep=3)
+    _save(manager, 1)
+    _save(manager, 2)
+    (tmp_path / POINTER).write_text("ckpt-e00001-s000000001.pt\n")
+    found = CheckpointManager(tmp_path, keep=3).load_latest()
+    assert found is not None and found.step == 2

@@ -175,10 +175,11 @@ class CheckpointManager:
         same file. Raises :class:`ShoalError` when files exist but none is valid.
         """
         chosen: str | None = None
-        error: str | None = None
+        error: tuple[str, str] | None = None
         payload: dict[str, Any] | None = None
         if collectives.rank() == 0:
-            candidates = self.checkpoints()
+            error = self._pointer_problem()
+            candidates = [] if error else self.checkpoints()
             for path in reversed(candidates):
                 payload, problem = _try_load(path, map_location)
                 if problem is None:
@@ -186,15 +187,37 @@ class CheckpointManager:
                     break
                 self._warn(f"skipping checkpoint {path}: {problem}")
             if candidates and chosen is None:
-                error = f"none of the {len(candidates)} checkpoint(s) in {self.directory} is valid"
+                error = (
+                    f"none of the {len(candidates)} checkpoint(s) in {self.directory} is valid",
+                    "delete the directory's ckpt-*.pt files to start over, or pass --resume never",
+                )
         chosen, error = collectives.broadcast_object((chosen, error))
         if error:
-            raise ShoalError(error, "delete the directory's ckpt-*.pt files to start over, or pass --resume never")
+            raise ShoalError(*error)
         if chosen is None:
             return None
         if payload is None:  # ranks other than 0 read the file rank 0 chose
             payload = torch_load(chosen, map_location=map_location)
         return Checkpoint(Path(chosen), payload)
+
+    def _pointer_problem(self) -> tuple[str, str] | None:
+        """(message, hint) if the ``latest`` pointer names anything but a checkpoint file of this
+        directory (``../outside.pt``, an absolute path, another file): a tampered or foreign pointer
+        is refused, nothing is loaded. A pointer one save behind (killed between writing the file
+        and moving the pointer) is fine: the newest complete file is loaded."""
+        pointer = self.directory / POINTER
+        if not pointer.is_file():
+            return None
+        try:
+            named = pointer.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError as err:
+            return f"cannot read the checkpoint pointer {pointer}: {err.strerror}", "fix its permissions, or delete it"
+        if _NAME.match(named) and Path(named).name == named and (self.directory / named).is_file():
+            return None
+        return (
+            f"the checkpoint pointer {pointer} names {named[:200]!r}, which is not a checkpoint file in {self.directory}",
+            f"delete {pointer} (the next save writes it again), or pass --resume PATH with the checkpoint to use",
+        )
 
     def load(self, path: str | os.PathLike, map_location: Any = "cpu") -> Checkpoint:
         """Load one given checkpoint file (``--resume PATH``)."""

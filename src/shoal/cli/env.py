@@ -7,11 +7,16 @@ the device and backend, so ``import shoal.cli.env`` stays light.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 
+from shoal.cli.fields import add_fields, given_fields
 from shoal.distributed.device import BACKEND_CHOICES, DEVICE_CHOICES
 from shoal.env.base import EnvInfo
 from shoal.env.detect import detect_environment, scheme_names, torch_env_vars
+from shoal.errors import ShoalError
+from shoal.launch.options import LaunchOptions
 
 EXAMPLES = """\
 examples:
@@ -48,22 +53,55 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="use this launch scheme instead of detecting it (same as SHOAL_ENV)",
     )
-    parser.set_defaults(func=run)
+    group = parser.add_argument_group(
+        "a job started here",
+        "What `shoal run`/`shoal train` would start here with these launch options (in a Kubeflow pod "
+        "the operator's PET_* variables give their defaults), and where it would listen.",
+    )
+    launch = add_fields(group, LaunchOptions, exclude=("start_method", "max_restarts", "verbose", "rdzv_conf"))
+    parser.set_defaults(func=run, launch_fields=launch)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    info = detect_environment(forced=args.scheme)
+    from shoal.launch.pods import operator_defaults
+
+    pod = operator_defaults(os.environ)
+    try:
+        info: EnvInfo | None = detect_environment(forced=args.scheme)
+        as_one_process = None
+    except ShoalError as err:
+        if not pod:
+            raise
+        info, as_one_process = None, err.message  # a pod whose command starts several workers
     from shoal.distributed.device import choose_backend, choose_device  # imports torch
 
-    device = choose_device(args.device, info.local_rank, info.local_world_size)
+    local = (info.local_rank, info.local_world_size) if info else (0, 1)
+    device = choose_device(args.device, *local)
     backend = choose_backend(args.backend, device)
-    report = as_dict(info, str(device), backend)
+    report = as_dict(info, str(device), backend) if info else {"scheme": None, "as_one_process": as_one_process}
+    options = LaunchOptions(**{**pod, **given_fields(args, args.launch_fields)})
+    report["job"] = job_report(options, pod)
     if args.json:
         print(json.dumps(report, sort_keys=False), flush=True)
     else:
         print(as_text(report), flush=True)
     return 0
+
+
+def job_report(options: LaunchOptions, pod: dict) -> dict:
+    """The launch options a `shoal run`/`shoal train` here would use, and where its job listens."""
+    from shoal.launch.rendezvous import plan_for
+
+    report: dict = {"from_pod": dict(pod), "options": dataclasses.asdict(options)}
+    try:  # a short look only: a master that does not resolve yet is reported, not waited for
+        plan = plan_for(dataclasses.replace(options, join_timeout=min(options.join_timeout, 2.0)))
+    except ShoalError as err:
+        report["listen"], report["problem"] = None, f"{err.message} (HINT: {err.hint})"
+        return report
+    report["listen"] = plan.listening()
+    report["nodes"], report["nproc"] = plan.nnodes, options.nproc
+    return report
 
 
 def as_dict(info: EnvInfo, device: str, backend: str) -> dict:
@@ -86,15 +124,47 @@ def as_dict(info: EnvInfo, device: str, backend: str) -> dict:
 
 
 def as_text(report: dict) -> str:
-    why = " ".join(report["reason"]) or "no launcher variables found: a single process"
-    rows = [
-        ("scheme", report["scheme"]),
-        ("why", why),
-        ("rank", f"{report['rank']} of {report['world_size']} (world size)"),
-        ("local rank", f"{report['local_rank']} of {report['local_world_size']} (local world size)"),
-        ("node", f"{report['node_rank']} of {report['num_nodes']}"),
-        ("main address", f"{report['main_address']}:{report['main_port']}"),
-        ("device", report["device"]),
-        ("backend", report["backend"]),
-    ]
+    rows = []
+    if report["scheme"] is None:
+        rows.append(("this process", f"not a rank of its own: {report['as_one_process']}"))
+    else:
+        why = " ".join(report["reason"]) or "no launcher variables found: a single process"
+        rows += [
+            ("scheme", report["scheme"]),
+            ("why", why),
+            ("rank", f"{report['rank']} of {report['world_size']} (world size)"),
+            ("local rank", f"{report['local_rank']} of {report['local_world_size']} (local world size)"),
+            ("node", f"{report['node_rank']} of {report['num_nodes']}"),
+            ("main address", f"{report['main_address']}:{report['main_port']}"),
+            ("device", report["device"]),
+            ("backend", report["backend"]),
+        ]
+    job = report["job"]
+    if job["from_pod"]:
+        read = ", ".join(f"{k}={v}" for k, v in job["from_pod"].items())
+        rows.append(
+            (
+                "pod",
+                f"a Kubeflow operator started this pod's command; read from PET_*: {read} "
+                "(WORLD_SIZE is not read: its meaning changed in training-operator 1.7)",
+            )
+        )
+    if job["listen"] is None:
+        rows.append(("a job here", f"cannot be planned: {job['problem']}"))
+    else:
+        listen = job["listen"]
+        where = f"{listen['address']} ({listen['interface']})" if listen["interface"] else listen["address"]
+        stores = [f"rendezvous store on {listen['rendezvous_store']}"] if listen["rendezvous_store"] else []
+        stores.append(
+            f"workers' store {listen['workers_store']}"
+            if isinstance(listen["workers_store"], str) and listen["workers_store"].startswith("on ")
+            else f"workers' store on {listen['workers_store']}"
+        )
+        rows.append(
+            (
+                "a job here",
+                f"{job['nproc']} worker(s) here ({job['nodes']} node(s) in all); listens on {where} "
+                f"only: {', '.join(stores)}, {listen['collectives']}",
+            )
+        )
     return "\n".join(f"{name + ':':<14}{value}" for name, value in rows)

@@ -1,31 +1,54 @@
-"""Gradient compression for DDP: torch's built-in communication hooks, chosen by name.
+"""Gradient compression for DDP: torch's communication hooks, chosen by name, their state checkpointable.
 
-``register_comm_hook(model, "bf16")`` makes DDP cast each gradient bucket to bfloat16 before the
-all-reduce and back to float32 after it: half the bytes on the wire, at the cost of rounding the
-*averaged* gradient to 8 mantissa bits (the parameters and the optimizer stay in float32). The
-hooks are torch's own (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``), nothing is
-re-implemented here.
+* ``bf16`` / ``fp16`` (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``): each gradient
+  bucket is cast to bfloat16 / float16 before the all-reduce and back after it: half the bytes on the
+  wire, at the cost of rounding the *averaged* gradient (parameters and optimizer stay float32). Both
+  work with gloo (checked with torch 2.14.1 and 2.15 on CPU). No state.
+* ``powersgd`` (``...ddp_comm_hooks.powerSGD_hook``, Vogels et al. 2019, https://arxiv.org/abs/1905.13727):
+  each gradient matrix M (a weight's gradient viewed as rows x rest) is sent as two thin factors,
+  P = M Q and Q = M^T P, of rank r (``rank``, default 2), so a 512x4608 convolution's 2.4 M floats
+  travel as 2 x (512 + 4608) floats; vectors (biases, norms) and matrices too small to gain are
+  all-reduced as they are. With *error feedback* (what the approximation missed is added to the next
+  step's gradient, per rank) and *warm start* (each step's Q starts from the last one). The first
+  ``start_iter`` steps use the plain all-reduce (torch's advice: about 10% of the run,
+  :func:`powersgd_start`; at least 2, because DDP re-buckets the parameters after its first step).
 
-Checked with torch 2.14.1 on CPU: both ``bf16_compress_hook`` and ``fp16_compress_hook`` work with
-gloo (gloo sums bfloat16 and float16 tensors), so no fallback is needed. Whether compression pays
-off depends on the job: it helps when the all-reduce is the bottleneck (a slow network between
-nodes) and costs two casts per bucket otherwise; ``shoal bench scaling --comm-hook bf16`` measures it
-(docs/BENCHMARKS.md has the numbers for 2 CPU processes).
+Exact resume. PowerSGD's state (every rank's error feedback, the P and Q memories, the iteration
+count) decides every later step, so :func:`register_comm_hook` returns a :class:`CommHook` with
+``state_dict()`` / ``load_state_dict()``: a checkpoint's *per-rank* object (``shoal train`` saves it
+with every checkpoint). torch keeps that state per DDP *bucket*, and DDP's buckets are not the same
+in a resumed process: a fresh DDP model holds every parameter in one bucket during its first step and
+re-buckets them after it (``DistributedDataParallel._compute_bucket_assignment_by_size`` with
+``sys.maxsize`` first; ``Reducer::rebuild_buckets`` then), so the resumed run's first step would meet
+state laid out for other buckets. :class:`PowerSGD` therefore keeps the state per *parameter* and
+places it into whatever bucket holds each parameter just before torch's hook runs on that bucket
+(only when the layout changed: in a steady run, never after the first PowerSGD step). Q starts from
+a random matrix drawn per parameter from ``seed`` (torch draws one per bucket), so the start does not
+depend on the bucket layout either: a resumed run ends bit-identical to an uninterrupted one.
+
+``shoal bench scaling --comm-hook bf16,powersgd`` measures what each is worth (docs/BENCHMARKS.md,
+"Scaling" and "Slow networks").
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
-COMM_HOOKS = ("none", "bf16", "fp16")
+COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 """The names :func:`register_comm_hook` accepts."""
 
-_TORCH_HOOKS = {"bf16": "bf16_compress_hook", "fp16": "fp16_compress_hook"}
+DEFAULT_POWERSGD_RANK = 2
+TORCH_POWERSGD_START = 1_000
+"""torch's default ``start_powerSGD_iter``: what the library uses when no ``start_iter`` is given."""
+
+_CASTS = {"bf16": ("bf16_compress_hook", "bfloat16"), "fp16": ("fp16_compress_hook", "float16")}
 
 
 def check_comm_hook(name: str) -> str:
@@ -38,30 +61,297 @@ def check_comm_hook(name: str) -> str:
     return name
 
 
-def register_comm_hook(model: "nn.Module", name: str, *, process_group: Any = None) -> "nn.Module":
-    """Register torch's ``name`` gradient-compression hook on a DDP ``model``; return the model.
+def check_powersgd_rank(rank: int) -> int:
+    if rank < 1:
+        raise ShoalError(f"--powersgd-rank must be at least 1, got {rank}", "pass --powersgd-rank 1, 2 or 4")
+    return rank
+
+
+def powersgd_start(total_steps: int) -> int:
+    """The step PowerSGD starts at in a run of ``total_steps`` optimizer steps: 10% of the run, as
+    torch's ``PowerSGDState`` documentation advises, and at least 2 (DDP re-buckets after step 1)."""
+    return max(2, total_steps // 10)
+
+
+class CommHook:
+    """What :func:`register_comm_hook` set up: its name, a description, and its state for checkpoints.
+
+    Pass it with a checkpoint's per-rank objects (``ckpt.save(..., per_rank={"comm_hook": hook})``);
+    a hook without state saves an empty dict and ignores what it is given.
+    """
+
+    def __init__(self, name: str, description: str, *, applied: bool) -> None:
+        self.name = name
+        self.description = description
+        """One line for a job's start-up output (``comm hook NAME: DESCRIPTION``)."""
+        self.applied = applied
+        """False when nothing was registered (``none``, or a model without DDP)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to load (a checkpoint of a run with another hook may hold PowerSGD's state: ignored)."""
+
+
+def register_comm_hook(
+    model: nn.Module,
+    name: str,
+    *,
+    rank: int = DEFAULT_POWERSGD_RANK,
+    start_iter: int | None = None,
+    process_group: Any = None,
+    seed: int = 0,
+) -> CommHook:
+    """Register torch's ``name`` gradient-compression hook on a DDP ``model``.
 
     Args:
         model: what :func:`shoal.apply_ddp` / ``ctx.wrap`` returned. A model that is not wrapped in
-            DDP (one process: there is no gradient all-reduce to compress) is returned unchanged.
-        name: ``none`` (leave DDP's float32 all-reduce alone), ``bf16`` or ``fp16``.
+            DDP (one process: there is no gradient all-reduce to compress) is left unchanged.
+        name: ``none`` (DDP's float32 all-reduce), ``bf16``, ``fp16`` or ``powersgd``.
+        rank: ``powersgd``: the rank of each gradient matrix's approximation (1-4 typical; higher is
+            closer to the exact gradient and sends more).
+        start_iter: ``powersgd``: plain all-reduce for this many steps first (at least 2; default
+            torch's 1000; :func:`powersgd_start` gives 10% of a run).
         process_group: the group DDP reduces over; default: the whole job.
+        seed: ``powersgd``: seeds the initial Q matrices (the same on every rank).
+
+    Returns:
+        a :class:`CommHook`: its ``state_dict()`` is PowerSGD's per-rank state (empty for the others).
 
     Raises:
-        ShoalError: for an unknown ``name``.
+        ShoalError: for an unknown ``name``, a ``rank`` below 1 or a ``start_iter`` below 2.
 
     DDP accepts one hook per model: registering a second one raises torch's RuntimeError.
     """
     check_comm_hook(name)
+    check_powersgd_rank(rank)
+    if start_iter is not None and start_iter < 2:
+        raise ShoalError(
+            f"PowerSGD cannot start before step 2, got start_iter={start_iter}",
+            "DDP re-buckets the parameters after its first step: pass start_iter=2 or more",
+        )
     if name == "none":
-        return model
+        return CommHook(name, "plain float32 all-reduce", applied=False)
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(model, DistributedDataParallel):
-        return model
+        return CommHook(name, "unused (no DDP in a single process)", applied=False)
+    if name == "powersgd":
+        start = TORCH_POWERSGD_START if start_iter is None else start_iter
+        return PowerSGD(model, rank=rank, start_iter=start, process_group=process_group, seed=seed)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    hook = getattr(default_hooks, _TORCH_HOOKS[name])
+    hook, dtype = _CASTS[name]
     # The hook's state is the process group (None: the default group, as torch's hooks expect).
-    model.register_comm_hook(process_group, hook)
-    return model
+    model.register_comm_hook(process_group, getattr(default_hooks, hook))
+    return CommHook(name, f"gradients all-reduced in {dtype}", applied=True)
+
+
+class PowerSGD(CommHook):
+    """torch's ``PowerSGDState`` and ``powerSGD_hook`` on a DDP model, with the state kept per parameter.
+
+    ``state`` is torch's ``PowerSGDState`` (error feedback and warm start on). torch files its
+    memories by bucket index (``error_dict``, ``p_memory_dict``, ``q_memory_dict``); this class
+    records which parameters each filed entry covers (``_placed``) and, when a bucket arrives with
+    other parameters than its entry covers, moves the entries concerned to per-parameter pieces
+    (``_parked``) and builds the bucket's entries from them. Entries of earlier buckets of the same
+    step are never touched: a parameter belongs to one bucket per step, so an entry that overlaps
+    the arriving bucket is from an earlier step, its all-reduce long finished.
+    """
+
+    def __init__(self, model: nn.Module, *, rank: int, start_iter: int, process_group: Any, seed: int) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+        super().__init__(
+            "powersgd",
+            f"rank-{rank} PowerSGD with error feedback after {start_iter} steps of plain float32 all-reduce",
+            applied=True,
+        )
+        self.rank, self.seed = rank, seed
+        self.state = PowerSGDState(process_group, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter)
+        parameters = list(model.parameters())
+        self._index = {p.data_ptr(): i for i, p in enumerate(parameters)}
+        self._shapes = [tuple(p.shape) for p in parameters]
+        self._placed: dict[int, tuple[int, ...]] = {}
+        self._parked: dict[int, dict[str, torch.Tensor]] = {}
+        # torch's hook issues a bucket's second and third all-reduce from the callbacks of its first: on
+        # NCCL they run at once, in bucket order; on gloo they run when the previous one has finished,
+        # so two buckets' collectives could reach the ranks in different orders, a collective mismatch
+        # (pytorch#58467). There each bucket waits for the one before it.
+        import torch.distributed as dist
+
+        self._in_order = dist.get_backend(process_group) != "nccl"
+        self._previous: Any = None
+        model.register_comm_hook(self, _powersgd_hook)
+
+    def prepare(self, bucket: Any) -> None:
+        """Before torch's hook runs on ``bucket``: make sure its state entries cover its parameters."""
+        state = self.state
+        if state.iter < state.start_powerSGD_iter:
+            return
+        index = bucket.index()
+        if self._in_order and index > 0 and self._previous is not None:
+            self._previous.wait()
+        layout = tuple(self._index[p.data_ptr()] for p in bucket.parameters())
+        if self._placed.get(index) == layout:
+            return
+        members = set(layout)
+        for other, held in list(self._placed.items()):
+            if other == index or members.intersection(held):
+                self._parked.update(self._pieces(other))
+                del self._placed[other]
+                for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
+                    memory.pop(other, None)
+        self._place(index, layout, bucket.buffer())
+
+    def _pieces(self, index: int) -> dict[int, dict[str, torch.Tensor]]:
+        """The filed entries of bucket ``index``, cut into per-parameter copies."""
+        state = self.state
+        layout = self._placed[index]
+        segments, *_ = _segments([self._shapes[i] for i in layout], self.rank, state.min_compression_rate)
+        error = state.error_dict.get(index)
+        p_memory, q_memory = state.p_memory_dict.get(index), state.q_memory_dict.get(index)
+        pieces = {}
+        for param, (err, p, q) in zip(layout, segments):
+            piece = {}
+            if error is not None:
+                piece["error"] = error[err].detach().clone()
+            if p is not None and p_memory is not None and q_memory is not None:
+                piece["p"], piece["q"] = p_memory[p].detach().clone(), q_memory[q].detach().clone()
+            pieces[param] = piece
+        return pieces
+
+    def _place(self, index: int, layout: tuple[int, ...], buffer: torch.Tensor) -> None:
+        """File bucket ``index``'s entries from the parked pieces (zeros and a seeded random Q where none)."""
+        import torch
+
+        state = self.state
+        segments, length, p_length, q_length = _segments(
+            [self._shapes[i] for i in layout], self.rank, state.min_compression_rate
+        )
+        options = {"dtype": buffer.dtype, "device": buffer.device}
+        error, p_memory = torch.zeros(length, **options), torch.zeros(p_length, **options)
+        q_memory = torch.zeros(q_length, **options)
+        for param, (err, p, q) in zip(layout, segments):
+            piece = self._parked.pop(param, {})
+            if "error" in piece:
+                error[err] = piece["error"]
+            if q is None:
+                continue
+            if "q" in piece and piece["q"].numel() == q.stop - q.start:
+                p_memory[p], q_memory[q] = piece["p"], piece["q"]
+            else:  # torch's start: a standard normal Q (orthogonalised by the hook), the same on every rank
+                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + param)
+                q_memory[q] = torch.randn(q.stop - q.start, generator=generator, dtype=buffer.dtype)
+        state.error_dict[index], state.p_memory_dict[index], state.q_memory_dict[index] = error, p_memory, q_memory
+        self._placed[index] = layout
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state, per parameter (by its position in ``model.parameters()``), on the CPU."""
+        import torch
+
+        state = self.state
+        pieces = {param: dict(piece) for param, piece in self._parked.items()}
+        for index in self._placed:
+            pieces.update(self._pieces(index))
+        kind, keys, position, has_gauss, cached = state.rng.get_state()
+        return {
+            "rank": self.rank,
+            "iter": int(state.iter),
+            "params": {param: {k: v.cpu() for k, v in piece.items()} for param, piece in sorted(pieces.items())},
+            "rng": {
+                "kind": str(kind),
+                "keys": torch.from_numpy(keys.astype("int64")),
+                "position": int(position),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
+            "stats": [
+                int(state.total_numel_before_compression),
+                int(state.total_numel_after_compression),
+                int(state.next_stats_report),
+            ],
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from ``saved`` (empty: a checkpoint written with another hook, nothing to load).
+
+        The P and Q memories are kept only when ``saved`` used the same rank; the error feedback
+        and the iteration count always.
+        """
+        if not saved:
+            return
+        import numpy as np
+
+        state = self.state
+        state.iter = int(saved["iter"])
+        rng = saved["rng"]
+        keys = rng["keys"].numpy().astype(np.uint32)
+        state.rng.set_state((rng["kind"], keys, rng["position"], rng["has_gauss"], rng["cached_gaussian"]))
+        before, after, report = saved["stats"]
+        state.total_numel_before_compression, state.total_numel_after_compression = before, after
+        state.next_stats_report = report
+        for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
+            memory.clear()
+        self._placed.clear()
+        same_rank = saved["rank"] == self.rank
+        self._parked = {
+            int(param): {k: v for k, v in piece.items() if same_rank or k == "error"}
+            for param, piece in saved["params"].items()
+        }
+
+
+# No annotations: DDP checks a hook's annotations against the real classes, and this module's are strings.
+def _powersgd_hook(state, bucket):
+    """DDP's hook: place ``bucket``'s state, then torch's ``powerSGD_hook``."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+    state.prepare(bucket)
+    future = powerSGD_hook(state.state, bucket)
+    state._previous = future
+    return future
+
+
+def _segments(shapes: list[tuple[int, ...]], rank: int, min_rate: float) -> tuple[list[list[Any]], int, int, int]:
+    """Where each of a bucket's parameters (in bucket order) lives in torch's memories.
+
+    Returns ``(segments, length, p_length, q_length)``: per parameter ``[error slice, P slice, Q
+    slice]`` (P and Q None for a tensor torch does not compress), and the memories' lengths. The
+    rules are torch's ``powerSGD_hook`` (torch 2.15): the gradient lies in the bucket in parameter
+    order; a tensor is viewed as ``shape[0] x rest``, compressed when ``_should_compress`` says so,
+    with rank ``min(rows, cols, rank)``; the compressed ones are grouped by matrix shape, groups in
+    order of first appearance, and P and Q are filled group by group.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    segments: list[list[Any]] = []
+    groups: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    offset = 0
+    for position, shape in enumerate(shapes):
+        numel = math.prod(shape)
+        segments.append([slice(offset, offset + numel), None, None])
+        offset += numel
+        if not shape or numel == 0:
+            continue
+        rows = shape[0]
+        cols = numel // rows
+        r = min(rows, cols, rank)
+        if _should_compress(rows, cols, r, min_rate)[0]:
+            groups.setdefault((rows, cols), []).append((position, rows * r, cols * r))
+    p_offset = q_offset = 0
+    for members in groups.values():
+        for position, p_length, q_length in members:
+            segments[position][1] = slice(p_offset, p_offset + p_length)
+            segments[position][2] = slice(q_offset, q_offset + q_length)
+            p_offset += p_length
+            q_offset += q_length
+    return segments, offset, p_offset, q_offset
+
+
+def powersgd_sizes(shapes: list[tuple[int, ...]], rank: int = DEFAULT_POWERSGD_RANK) -> tuple[int, int]:
+    """``(floats a plain all-reduce sends, floats PowerSGD sends)`` per step for parameters of ``shapes``
+    (torch's default ``min_compression_rate`` of 2): the compression a benchmark report can quote."""
+    segments, length, p_length, q_length = _segments(list(shapes), rank, 2)
+    uncompressed = sum(err.stop - err.start for err, p, _ in segments if p is None)
+    return length, uncompressed + p_length + q_length

@@ -219,13 +219,10 @@ def check_job_name(name: str, derived: Sequence[str] = ()) -> None:
             )
 
 
-def looks_secret(name: str) -> bool:
-    upper = name.upper()
-    return upper.endswith(("_TOKEN", "_KEY")) or "PASSWORD" in upper or "SECRET" in upper
-
-
 def pod_env(env: Sequence[tuple[str, str | None]], environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """``--env`` pairs with their values (``NAME`` alone: this shell's value), refusing secrets in clear."""
+    from shoal.launch.spec import looks_secret  # spec imports this module
+
     out = []
     for name, value in env:
         if looks_secret(name):

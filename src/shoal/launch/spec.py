@@ -182,9 +182,17 @@ class JobSpec:
                 f"--time {self.time_limit!r} is not a Slurm time limit",
                 "use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. --time 1:30:00",
             )
-        for name, _ in self.env:
+        for name, value in self.env:
             if not _ENV_NAME.fullmatch(name):
                 raise ShoalError(f"--env {name!r} is not a variable name", "use --env NAME or --env NAME=VALUE")
+            if value is not None and looks_secret(name):
+                raise ShoalError(
+                    f"--env {name}=... looks like a secret given in clear: it would be written into the "
+                    "launch line, script or manifest",
+                    f"set {name} in the environment of every node (a file the job sources, your secrets "
+                    f"manager); --env {name} alone passes this shell's value by name (mpirun, Slurm); "
+                    f"Kubernetes: --secret-env {name}=SECRET:KEY",
+                )
         names = [h.name for h in self.hosts]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -336,6 +344,13 @@ def _slots(value: str, where: str, hint: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise ShoalError(f"{where}: slots {value!r} is not a whole number of at least 1", hint)
     return int(value)
+
+
+def looks_secret(name: str) -> bool:
+    """A variable name that, by convention, holds a secret (``*_TOKEN``, ``*_KEY``, ``*PASSWORD*``,
+    ``*SECRET*``): its value is never written into a launch line, script or manifest."""
+    upper = name.upper()
+    return upper.endswith(("_TOKEN", "_KEY")) or "PASSWORD" in upper or "SECRET" in upper
 
 
 def parse_env(items: list[str] | None) -> tuple[tuple[str, str | None], ...]:

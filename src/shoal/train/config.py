@@ -76,9 +76,14 @@ class TrainConfig:
     """Convolutions in channels-last (NHWC) memory format: faster on CPU and GPU (default: on for conv models)."""
     progress: bool | None = None
     """Progress bar on rank 0 (default: when stderr is a terminal)."""
-    comm_hook: Literal["none", "bf16", "fp16"] = "none"
+    comm_hook: Literal["none", "bf16", "fp16", "powersgd"] = "none"
     """DDP gradient compression: all-reduce the gradients in bf16 or fp16, half the bytes of float32
-    (parameters and optimizer stay float32); pays off when communication is the bottleneck."""
+    (parameters and optimizer stay float32), or powersgd: torch's low-rank PowerSGD with error
+    feedback (see --powersgd-rank; plain all-reduce for the first 10% of the steps), far fewer bytes;
+    pays off when communication is the bottleneck (a slow network between nodes)."""
+    powersgd_rank: int = 2
+    """--comm-hook powersgd: rank of each gradient matrix's approximation (1-4 typical; higher sends
+    more and is closer to the exact gradient)."""
     checkpoint_every: str = field(default="1", metadata={"metavar": "N|Nsteps"})
     """Checkpoint every N epochs (2, 2epochs) or steps (500steps); 0 or off: only at the end."""
     checkpoint_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
@@ -110,6 +115,7 @@ class TrainConfig:
             ("--samples", self.samples),
             ("--eval-batch-size", self.eval_batch_size),
             ("--keep", self.keep),
+            ("--powersgd-rank", self.powersgd_rank),
         ):
             _at_least_one(flag, value)
         _at_least_one("--batch-size", self.batch_size, hint="pass --batch-size 1 or more (it is per process)")

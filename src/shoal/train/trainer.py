@@ -23,7 +23,7 @@ from shoal.checkpoint.manager import CheckpointManager, restore
 from shoal.context import Context
 from shoal.context import init as init_context
 from shoal.distributed.collectives import all_reduce_sum, broadcast_object
-from shoal.distributed.comm_hooks import register_comm_hook
+from shoal.distributed.comm_hooks import powersgd_start, register_comm_hook
 from shoal.distributed.wrap import model_state_dict
 from shoal.errors import ShoalError
 from shoal.evaluation import evaluate
@@ -34,8 +34,6 @@ from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, re
 from shoal.train.reporting import Reports
 from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
 from shoal.workloads import get_workload
-
-_HOOK_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -104,17 +102,21 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
             data.train_transform = in_channels_last(data.train_transform)
             data.test_transform = in_channels_last(data.test_transform)
         model = ctx.wrap(model)
-        register_comm_hook(model, cfg.comm_hook)  # no-op without DDP (one process)
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform)
         eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
         test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform)
         plan = _plan(cfg, ctx, len(train_loader))
+        start = powersgd_start(plan.steps_per_epoch * plan.epochs)  # PowerSGD after 10% of the run, as torch advises
+        comm_hook = register_comm_hook(
+            model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start
+        )  # no-op without DDP
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
         schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
         step = Step(model, optimizer, cfg.amp, ctx.device)
         state = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader}
         state["tally"] = EpochTally(ctx.device)
         per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
+        per_rank["comm_hook"] = comm_hook  # PowerSGD's error feedback and memories: exact resume
         run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
         run.resume()
         derived = {"channels_last": channels_last, "start_method": started_by}
@@ -337,12 +339,7 @@ def _announce(run: _Run, derived: dict[str, Any], launch: dict[str, Any] | None)
     ctx.print(f"shoal train {cfg.workload}: {ctx.describe()}" + (f" | workers started by {started}" if started else ""))
     ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
     if cfg.comm_hook != "none":
-        applied = hasattr(run.state["model"], "register_comm_hook")
-        ctx.print(
-            f"  comm hook {cfg.comm_hook}: gradients all-reduced in {_HOOK_DTYPES[cfg.comm_hook]}"
-            if applied
-            else f"  comm hook {cfg.comm_hook}: unused (no DDP in a single process)"
-        )
+        ctx.print(f"  comm hook {cfg.comm_hook}: {run.per_rank['comm_hook'].description}")
     ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep})")
     if run.resumed_from is not None:
         where = "training" if not run.epoch_trained else "evaluation"

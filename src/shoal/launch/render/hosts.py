@@ -12,7 +12,8 @@ import shlex
 from collections.abc import Mapping
 
 from shoal.env.network import bracket
-from shoal.launch.spec import Here, Host, JobSpec
+from shoal.errors import ShoalError
+from shoal.launch.spec import Here, Host, JobSpec, looks_secret
 
 # Open MPI flags the multi-node tutorials use (Horovod's mpirun guide, for one): every rank sees all the
 # node's cores (torch sets its own threads; Open MPI would pin each rank to one core), ranks fill
@@ -83,6 +84,14 @@ def render_ssh(spec: JobSpec, here: Here, environ: Mapping[str, str]) -> list[li
     job, died, or lost the connection) the launcher gets SIGTERM and stops its workers, so nothing
     is left running on a remote host. SSH without a terminal would not signal it at all.
     """
+    secrets = [name for name, value in spec.env if value is None and looks_secret(name)]
+    if secrets:
+        raise ShoalError(
+            f"--env {secrets[0]} looks like a secret: over SSH its value would be written into the remote "
+            "command line (visible in ps and in --dry-run)",
+            f"set {secrets[0]} in the remote hosts' environment (a file the job sources), or use --via mpirun, "
+            "which passes it by name",
+        )
     env = [
         (name, environ[name] if value is None else value)
         for name, value in spec.env

@@ -92,6 +92,19 @@ class RendezvousPlan:
         """The backend name given to torch's launcher: shoal's handlers (see :mod:`.handlers`)."""
         return STATIC_BACKEND if self.backend == "static" else C10D_BACKEND
 
+    def listening(self) -> dict[str, Any]:
+        """What a job started with this plan listens on, on this node (``shoal env``, docs/SECURITY.md)."""
+        free = "a port the OS picks"
+        return {
+            "address": self.bind_addr,
+            "interface": self.bind_ifname,
+            "rendezvous_store": (self.port or free) if self.hosts_store else None,
+            "workers_store": (self.workers_port or free)
+            if self.single_node or self.hosts_store
+            else "on rank 0's node",
+            "collectives": f"gloo/NCCL sockets on {self.bind_ifname or self.bind_addr}, ports the OS picks",
+        }
+
     def lines(self, prog: str, nproc: int, extra: str = "") -> list[str]:
         """Start-up lines of a multi-node launch: what this node waits for, the network choices and why."""
         workers = f"{nproc} worker{'s' if nproc != 1 else ''}"
