@@ -23,7 +23,8 @@ def test_unknown_name_is_a_shoal_error():
 @pytest.mark.parametrize("name", COMM_HOOKS)
 def test_a_model_without_ddp_is_left_alone(name):
     model = nn.Linear(2, 2)
-    assert register_comm_hook(model, name) is model
+    hook = register_comm_hook(model, name)
+    assert not hook.applied and not hasattr(model, "_comm_hooks")
 
 
 @pytest.fixture
@@ -41,7 +42,10 @@ def test_hook_compresses_gradients_over_gloo(gloo_group, name, dtype):
     plain = nn.Linear(16, 4)
     reference = nn.Linear(16, 4)
     reference.load_state_dict(plain.state_dict())
-    model = register_comm_hook(DistributedDataParallel(plain), name)
+    model = DistributedDataParallel(plain)
+    hook = register_comm_hook(model, name)
+    assert hook.applied and hook.description == f"gradients all-reduced in {str(dtype).split('.')[1]}"
+    assert hook.state_dict() == {}
     x = torch.randn(8, 16)
     model(x).pow(2).sum().backward()
     reference(x).pow(2).sum().backward()

@@ -106,10 +106,9 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
         eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
         test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform)
         plan = _plan(cfg, ctx, len(train_loader))
-        start = powersgd_start(plan.steps_per_epoch * plan.epochs)  # PowerSGD after 10% of the run, as torch advises
-        comm_hook = register_comm_hook(
-            model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start
-        )  # no-op without DDP
+        # A no-op without DDP (one process); PowerSGD starts after 10% of the run, as torch advises.
+        start = powersgd_start(plan.steps_per_epoch * plan.epochs)
+        comm_hook = register_comm_hook(model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start)
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
         schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
         step = Step(model, optimizer, cfg.amp, ctx.device)
