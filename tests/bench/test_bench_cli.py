@@ -59,7 +59,7 @@ def test_existing_flags_keep_their_names_and_meaning():
     scaling = config_from(
         ["scaling", "--world-sizes", "1,2", "--no-controls", "--device", "cpu", "--comm-hook", "bf16"]
     )
-    assert scaling.world_sizes == (1, 2) and scaling.controls is False and scaling.comm_hook == "bf16"
+    assert scaling.world_sizes == (1, 2) and scaling.controls is False and scaling.comm_hook == ("bf16",)
     assert config_from(["scaling"]).controls is True
     allreduce = config_from(
         ["allreduce", "--min-bytes", "4K", "--max-bytes", "1M", "--nproc", "2", "--target-time", "0.5"]

@@ -23,7 +23,7 @@ def _has_matplotlib() -> bool:
 
 
 def test_plan_has_controls_and_equal_threads_on_cpu():
-    cfg = ScalingConfig(world_sizes=(1, 2, 4), comm_hook="bf16")
+    cfg = ScalingConfig(world_sizes=(1, 2, 4), comm_hook=("bf16",))
     plan = plan_launches(cfg, [1, 2, 4], on_cpu=True)
     assert [v.name for v in plan[1]] == ["ddp", "threads:2", "threads:4"]
     # 1 process with T x threads also gets T x the batch: the same global batch as T processes.
@@ -52,6 +52,13 @@ def test_comparisons_pair_runs_of_the_same_launch():
     assert paired_ratio(a, b) == pytest.approx(0.8)
 
 
+def test_plan_across_nodes_has_every_hook_and_no_thread_rows():
+    cfg = ScalingConfig(nnodes=2, node_rank=1, master_addr="10.0.0.1", comm_hook=("bf16", "powersgd"))
+    plan = plan_launches(cfg, [1, 2], on_cpu=True)
+    assert [v.name for v in plan[1]] == ["ddp"]
+    assert [v.name for v in plan[2]] == ["ddp", "hook:bf16", "hook:powersgd", "no_allreduce"]
+
+
 def test_verdict_names_the_bottleneck():
     comm = {"efficiency": 0.6, "efficiency_no_allreduce": 0.98, "allreduce_share": 0.39}
     assert _verdict(2, comm)[0] == "communication-bound"
@@ -62,11 +69,39 @@ def test_verdict_names_the_bottleneck():
     )
 
 
+def test_verdict_says_which_hook_to_try_or_use():
+    comm = {"efficiency": 0.3, "efficiency_no_allreduce": 0.9, "allreduce_share": 0.66}
+    bound, text = _verdict(2, comm, {"floats": 1000, "powersgd_floats": 25}, rank=2)
+    assert bound == "communication-bound"
+    assert text.endswith(
+        "Try --comm-hook powersgd (low-rank, error feedback, rank 2 sends 2.5% of the float32 gradient bytes) "
+        "or bf16 (half the bytes): measure them with --comm-hook bf16,powersgd"
+    )
+    measured = {
+        **comm,
+        "hook_gains": {"bf16": 0.4, "powersgd": 1.5},
+        "efficiency_hooks": {"bf16": 0.42, "powersgd": 0.75},
+    }
+    text = _verdict(2, measured)[1]
+    assert "bf16 hook: +40.0% throughput (efficiency 0.42); powersgd hook: +150.0%" in text
+    assert text.endswith("Use --comm-hook powersgd: +150% throughput here")
+    useless = {**comm, "hook_gains": {"bf16": 0.01}, "efficiency_hooks": {"bf16": 0.3}}
+    assert _verdict(2, useless)[1].endswith("No hook pays here (none gains 5%): keep the plain all-reduce")
+    # Not communication-bound and nothing measured: no advice.
+    contention = {"efficiency": 0.5, "efficiency_no_allreduce": 0.6, "allreduce_share": 0.17}
+    assert "comm-hook" not in _verdict(2, contention, {"floats": 10, "powersgd_floats": 5})[1]
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [
         (["--arch", "vgg16"], "unknown architecture"),
         (["--comm-hook", "int8"], "unknown communication hook"),
+        (["--comm-hook", "bf16,int8"], "unknown communication hook"),
+        (["--powersgd-rank", "0"], "--powersgd-rank must be at least 1"),
+        (["--nnodes", "2"], "needs --master-addr"),
+        (["--nnodes", "2", "--master-addr", "a", "--node-rank", "2"], "--node-rank in 0..1"),
+        (["--nnodes", "2", "--master-addr", "a", "--world-sizes", "1,4"], "--world-sizes does not go with --nnodes"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
         (["--world-sizes", "0,2"], "world sizes must be at least 1"),
     ],
@@ -86,7 +121,7 @@ def test_world_size_list_must_be_numbers(capsys):
 @pytest.mark.multiprocess
 def test_smoke_scaling_report(tmp_path: Path):
     out = tmp_path / "scaling.json"
-    proc = run_shoal("bench", "scaling", "--smoke", "--comm-hook", "bf16", "--json", str(out), timeout=240)
+    proc = run_shoal("bench", "scaling", "--smoke", "--comm-hook", "bf16,powersgd", "--json", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "1 proc x 1 thread" in proc.stdout and "efficiency" in proc.stdout
     report = json.loads(out.read_text())
@@ -101,6 +136,7 @@ def test_smoke_scaling_report(tmp_path: Path):
         (1, "threads:2"),
         (2, "ddp"),
         (2, "hook:bf16"),
+        (2, "hook:powersgd"),
         (2, "no_allreduce"),
         (2, "torch_defaults"),
     }
@@ -121,7 +157,13 @@ def test_smoke_scaling_report(tmp_path: Path):
     assert summary["allreduce_share"] == pytest.approx(
         1 - two["samples_per_s"] / rows[(2, "no_allreduce")]["samples_per_s"]
     )
-    assert summary["hook_gain"] == pytest.approx(rows[(2, "hook:bf16")]["samples_per_s"] / two["samples_per_s"] - 1)
+    for hook in ("bf16", "powersgd"):
+        gain = rows[(2, f"hook:{hook}")]["samples_per_s"] / two["samples_per_s"] - 1
+        assert summary["hook_gains"][hook] == pytest.approx(gain)
+        assert summary["efficiency_hooks"][hook] == rows[(2, f"hook:{hook}")]["efficiency"]
+    assert rows[(2, "hook:powersgd")]["label"] == "2 procs x 1 thread, powersgd hook"
+    # ResNet-18's gradients, and what PowerSGD at rank 2 sends of them.
+    assert report["model"]["floats"] == 11_181_642 and 0 < report["model"]["powersgd_floats"] < 11_181_642 // 10
     assert summary["processes_vs_threads"] == pytest.approx(
         two["samples_per_s"] / rows[(1, "threads:2")]["samples_per_s"]
     )
@@ -129,7 +171,6 @@ def test_smoke_scaling_report(tmp_path: Path):
         two["samples_per_s"] / rows[(2, "torch_defaults")]["samples_per_s"] - 1
     )
     assert rows[(2, "torch_defaults")]["label"] == "2 procs x 1 thread, torch's DDP defaults"
-    assert summary["hook"] == "bf16" and "hook_gain" in summary
     assert any(note.startswith("2 processes: efficiency") for note in report["notes"])
     if _has_matplotlib():
         assert Path(report["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,12 +14,19 @@ see :mod:`shoal.bench.scaling_worker`):
 * ``ddp``: the job as it is (DDP's gradient all-reduce after every backward);
 * ``no_allreduce``: the same processes with DDP's gradient sync skipped (``no_sync``), a control
   that separates compute contention (processes slowing each other down) from communication;
-* ``hook:<name>``: DDP with a gradient-compression hook (``--comm-hook bf16|fp16``), on its own copy
-  of the model so the plain ``ddp`` variant is measured beside it;
+* ``hook:<name>``: DDP with a gradient-compression hook (``--comm-hook bf16,powersgd``: any of bf16,
+  fp16, powersgd), each on its own copy of the model so the plain ``ddp`` variant is measured beside
+  it (PowerSGD compresses from step 2, after a longer warm-up: every timed step is compressed);
 * ``torch_defaults``: DDP as ``DistributedDataParallel(model)`` builds it, without shoal's settings
   (``gradient_as_bucket_view``), on its own copy of the model: what those settings are worth;
 * ``threads`` (CPU, in the 1-process launch): one process with T times the threads and T times the
   batch, to compare with T processes x 1 thread at equal total threads and equal global batch.
+
+Across nodes (``--nnodes N --node-rank R --master-addr ADDR``, the same command on every node, one
+process per node): each round launches 1 process on node 0 alone (the baseline; the other nodes skip
+it and wait in the next launch's rendezvous) and N processes, one per node, over the network; node 0
+prints the report. This is how the slow-link figures of docs/BENCHMARKS.md were measured
+(``scripts/bench-slow-link`` runs it on two network namespaces joined by a rate-limited link).
 
 Derived per row: ``speedup = tput / tput_1`` and ``efficiency = tput / (scale x tput_1)`` where
 ``tput_1`` is 1 process with the base thread count and ``scale`` is the row's total threads over the
@@ -39,6 +46,11 @@ from shoal.bench.timing import load_average, median, rotations
 from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
 from shoal.launch.local import check_start_method, resolve_start_method
+
+
+def parse_hooks(text: str) -> tuple[str, ...]:
+    """``--comm-hook bf16,powersgd`` -> ("bf16", "powersgd"); ``none`` adds nothing (names are checked later)."""
+    return tuple(h.strip() for h in text.split(",") if h.strip() and h.strip() != "none")
 
 
 @dataclass(frozen=True)
@@ -65,8 +77,10 @@ class ScalingConfig:
     """Launches per world size, interleaved; the median is reported."""
     threads: int = 1
     """Intra-op threads per process on CPU (the base is 1 process with this many)."""
-    comm_hook: str = "none"
-    """Also measure DDP with this gradient-compression hook: none, bf16 or fp16."""
+    comm_hook: tuple[str, ...] = field(default=(), metadata=flag(parse=parse_hooks, metavar="HOOK,...", default="none"))
+    """Also measure DDP with these gradient-compression hooks, comma-separated: bf16, fp16, powersgd."""
+    powersgd_rank: int = 2
+    """Rank of PowerSGD's low-rank approximation (with --comm-hook powersgd)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (CUDA when there is a GPU per process), cpu or cuda."""
     start_method: Literal["auto", "fork", "spawn"] = "auto"
@@ -76,6 +90,16 @@ class ScalingConfig:
     (seconds per launch); CUDA does not survive a fork. Steady-state throughput does not depend on it."""
     controls: bool = True
     """Measure the no-all-reduce control, torch's DDP defaults and (on CPU) the equal-threads process."""
+    nnodes: int = 1
+    """Nodes, one process each: run the same command on every node (with --node-rank, --master-addr)."""
+    node_rank: int = 0
+    """This node's rank (0..nnodes-1); node 0 runs the 1-process baseline and prints the report."""
+    master_addr: str | None = None
+    """Address of node 0 as the other nodes reach it (with --nnodes 2 or more)."""
+    master_port: int = 29500
+    """Port of the rendezvous store on node 0 (with --nnodes 2 or more)."""
+    join_timeout: float = 120.0
+    """Seconds a node waits for the others at each launch (node 0's baseline runs meanwhile)."""
 
     def __post_init__(self) -> None:
         from shoal.distributed.comm_hooks import check_comm_hook
@@ -89,7 +113,20 @@ class ScalingConfig:
             raise ShoalError(
                 f"world sizes must be at least 1, got {list(self.world_sizes)}", "pass --world-sizes 1,2 for example"
             )
-        check_comm_hook(self.comm_hook)
+        for hook in self.comm_hook:
+            check_comm_hook(hook)
+        require_at_least(self, 1, "powersgd_rank", "nnodes")
+        if self.nnodes > 1:
+            if set(self.world_sizes) - {1, self.nnodes}:
+                raise ShoalError(
+                    "--world-sizes does not go with --nnodes (one process per node)",
+                    "drop --world-sizes: across nodes shoal measures 1 process and one per node",
+                )
+            if not self.master_addr or not 0 <= self.node_rank < self.nnodes:
+                raise ShoalError(
+                    f"--nnodes {self.nnodes} needs --master-addr and a --node-rank in 0..{self.nnodes - 1}",
+                    "run the same command on every node with --node-rank 0, 1, ... and --master-addr NODE0",
+                )
         check_start_method(self.start_method)
 
 
@@ -104,14 +141,14 @@ def plan_launches(cfg: ScalingConfig, world_sizes: list[int], on_cpu: bool) -> d
     for n in world_sizes:
         variants = [Variant("ddp", t, b)]
         if n == 1:
-            if on_cpu and cfg.controls:
+            if on_cpu and cfg.controls and cfg.nnodes == 1:
                 variants += [Variant(f"threads:{k * t}", k * t, k * b) for k in world_sizes if k > 1]
         else:
-            if cfg.comm_hook != "none":
-                variants.append(Variant(f"hook:{cfg.comm_hook}", t, b, hook=cfg.comm_hook))
+            variants += [Variant(f"hook:{h}", t, b, hook=h) for h in dict.fromkeys(cfg.comm_hook) if h != "none"]
             if cfg.controls:
                 variants.append(Variant("no_allreduce", t, b, sync=False))
-                variants.append(Variant("torch_defaults", t, b, torch_defaults=True))
+                if cfg.nnodes == 1:
+                    variants.append(Variant("torch_defaults", t, b, torch_defaults=True))
         launches[n] = tuple(variants)
     return launches
 
@@ -121,11 +158,15 @@ def measure(cfg: ScalingConfig, log: Log) -> Measured:
     from shoal.distributed.device import choose_device
 
     cores = usable_cores()
-    world_sizes = sorted(set(cfg.world_sizes or range(1, _default_max(cfg.device, cores) + 1)) | {1})
-    device = choose_device(cfg.device, 0, max(world_sizes))  # cuda: a GPU per process, or an error
+    if cfg.nnodes > 1:
+        world_sizes = [1, cfg.nnodes]
+        device = choose_device(cfg.device, 0, 1)  # one process per node
+    else:
+        world_sizes = sorted(set(cfg.world_sizes or range(1, _default_max(cfg.device, cores) + 1)) | {1})
+        device = choose_device(cfg.device, 0, max(world_sizes))  # cuda: a GPU per process, or an error
     on_cpu = device.type == "cpu"
     notes = []
-    if on_cpu and max(world_sizes) * cfg.threads > cores:
+    if on_cpu and cfg.nnodes == 1 and max(world_sizes) * cfg.threads > cores:
         notes.append(
             f"oversubscribed: up to {max(world_sizes) * cfg.threads} threads on {cores} cores; "
             "rows beyond the core count measure time-sharing, not scaling"
@@ -138,24 +179,57 @@ def measure(cfg: ScalingConfig, log: Log) -> Measured:
         import shoal.distributed.comm_hooks  # noqa: F401
     runs: dict[tuple[int, str], list[float]] = {}
     loads = []  # sampled before each launch: how noisy it was
+    model: dict[str, int] = {}
     for order in rotations(world_sizes, cfg.repeat):
         for n in order:
+            if n == 1 and cfg.node_rank != 0:
+                continue  # the baseline runs on node 0 alone
             loads.append(load_average())
-            spec = WorkerSpec(cfg.arch, cfg.image_size, device.type, cfg.steps, cfg.warmup, cfg.blocks, launches[n])
-            log(f"  launching {n} process(es): {', '.join(v.name for v in launches[n])}")
-            result = launch_workers(scaling_worker, (spec,), n, start_method)
+            spec = WorkerSpec(
+                cfg.arch, cfg.image_size, device.type, cfg.steps, cfg.warmup, cfg.blocks, launches[n], cfg.powersgd_rank
+            )
+            where = f" on {n} nodes" if n > 1 and cfg.nnodes > 1 else ""
+            log(f"  launching {n} process(es){where}: {', '.join(v.name for v in launches[n])}")
+            result = _launch(cfg, spec, n, start_method)
+            if result is None:
+                continue  # a node other than 0: rank 0 holds the timings
+            model = result.pop("model")
             for name, timing in result.items():
                 runs.setdefault((n, name), []).append(timing["samples_per_s"])
+    resolved = {"world_sizes": world_sizes, "workload": "synthetic", "start_method": start_method}
+    if cfg.node_rank != 0:
+        note = f"node {cfg.node_rank} of {cfg.nnodes}: took part in every {cfg.nnodes}-node launch; node 0 reports"
+        return Measured([], notes + [note], config=resolved, device=device.type, meta={"load_averages": loads})
     rows = _rows(cfg, launches, runs, on_cpu)
-    summary = _summaries(rows, cfg)
+    summary = _summaries(rows, cfg, model)
     return Measured(
         rows,
         notes + [s["verdict"] for s in summary],
-        config={"world_sizes": world_sizes, "workload": "synthetic", "start_method": start_method},
+        config=resolved,
         device=device.type,
         meta={"load_averages": loads},
-        extra={"summary": summary},
+        extra={"summary": summary, "model": model},
     )
+
+
+def _launch(cfg: ScalingConfig, spec: WorkerSpec, n: int, start_method: str) -> dict[str, Any] | None:
+    """One launch of ``n`` processes: on this machine, or one per node across ``cfg.nnodes`` nodes
+    (rank 0's timings on node 0, None on the others)."""
+    if cfg.nnodes == 1 or n == 1:
+        return launch_workers(scaling_worker, (spec,), n, start_method)
+    from shoal.launch.local import launch_local
+    from shoal.launch.options import LaunchOptions
+
+    options = LaunchOptions(
+        nproc=1,
+        nnodes=str(cfg.nnodes),
+        node_rank=cfg.node_rank,
+        master_addr=cfg.master_addr,
+        master_port=cfg.master_port,
+        join_timeout=cfg.join_timeout,
+        start_method=start_method,
+    )
+    return launch_local(scaling_worker, (spec,), options=options).get(0)
 
 
 def _default_max(device: str, cores: int) -> int:
@@ -179,7 +253,7 @@ def _rows(cfg: ScalingConfig, launches, runs, on_cpu: bool) -> list[dict[str, An
                 {
                     "world_size": n,
                     "variant": v.name,
-                    "label": _label(n, v, on_cpu),
+                    "label": _label(n, v, on_cpu, cfg.nnodes > 1),
                     "processes": n,
                     "threads_per_process": v.threads if on_cpu else None,
                     "total_threads": n * v.threads if on_cpu else None,
@@ -197,8 +271,8 @@ def _rows(cfg: ScalingConfig, launches, runs, on_cpu: bool) -> list[dict[str, An
     return rows
 
 
-def _label(n: int, v: Variant, on_cpu: bool) -> str:
-    procs = f"{n} proc{'s' if n > 1 else ''}"
+def _label(n: int, v: Variant, on_cpu: bool, nodes: bool = False) -> str:
+    procs = f"{n} nodes x 1 proc" if nodes and n > 1 else f"{n} proc{'s' if n > 1 else ''}"
     threads = f" x {v.threads} thread{'s' if v.threads > 1 else ''}" if on_cpu else ""
     if v.name == "no_allreduce":
         return f"{procs}{threads}, no all-reduce"
@@ -211,8 +285,8 @@ def _label(n: int, v: Variant, on_cpu: bool) -> str:
     return f"{procs}{threads}"
 
 
-def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig) -> list[dict[str, Any]]:
-    """Per world size > 1: where the lost efficiency went, and a one-line verdict."""
+def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig, model: dict[str, int]) -> list[dict[str, Any]]:
+    """Per world size > 1: where the lost efficiency went, what each hook was worth, and a one-line verdict."""
     by = {(r["world_size"], r["variant"]): r for r in rows}
 
     def paired(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -229,11 +303,10 @@ def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig) -> list[dict[str,
             s["efficiency_no_allreduce"] = control["efficiency"]
             # The part of a step spent on gradient sync that did not overlap the backward pass.
             s["allreduce_share"] = 1.0 - paired(row, control)
-        hook = by.get((n, f"hook:{cfg.comm_hook}"))
-        if hook is not None:
-            s["hook"] = cfg.comm_hook
-            s["efficiency_hook"] = hook["efficiency"]
-            s["hook_gain"] = paired(hook, row) - 1.0
+        hooks = {h: by[(n, f"hook:{h}")] for h in cfg.comm_hook if (n, f"hook:{h}") in by}
+        if hooks:
+            s["hook_gains"] = {h: paired(r, row) - 1.0 for h, r in hooks.items()}
+            s["efficiency_hooks"] = {h: r["efficiency"] for h, r in hooks.items()}
         defaults = by.get((n, "torch_defaults"))
         if defaults is not None:
             s["efficiency_torch_defaults"] = defaults["efficiency"]
@@ -241,17 +314,21 @@ def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig) -> list[dict[str,
         threads = by.get((1, f"threads:{n * cfg.threads}"))
         if threads is not None:
             s["processes_vs_threads"] = paired(row, threads)
-        s["bound"], s["verdict"] = _verdict(n, s)
+        s["bound"], s["verdict"] = _verdict(n, s, model, cfg.powersgd_rank)
         out.append(s)
     return out
 
 
-def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
+HOOK_WORTH_IT = 0.05
+"""A hook is recommended when it gains at least this much throughput (paired) over plain DDP."""
+
+
+def _verdict(n: int, s: dict[str, Any], model: dict[str, int] | None = None, rank: int = 2) -> tuple[str, str]:
     eff = s["efficiency"]
     text = f"{n} processes: efficiency {eff:.2f}"
     if "efficiency_no_allreduce" not in s:
         bound = "scales well" if eff >= 0.9 else "unknown (run without --no-controls to see why)"
-        return bound, f"{text}; {bound}"
+        return bound, f"{text}; {bound}{_hook_advice(s, bound, model, rank)}"
     ctl, share = s["efficiency_no_allreduce"], s["allreduce_share"]
     lost_to_comm, lost_to_contention = ctl - eff, 1.0 - ctl
     # A control slower than the job itself means the all-reduce cost is below the run-to-run noise.
@@ -272,8 +349,8 @@ def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
             f"without all-reduce); {cost}"
         )
     extra = ""
-    if "hook_gain" in s:
-        extra += f"; {s['hook']} hook: {s['hook_gain']:+.1%} throughput (efficiency {s['efficiency_hook']:.2f})"
+    for hook, gain in s.get("hook_gains", {}).items():
+        extra += f"; {hook} hook: {gain:+.1%} throughput (efficiency {s['efficiency_hooks'][hook]:.2f})"
     if "settings_gain" in s:
         extra += (
             f"; shoal's DDP settings: {s['settings_gain']:+.1%} throughput over torch's defaults "
@@ -281,7 +358,26 @@ def _verdict(n: int, s: dict[str, Any]) -> tuple[str, str]:
         )
     if "processes_vs_threads" in s:
         extra += f"; {n} processes give {s['processes_vs_threads']:.2f}x the throughput of 1 process with {n}x threads"
-    return bound, f"{text}, {why}{extra}"
+    return bound, f"{text}, {why}{extra}{_hook_advice(s, bound, model, rank)}"
+
+
+def _hook_advice(s: dict[str, Any], bound: str, model: dict[str, int] | None, rank: int) -> str:
+    """Which hook to use, from the hooks measured; for a communication-bound job without any, which to try."""
+    gains = s.get("hook_gains", {})
+    if gains:
+        best = max(gains, key=gains.get)
+        if gains[best] >= HOOK_WORTH_IT:
+            return f". Use --comm-hook {best}: {gains[best]:+.0%} throughput here"
+        return ". No hook pays here (none gains 5%): keep the plain all-reduce"
+    if bound != "communication-bound":
+        return ""
+    sent = ""
+    if model and model.get("floats"):
+        sent = f", rank {rank} sends {model['powersgd_floats'] / model['floats']:.1%} of the float32 gradient bytes"
+    return (
+        f". Try --comm-hook powersgd (low-rank, error feedback{sent}) or bf16 (half the bytes): "
+        "measure them with --comm-hook bf16,powersgd"
+    )
 
 
 def text(report: dict[str, Any]) -> list[str]:
@@ -314,6 +410,8 @@ def text(report: dict[str, Any]) -> list[str]:
 def draw(ax: Any, report: dict[str, Any]) -> None:
     """Measured throughput against ideal linear scaling (and the controls)."""
     rows, cfg = report["rows"], report["config"]
+    if not rows:  # a node other than 0 of a multi-node run: node 0 has the figures
+        return
     base = next(r for r in rows if r["world_size"] == 1 and r["variant"] == "ddp")["samples_per_s"]
 
     def series(pred):
@@ -328,7 +426,7 @@ def draw(ax: Any, report: dict[str, Any]) -> None:
     ax.plot(xs, ys, "o-", label="measured (DDP)")
     controls = (
         (lambda r: r["variant"] == "no_allreduce", "s:", "no all-reduce (control)"),
-        (lambda r: r["variant"] == f"hook:{cfg['comm_hook']}", "^-", f"{cfg['comm_hook']} hook"),
+        *(((lambda r, h=h: r["variant"] == f"hook:{h}"), "^-", f"{h} hook") for h in cfg["comm_hook"]),
         (lambda r: r["variant"].startswith("threads:"), "d-.", "1 process, more threads"),
     )
     for pred, style, label in controls:
@@ -356,7 +454,9 @@ BENCHMARK = Benchmark(
 examples:
   shoal bench scaling                                   # 1..cores processes x 1 thread, ResNet-18 32x32, batch 32
   shoal bench scaling --world-sizes 1,2 --repeat 5      # more repeats on a noisy machine
-  shoal bench scaling --comm-hook bf16                  # also measure bf16 gradient compression
+  shoal bench scaling --comm-hook bf16,powersgd         # also measure gradient compression (bf16, PowerSGD)
+  shoal bench scaling --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --comm-hook bf16,powersgd
+                                                        # across 2 nodes (the same on node 1 with --node-rank 1)
   shoal bench scaling --arch resnet50 --image-size 64 --batch-size 16
   shoal bench scaling --device cuda --world-sizes 1,2,4,8 --json scaling.json   # GPUs, nccl
   shoal bench scaling --smoke --json /tmp/s.json        # a few seconds: checks the machinery only

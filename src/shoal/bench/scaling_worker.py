@@ -40,16 +40,23 @@ class WorkerSpec:
     warmup: int
     blocks: int = 1
     variants: tuple[Variant, ...] = field(default_factory=tuple)
+    powersgd_rank: int = 2
+
+
+POWERSGD_START = 2
+"""PowerSGD variants compress from this step on (the earliest torch allows: DDP re-buckets after step 1);
+their warm-up is at least one step longer, so every timed step is a compressed one."""
 
 
 def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
-    """One rank: train every variant for ``warmup + steps`` steps; rank 0 returns the timings."""
+    """One rank: train every variant for ``warmup + steps`` steps; rank 0 returns the timings, and
+    under ``"model"`` the floats one step's gradients take, plain and with PowerSGD."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     import shoal
-    from shoal.distributed.comm_hooks import register_comm_hook
+    from shoal.distributed.comm_hooks import powersgd_sizes, register_comm_hook
     from shoal.workloads.synthetic import NUM_CLASSES, build_synthetic_model
 
     ctx = shoal.init(device=spec.device, threads=spec.variants[0].threads, seed=0)
@@ -61,7 +68,7 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
                 torch.manual_seed(0)
                 options = {"gradient_as_bucket_view": False} if v.torch_defaults else {}
                 model = ctx.wrap(build_synthetic_model(spec.arch, spec.image_size, NUM_CLASSES), **options)
-                register_comm_hook(model, v.hook)
+                register_comm_hook(model, v.hook, rank=spec.powersgd_rank, start_iter=POWERSGD_START)
                 models[key] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
         biggest = max(v.batch_size for v in spec.variants)
         pool = biggest * ctx.world_size * min(POOL_BATCHES, spec.steps + spec.warmup)
@@ -83,7 +90,7 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
 
         for v in spec.variants:
             use(v)
-            for _ in range(spec.warmup):
+            for _ in range(max(spec.warmup, POWERSGD_START + 1) if v.hook == "powersgd" else spec.warmup):
                 steppers[v.name]()
         # Timed steps in blocks, the variants taking turns (A B C A B C ...): a slow spell of a
         # shared machine then hits every variant, and the comparisons inside a launch stay fair.
@@ -100,7 +107,9 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
                     # The job is as fast as its slowest rank.
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 seconds[v.name] += float(elapsed.item())
-        results: dict[str, dict[str, float]] = {}
+        shapes = [tuple(p.shape) for p in next(iter(models.values()))[0].parameters()]
+        plain, compressed = powersgd_sizes(shapes, spec.powersgd_rank)
+        results: dict[str, dict[str, float]] = {"model": {"floats": plain, "powersgd_floats": compressed}}
         for v in spec.variants:
             samples = v.batch_size * ctx.world_size * spec.steps
             results[v.name] = {
