@@ -1,4 +1,4 @@
-"""``shoal bench overhead``: the same job through a plain DDP loop, shoal's trainer and the peers.
+"""``shoal bench overhead``: the same job through a plain DDP loop, shoal's trainer, the peers and shoal.horovod.
 
 What is checked is the machinery and the correctness claim (shoal's trainer ends with weights
 bit-identical to the hand-written DDP loop), never speed.
@@ -24,7 +24,7 @@ from shoal.errors import ShoalError
         ({"model": "vgg"}, "unknown model"),
         ({"repeat": 0}, "--repeat must be at least 1"),
         ({"epochs": 2, "warmup": 2}, "leaves no timed epoch"),
-        ({"variants": ("plain", "horovod")}, "unknown variant"),
+        ({"variants": ("plain", "deepspeed")}, "unknown variant"),
         ({"start_method": "forkserver"}, "unknown start method"),
     ],
 )
@@ -48,7 +48,7 @@ def test_plain_loop_schedule_is_shoal_schedule():
 @pytest.mark.multiprocess
 def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
     out = tmp_path / "overhead.json"
-    variants = ["plain", "shoal"] + [v for v, pkg in PEERS.items() if importlib.util.find_spec(pkg)]
+    variants = ["plain", "shoal"] + [v for v, pkg in PEERS.items() if importlib.util.find_spec(pkg)] + ["horovod"]
     # Two rounds: the second forks workers again after the first round's results came back, which
     # is where a parent that had run torch ops would hang (the report would never be written).
     proc = run_shoal(
@@ -79,6 +79,8 @@ def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
         assert report["weights"][peer]["max_abs_diff"] < 1e-4  # same math; other frameworks may round differently
     assert "bit-identical weights in every round" in proc.stdout
     assert "shoal / plain DDP step time" in proc.stdout
+    # shoal.horovod's DistributedOptimizer averages what DDP averages: the same weights, to float rounding.
+    assert "horovod / plain: " in proc.stdout and "horovod" in report["weights"]
 
 
 @pytest.mark.multiprocess

@@ -15,6 +15,10 @@ launcher: same model and initial weights (seeded), same pre-loaded tensors, same
   memory format: ``--no-channels-last``, or the arithmetic would differ).
 * ``accelerate`` and ``fabric`` (when installed: ``pip install 'shoal[bench]'``): the plain loop with
   Hugging Face Accelerate's ``prepare``/``backward`` or Lightning Fabric's ``setup``/``backward``.
+* ``horovod``: the plain loop on the bare model with a Horovod script's setup through
+  ``shoal.horovod`` (``shoal.integrations.horovod.recipe.prepare``: ``hvd.init()``, broadcasts from
+  rank 0, ``hvd.DistributedOptimizer`` averaging the gradients with bucketed asynchronous
+  all-reduces started during backward): no DDP.
 
 Timing: rank 0's wall time of each epoch's training part (from building the epoch's indices to
 the last optimizer step; the job is in lockstep, so it is the job's time), divided by the steps:
@@ -27,7 +31,8 @@ The workers live in :mod:`shoal.bench.overhead_workers`; this module plans, laun
 
 Correctness is part of the result: ``plain`` and ``shoal`` must end with bit-identical weights
 (``torch.equal`` on every tensor), checked every round; the report says so, or the run fails.
-For accelerate and fabric the largest absolute weight difference from ``plain`` is reported.
+For accelerate, fabric and horovod the largest absolute weight difference from ``plain`` is reported
+(horovod averages as Horovod does, sum then divide, where DDP divides first: float rounding apart).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
 from shoal.launch.local import check_start_method, resolve_start_method
 
-VARIANTS = ("plain", "shoal", "accelerate", "fabric")
+VARIANTS = ("plain", "shoal", "accelerate", "fabric", "horovod")
 BASELINE = "plain"
 
 
@@ -81,7 +86,7 @@ class OverheadConfig:
     threads: int = 1
     """Intra-op threads per process."""
     variants: tuple[str, ...] = VARIANTS
-    """Comma-separated subset of plain, shoal, accelerate, fabric (plain, the baseline, always runs)."""
+    """Comma-separated subset of plain, shoal, accelerate, fabric, horovod (plain, the baseline, always runs)."""
     start_method: Literal["auto", "fork", "spawn"] = "auto"
     """How launch_local starts workers: auto (fork on CPU), fork or spawn."""
 
@@ -206,12 +211,14 @@ def _preimport(variants: list[str]) -> None:
     import torch.utils.data  # noqa: F401
 
     import shoal.train.trainer
-    import shoal.workloads.synthetic  # noqa: F401
+    import shoal.workloads.synthetic
 
     if "accelerate" in variants:
         import accelerate  # noqa: F401
     if "fabric" in variants:
         import lightning.fabric  # noqa: F401
+    if "horovod" in variants:
+        import shoal.integrations.horovod.recipe  # noqa: F401
 
 
 def _rows(variants: list[str], runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -264,7 +271,7 @@ def _verdicts(rows: list[dict[str, Any]], weights: dict[str, dict[str, Any]]) ->
             f"shoal / plain DDP step time: {by['shoal']['vs_plain_paired']:.3f} (paired median; "
             f"target <= 1.02), {same} in every round"
         )
-    for name in ("accelerate", "fabric"):
+    for name in ("accelerate", "fabric", "horovod"):
         if name in by:
             diff = weights[name]["max_abs_diff"]
             lines.append(
@@ -321,13 +328,15 @@ BENCHMARK = Benchmark(
         lambda cfg: f"overhead, {cfg['model']}, {cfg['nproc']} processes",
     ),
     description="The same model, data, batches, optimizer and lr schedule run by a plain DDP loop, by shoal train, "
-    "and (when installed) by Accelerate and Lightning Fabric, launches interleaved; median ms/step and the ratio "
-    "to the plain loop. The plain loop and shoal must end with bit-identical weights.",
+    "(when installed) by Accelerate and Lightning Fabric, and by a Horovod-style loop on shoal.horovod, launches "
+    "interleaved; median ms/step and the ratio to the plain loop. The plain loop and shoal must end with "
+    "bit-identical weights; the others report their largest weight difference.",
     examples="""\
 examples:
   shoal bench overhead                                  # tiny MLP, 2 processes: per-step cost shows
   shoal bench overhead --model resnet18 --repeat 7      # ResNet-18 32x32
-  shoal bench overhead --variants plain,shoal           # without Accelerate / Fabric
+  shoal bench overhead --variants plain,shoal           # without Accelerate / Fabric / Horovod
+  shoal bench overhead --variants plain,horovod --model resnet18   # shoal.horovod against DDP
   shoal bench overhead --smoke --json o.json            # seconds; checks the bit-identical weights
 """,
 )

@@ -1,5 +1,5 @@
 """The workers of ``shoal bench overhead``: the same job as a hand-written DDP loop, as ``shoal train``,
-and through Accelerate and Lightning Fabric (see :mod:`shoal.bench.overhead`).
+through Accelerate and Lightning Fabric, and with ``shoal.horovod`` (see :mod:`shoal.bench.overhead`).
 
 Module-level and picklable (workers may be spawned); torch is imported inside the workers only.
 """
@@ -230,9 +230,29 @@ def fabric_worker(job: Job) -> dict[str, Any] | None:
     return result
 
 
+def horovod_worker(job: Job) -> dict[str, Any] | None:
+    """The plain loop on the bare model, its optimizer wrapped as a Horovod script does (``hvd.init()``,
+    broadcasts from rank 0, ``hvd.DistributedOptimizer`` with ``op=Average``): shoal.horovod's
+    bucketed asynchronous all-reduces instead of DDP's."""
+    import torch
+
+    from shoal.integrations.horovod import recipe, state
+
+    torch.set_num_threads(job.threads)
+    model, optimizer = make_model_and_optimizer(job)
+    optimizer = recipe.prepare(model, optimizer)
+    try:
+        rank, world_size = state.rank(), state.size()
+        seconds = hand_written_loop(job, model, optimizer, lambda loss: loss.backward(), rank, world_size)
+        return _result(job, seconds, world_size, "horovod", model.state_dict()) if rank == 0 else None
+    finally:
+        state.shutdown()
+
+
 WORKERS: dict[str, Callable[[Job], dict[str, Any] | None]] = {
     "plain": plain_worker,
     "shoal": shoal_worker,
     "accelerate": accelerate_worker,
     "fabric": fabric_worker,
+    "horovod": horovod_worker,
 }
