@@ -22,13 +22,13 @@ from typing import Any
 from shoal.env.base import read_int, read_port
 from shoal.errors import ShoalError
 
-MARKERS = ("PET_NNODES", "PET_NODE_RANK")
-"""Both set: this process is a pod's command, started by a Kubeflow operator."""
-
 
 def started_by_operator(environ: Mapping[str, str]) -> bool:
-    """True in a pod whose command the operator started (not in the workers shoal starts there)."""
-    return all(name in environ for name in MARKERS) and "TORCHELASTIC_RUN_ID" not in environ
+    """True in a pod whose command a Kubeflow operator started (not in the workers shoal starts
+    there): PET_NNODES, with a node rank (static) or a rendezvous endpoint (elastic, c10d)."""
+    if "PET_NNODES" not in environ or "TORCHELASTIC_RUN_ID" in environ:
+        return False
+    return any(name in environ for name in ("PET_NODE_RANK", "PET_RDZV_ENDPOINT", "PET_MASTER_ADDR"))
 
 
 def operator_defaults(environ: Mapping[str, str], *, gpus: int | None = None) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def operator_defaults(environ: Mapping[str, str], *, gpus: int | None = None) ->
         return {}
     out: dict[str, Any] = {
         "nnodes": environ["PET_NNODES"].strip(),
-        "node_rank": read_int(environ, "PET_NODE_RANK"),
+        "node_rank": read_int(environ, "PET_NODE_RANK") if "PET_NODE_RANK" in environ else 0,
         "rdzv_id": environ.get("PET_RDZV_ID", "").strip() or "shoal",
     }
     nproc = environ.get("PET_NPROC_PER_NODE", "1").strip() or "1"
