@@ -10,6 +10,9 @@ and the host's own network is untouched. Every pod also gets
 - its own host name, in a UTS namespace (``hostname`` prints :attr:`PodSpec.hostname`);
 - its own mounts, in a mount namespace: a private ``/run`` (a tmpfs, with ``/run/sshd``), and the
   :attr:`PodSpec.mounts` (bind mounts of host directories, or tmpfs, e.g. a memory-backed /dev/shm).
+- optionally a host name that resolves to loopback in its own /etc/hosts (:attr:`PodSpec.own_address`),
+  and a slow link (:meth:`PodNetwork.limit_rate`: tc's token bucket filter on both ends of its cable;
+  ``netem`` is not in this kernel, so bandwidth can be limited, not delay added).
   A mount point that does not exist on the host (``/root/.ssh``, ``/etc/mpi``) is made inside an
   overlay of its deepest existing parent directory, visible to that pod only (not of ``/``: a new
   top-level directory cannot be made; use one under /mnt or /srv).
@@ -76,6 +79,9 @@ class PodSpec:
     search: Sequence[str] = ()
     """resolv.conf search domains (only consulted for names not in /etc/hosts)."""
     mounts: Sequence[Mount] = ()
+    own_address: str | None = None
+    """What the pod's host name resolves to in its /etc/hosts; default its address. ``127.0.1.1`` is
+    what Debian's installer writes: the trap of a host name that resolves to loopback."""
 
 
 class Pod:
@@ -87,6 +93,8 @@ class Pod:
         self.netns = netns
         self.addr = addr
         self.ifname = "eth0"
+        self.switch_port = ""
+        """The peer of its eth0 in the switch namespace (traffic *to* the pod leaves there)."""
         self.hostname = spec.hostname or spec.name
         self.pause: subprocess.Popen | None = None
         self._procs: list[subprocess.Popen] = []
@@ -172,6 +180,13 @@ class PodNetwork:
     def __len__(self) -> int:
         return len(self.pods)
 
+    def limit_rate(self, pod: Pod, rate: str = "20mbit") -> None:
+        """Limit ``pod``'s link to ``rate`` both ways with tc's token bucket filter (``tbf``), as a slow
+        NIC or cable would: on its eth0 (what it sends) and on its switch port (what it receives)."""
+        for netns, dev in ((pod.netns, pod.ifname), (self.switch, pod.switch_port)):
+            _run("tc", "-n", netns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kbit",
+                 "latency", "400ms")  # fmt: skip
+
 
 def pods_unavailable() -> str | None:
     """Why pods cannot be made here, or None if they can."""
@@ -215,7 +230,7 @@ def pod_network(specs: Sequence[PodSpec], *, tag: str = "", subnet: int | None =
         for i, pod in enumerate(pods):
             _ip("netns", "add", pod.netns)
             made.append(pod.netns)
-            port = f"p{i}"
+            port = pod.switch_port = f"p{i}"
             _ip("link", "add", "eth0", "netns", pod.netns, "type", "veth", "peer", "name", port, "netns", switch)
             _ip("-n", switch, "link", "set", port, "master", "br0")
             _ip("-n", switch, "link", "set", port, "up")
@@ -232,7 +247,8 @@ def pod_network(specs: Sequence[PodSpec], *, tag: str = "", subnet: int | None =
 def hosts_file(pod: Pod, pods: Sequence[Pod]) -> str:
     """The pod's /etc/hosts: loopback, its own names (as the kubelet writes them), then those it resolves."""
     by_name = {p.name: p for p in pods}
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{pod.addr}\t{pod.hostname}"]
+    own = pod.spec.own_address or pod.addr
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{own}\t{pod.hostname}"]
     for name, target in pod.spec.resolves.items():
         if target not in by_name:
             raise ValueError(f"pod {pod.name} resolves {name} to unknown pod {target}")
@@ -347,6 +363,10 @@ def _alive(pid: int) -> bool:
 
 
 def _ip(*args: str) -> None:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    _run("ip", *args)
+
+
+def _run(*cmd: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+        raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")

@@ -21,6 +21,7 @@ _RAW_SUBCOMMANDS = {"run"}
 def build_parser() -> argparse.ArgumentParser:
     from shoal.cli import bench as bench_cmd
     from shoal.cli import demo as demo_cmd
+    from shoal.cli import doctor as doctor_cmd
     from shoal.cli import env as env_cmd
     from shoal.cli import launch as launch_cmd
     from shoal.cli import run as run_cmd
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"shoal {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (train_cmd, run_cmd, launch_cmd, env_cmd, demo_cmd, bench_cmd):
+    for module in (train_cmd, run_cmd, launch_cmd, env_cmd, demo_cmd, doctor_cmd, bench_cmd):
         module.register(subparsers)
     return parser
 
