@@ -75,7 +75,7 @@ class CheckpointMirror:
         if previous is None:
             return []
         previous = Path(previous)
-        found = [p for p in CheckpointManager(previous).checkpoints()]
+        found = CheckpointManager(previous).checkpoints()
         if not found:
             return []
         with self._lock:
