@@ -47,6 +47,10 @@ def one_node(settings: DoctorSettings, options: Any, *, json_output: bool = Fals
     from shoal.launch.options import LaunchOptions
 
     master = settings.master_endpoint
+    if master is None and (options.master_addr or options.rdzv_endpoint):  # the job's own flags, one node
+        from shoal.launch.rendezvous.plan import store_endpoint
+
+        master = store_endpoint(options)
     plan_options = options
     if master is not None:
         host, port = master

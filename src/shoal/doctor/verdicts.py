@@ -198,7 +198,12 @@ def storage_check(path: str, write_error: str | None, unread: dict[str, str], no
         "volume), or give --checkpoint-dir a path on it: a node that writes elsewhere cannot resume the job"
     )
     if write_error:
-        return fail("storage", f"rank 0 cannot write its token to {path}: {write_error}", fix, path=path)
+        return fail(
+            "storage",
+            f"rank 0 cannot write its token to {path}: {write_error}",
+            "give --checkpoint-dir a directory rank 0 can write, on a file system every node mounts at the same path",
+            path=path,
+        )
     if unread:
         said = "; ".join(f"{label}: {why}" for label, why in unread.items())
         return fail("storage", f"{len(unread)} of {nodes} node(s) do not see rank 0's token: {said}", fix, path=path)
