@@ -64,6 +64,9 @@ def test_verdict_names_the_bottleneck():
     assert _verdict(2, comm)[0] == "communication-bound"
     contention = {"efficiency": 0.5, "efficiency_no_allreduce": 0.6, "allreduce_share": 0.17}
     assert _verdict(2, contention)[0] == "contention-bound"
+    # A busy machine halves even the control, but 76% of each step waits for the network: 4.2x vs 2.1x.
+    slow_link = {"efficiency": 0.11, "efficiency_no_allreduce": 0.48, "allreduce_share": 0.76}
+    assert _verdict(2, slow_link)[0] == "communication-bound"
     assert (
         _verdict(2, {"efficiency": 0.95, "efficiency_no_allreduce": 0.99, "allreduce_share": 0.04})[0] == "scales well"
     )

@@ -330,7 +330,9 @@ def _verdict(n: int, s: dict[str, Any], model: dict[str, int] | None = None, ran
         bound = "scales well" if eff >= 0.9 else "unknown (run without --no-controls to see why)"
         return bound, f"{text}; {bound}{_hook_advice(s, bound, model, rank)}"
     ctl, share = s["efficiency_no_allreduce"], s["allreduce_share"]
-    lost_to_comm, lost_to_contention = ctl - eff, 1.0 - ctl
+    # efficiency = control x (1 - share): the job is slowed 1/control-fold by contention and
+    # 1/(1 - share)-fold by waiting for the all-reduce; the larger factor is the bottleneck.
+    by_comm, by_contention = 1.0 / max(1.0 - share, 1e-9), 1.0 / max(ctl, 1e-9)
     # A control slower than the job itself means the all-reduce cost is below the run-to-run noise.
     cost = (
         f"{share:.0%} of each step waits for the gradient all-reduce"
@@ -339,7 +341,7 @@ def _verdict(n: int, s: dict[str, Any], model: dict[str, int] | None = None, ran
     )
     if eff >= 0.9:
         bound, why = "scales well", cost
-    elif lost_to_comm >= lost_to_contention:
+    elif by_comm >= by_contention:
         bound = "communication-bound"
         why = f"communication-bound: {cost} ({ctl:.2f} efficiency without it)"
     else:
