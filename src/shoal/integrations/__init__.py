@@ -1,8 +1,7 @@
-"""Thin adapters that let other systems' APIs run on shoal's engine.
+"""Thin adapters between shoal and other systems' APIs.
 
-- :mod:`shoal.integrations.horovod`: Horovod's PyTorch API (``import shoal.horovod as hvd``) on
-  ``torch.distributed``, joined through :func:`shoal.init` so that every launcher works.
-
-Layer: integrations may import ``train``, ``context`` and everything below them, never ``cli``;
-the public facades (``shoal.horovod``) sit on top, beside the CLI.
+- :mod:`shoal.integrations.horovod`: Horovod's PyTorch API on torch.distributed
+  (``import shoal.horovod as hvd``); docs/HOROVOD.md.
+- :mod:`shoal.integrations.flyte`: a Flyte task whose body is one ``shoal.fit`` call, with retries
+  that resume from Flyte's intra-task checkpoints; docs/FLYTE.md.
 """

@@ -33,7 +33,7 @@ from shoal.errors import ShoalError
 from shoal.launch.failures import describe_child_failure
 from shoal.launch.ports import check_port_free
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
-from shoal.launch.rendezvous.handlers import SHARED_STORE_OPT_OUT, first_line, register_backends
+from shoal.launch.rendezvous.handlers import MEMBERSHIP, SHARED_STORE_OPT_OUT, first_line, register_backends
 from shoal.launch.rendezvous.plan import RendezvousPlan
 from shoal.launch.worker_logs import recording_logs_specs, wait_for_tees
 
@@ -69,6 +69,8 @@ class Launch:
     """What a signal to the launcher did, for its one line."""
     starts: list[int] = field(default_factory=list)
     """Restart count of every start so far (filled in as the workers start)."""
+    changes_seen: int = 0
+    """Membership changes of the rendezvous already announced."""
 
 
 def run_workers(
@@ -116,7 +118,10 @@ def run_workers(
     # destructor then waits for a libuv thread that exists only here: a hang, or a SIGSEGV.
     gc.collect()
     try:
-        with _workers_environ(config, plan), _torch_logs(launch.verbose, launch.log_dir if launch.keep_logs else None):
+        with (
+            _workers_environ(config, plan, launch.verbose),
+            _torch_logs(launch.verbose, launch.log_dir if launch.keep_logs else None),
+        ):
             return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         wait_for_tees(recorder.stderrs.values())
@@ -179,7 +184,7 @@ def _apply_plan(config: Any, plan: RendezvousPlan) -> None:
 
 
 @contextlib.contextmanager
-def _workers_environ(config: Any, plan: RendezvousPlan) -> Iterator[None]:
+def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool) -> Iterator[None]:
     """Set what the workers inherit (the agent copies os.environ into them); restore afterwards.
 
     torch's launcher writes os.environ too (TORCHELASTIC_SIGNALS_TO_HANDLE): the whole mapping is
@@ -187,6 +192,8 @@ def _workers_environ(config: Any, plan: RendezvousPlan) -> Iterator[None]:
     """
     saved = dict(os.environ)
     extra = {"OMP_NUM_THREADS": str(threads_per_process(config.nproc_per_node)), **plan.environ}
+    if not verbose:  # c10d/gloo's C++ warnings (a client's host name not resolving...): --verbose
+        extra["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     os.environ.update({k: v for k, v in extra.items() if k not in os.environ})
     os.environ[SHARED_STORE_OPT_OUT] = "1"  # shoal serves the workers' store (see handlers)
     try:
@@ -238,7 +245,13 @@ def _on_start(launch: Launch, config: Any, env: dict[str, str]) -> None:
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     first, nproc = int(env["RANK"]), config.nproc_per_node
     ranks = f"rank {first}" if nproc == 1 else f"ranks {first}-{first + nproc - 1}"
-    if restart:
+    changes = MEMBERSHIP.get(launch.plan.run_id, [])
+    change = changes[-1] if len(changes) > launch.changes_seen else None
+    launch.changes_seen = len(changes)
+    if change is not None:  # an elastic job lost or gained nodes: one line says which and what now
+        counted = f"; restart {restart} of {config.max_restarts}" if restart else ""
+        why = f"{change.describe()}: the job goes on with {change.nodes} nodes ({env['WORLD_SIZE']} workers){counted}; "
+    elif restart:
         why = f"restarting the workers (restart {restart} of {config.max_restarts}): "
     elif launch.starts:
         # Another node failed and restarted, or joined (elastic): torch restarts every node's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from shoal.console import write_line
@@ -9,12 +10,16 @@ from shoal.errors import ShoalError
 from shoal.train.config import TrainConfig
 from shoal.train.trainer import TrainResult
 
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
+
 
 def run_worker(cfg: TrainConfig, started_by: str | None = None, launch: dict[str, Any] | None = None) -> TrainResult:
     """Train as one rank of the job; a ShoalError becomes its message and exit status.
 
     In a worker of a local launch the launcher reports the failure with this rank's output; in a
-    rank started by another launcher (torchrun, srun, mpirun) the message is all there is.
+    rank started by another launcher (torchrun, srun, mpirun) the message is all there is. A rank
+    whose peer vanished (a node of an elastic job lost) leaves quietly when the launcher will
+    restart the group: the launcher's line names the node that left and the new world size.
     """
     from shoal.train.trainer import train
 
@@ -24,3 +29,31 @@ def run_worker(cfg: TrainConfig, started_by: str | None = None, launch: dict[str
         if not getattr(err, "quiet", False):
             write_line(err.format())
         raise SystemExit(err.exit_code) from None
+    except Exception as err:
+        if not peer_gone(err):
+            raise
+        if _restarts_left():
+            raise SystemExit(1) from None
+        write_line(f"shoal: lost the connection to another rank and no restart is left: {_first_line(err)}")
+        raise SystemExit(1) from None
+
+
+def peer_gone(err: BaseException) -> bool:
+    """A collective failed because another rank's process or node is gone."""
+    import torch.distributed as dist
+
+    text = str(err)
+    return isinstance(err, getattr(dist, "DistNetworkError", ())) or (
+        isinstance(err, RuntimeError) and any(marker in text for marker in _PEER_GONE)
+    )
+
+
+def _restarts_left() -> bool:
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    most = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
+    return count.isdigit() and most.isdigit() and int(count) < int(most)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from shoal.env.base import DEFAULT_C10D_PORT, DEFAULT_MAIN_PORT
@@ -36,6 +37,9 @@ from shoal.launch.rendezvous.stores import connect_store, serve_or_connect, serv
 SHARED_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """Set to 1 in the launcher: torch's c10d handler then leaves serving the workers' store to shoal
 (it would otherwise serve one on every interface and keep it across rounds)."""
+MEMBERSHIP: dict[str, list[MembershipChange]] = {}
+"""Run id -> the membership change of every round but the first, as this node saw it (read by the
+launch core for its restart line)."""
 _CLOSED_KEY = "shoal/closed"
 _WORKERS_ADDR, _WORKERS_PORT = "shoal/workers_addr", "shoal/workers_port"
 _CHECK_EVERY_S = 1.0
@@ -53,6 +57,23 @@ class JoinFailed(Exception):
 
 class NodeLeft(Exception):
     """Another node ended the job (its workers failed for good, or it lost the store)."""
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """Nodes (by address) that left and joined since the previous round, and the nodes now."""
+
+    left: tuple[str, ...]
+    joined: tuple[str, ...]
+    nodes: int
+
+    def describe(self) -> str:
+        parts = []
+        if self.left:
+            parts.append(f"node{'s' if len(self.left) > 1 else ''} {', '.join(self.left)} left")
+        if self.joined:
+            parts.append(f"node{'s' if len(self.joined) > 1 else ''} {', '.join(self.joined)} joined")
+        return " and ".join(parts)
 
 
 def register_backends() -> None:
@@ -176,6 +197,8 @@ def _create_c10d_handler(params: Any) -> Any:
 
     class ShoalC10dHandler(_handler_base()):
         name = C10D_BACKEND
+        members: set[str] | None = None
+        """The nodes of the previous round."""
 
         def next_rendezvous(self) -> Any:
             from torch.distributed.elastic.rendezvous.api import RendezvousInfo
@@ -186,10 +209,32 @@ def _create_c10d_handler(params: Any) -> Any:
                 raise NodeLeft(f"the rendezvous at {params.endpoint} was closed: another node ended the job") from err
             except RendezvousTimeoutError as err:
                 raise JoinFailed(err, arrived(backend, inner), max_nodes) from err
+            self.note_membership(participants(backend))
             store_info = self.workers.publish(info.rank, info.store)
             return RendezvousInfo(info.store, info.rank, info.world_size, store_info)
 
+        def note_membership(self, now: set[str] | None) -> None:
+            if now is None:
+                return
+            if self.members is not None and now != self.members:
+                change = MembershipChange(
+                    tuple(sorted(self.members - now)), tuple(sorted(now - self.members)), len(now)
+                )
+                MEMBERSHIP.setdefault(params.run_id, []).append(change)
+            self.members = now
+
+    MEMBERSHIP.pop(params.run_id, None)
     return ShoalC10dHandler(inner, params.endpoint, workers)
+
+
+def participants(backend: Any) -> set[str] | None:
+    """The addresses of the nodes in the round just formed (from torch's rendezvous state), or None."""
+    try:
+        got = backend.get_state()
+        state = pickle.loads(got[0]) if got is not None else None
+        return {node.addr for node in state.participants} if state is not None else None
+    except Exception:  # another state layout (tests/launch/test_torch_internals.py says so), or no store
+        return None
 
 
 def arrived(backend: Any, inner: Any) -> int | None:

@@ -37,6 +37,10 @@ C10D_BACKEND = "shoal-c10d"
 """torch's c10d rendezvous, registered under shoal's name (see :mod:`.handlers`)."""
 STATIC_BACKEND = "shoal-static"
 """shoal's static rendezvous (see :mod:`.handlers`)."""
+LAST_CALL_S = 5
+"""c10d: how long a rendezvous that has MIN nodes waits for more (torch: 30 s)."""
+KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 2, 3
+"""c10d: heartbeat interval and how many may be missed before a node counts as gone (6 s; torch 15 s)."""
 EXIT_MARGIN_S = 2.0
 """torch overshoots its own timeouts a little and the failure is then diagnosed (one TCP probe of at
 most 1 s): this much of the join budget is kept for that."""
@@ -227,8 +231,14 @@ def plan_rendezvous(
     else:
         configs["join_timeout"] = int(conf.get("join_timeout", timeout))
         configs["read_timeout"] = int(conf.get("read_timeout", min(timeout, 60)))
-        # Once MIN nodes are in, torch waits last_call (30 s) for more, within the join deadline.
-        configs["last_call_timeout"] = int(conf.get("last_call_timeout", max(1, min(30, timeout // 2))))
+        # Once MIN nodes are in, torch waits last_call (30 s) for more. Shorter here: a lost node
+        # costs the survivors this wait in every re-rendezvous, while a node that comes later
+        # still joins, at the next membership change (one more restart of every node's workers).
+        configs["last_call_timeout"] = int(conf.get("last_call_timeout", max(1, min(LAST_CALL_S, timeout // 2))))
+        # A node is declared gone after keep_alive_interval x keep_alive_max_attempt without a
+        # heartbeat (torch: 5 s x 3); every node writes one heartbeat per interval to the store.
+        configs["keep_alive_interval"] = int(conf.get("keep_alive_interval", KEEP_ALIVE_S))
+        configs["keep_alive_max_attempt"] = int(conf.get("keep_alive_max_attempt", KEEP_ALIVE_MISSES))
         if is_host is not None:
             configs["is_host"] = is_host
     # A node that connects to another's store waits for it in Python until the deadline: torch's

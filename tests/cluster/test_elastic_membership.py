@@ -1,0 +1,99 @@
+"""Nodes that come and go (issue 14): an elastic ``shoal train`` (c10d, ``--nnodes 2:3``) on
+namespace nodes loses a node and goes on without it, and takes in a node started later.
+
+Three pods on one bridge (tests/cluster/pods.py), one worker each, a run directory every node sees
+(the namespaces share the file system). Each test ends in a finished run whose every epoch saw
+every training sample exactly once, whatever the world size was.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.helpers import clean_env
+from cluster.pods import PodSpec, pod_network, pods_unavailable
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
+
+EPOCHS = 20
+TRAIN_SAMPLES = 1440  # digits' training set
+
+
+@pytest.fixture
+def three_nodes():
+    reason = pods_unavailable()
+    if reason:
+        pytest.skip(reason)
+    names = ["e0", "e1", "e2"]
+    with pod_network([PodSpec(name, resolves={n: n for n in names if n != name}) for name in names]) as net:
+        yield net
+
+
+def _start(pod, out: Path, log: Path, endpoint: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable, "-m", "shoal", "train", "digits", "--device", "cpu", "--epochs", str(EPOCHS),
+        "--nproc", "1", "--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+        "--max-restarts", "3", "--out", str(out), "--rdzv-id", "elastic",
+    ]  # fmt: skip
+    return pod.popen(cmd, env=clean_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def _epochs(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait(predicate, timeout: float, what: str, logs) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout:.0f} s\n" + "\n".join(p.read_text() for p in logs))
+        time.sleep(0.2)
+
+
+def _finished_exactly(out: Path) -> list[dict]:
+    records = _epochs(out)
+    assert [r["epoch"] for r in records] == list(range(1, EPOCHS + 1))
+    assert {r["samples_seen"] for r in records} == {TRAIN_SAMPLES}  # every sample once, every epoch
+    return records
+
+
+def test_a_lost_node_is_one_line_and_the_others_finish(three_nodes, tmp_path):
+    net = three_nodes
+    out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29631"
+    logs = [tmp_path / f"{p.name}.log" for p in net]
+    procs = [_start(pod, out, log, endpoint) for pod, log in zip(net, logs)]
+    _wait(lambda: len(_epochs(out)) >= 3 and _epochs(out)[-1]["world_size"] == 3, 240, "epoch 3 on 3 nodes", logs)
+    lost = net["e2"]
+    procs[2].send_signal(signal.SIGKILL)  # the node's launcher dies; its worker dies with it
+    procs[2].wait()
+    for proc in procs[:2]:
+        assert proc.wait(timeout=600) == 0, "\n".join(p.read_text() for p in logs)
+    records = _finished_exactly(out)
+    assert records[0]["world_size"] == 3 and records[-1]["world_size"] == 2
+    for log in logs[:2]:
+        text = log.read_text()
+        assert f"node {lost.addr} left: the job goes on with 2 nodes (2 workers)" in text, text
+        assert "Traceback" not in text and "Connection closed by peer" not in text, text
+    assert "resuming from" in logs[0].read_text() + logs[1].read_text()
+
+
+def test_a_node_started_later_joins_at_the_next_membership_change(three_nodes, tmp_path):
+    net = three_nodes
+    out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29632"
+    logs = [tmp_path / f"{p.name}.log" for p in net]
+    procs = [_start(pod, out, log, endpoint) for pod, log in zip(list(net)[:2], logs[:2])]
+    _wait(lambda: len(_epochs(out)) >= 3, 240, "epoch 3 on 2 nodes", logs[:2])
+    procs.append(_start(net["e2"], out, logs[2], endpoint))
+    for proc in procs:
+        assert proc.wait(timeout=600) == 0, "\n".join(p.read_text() for p in logs)
+    records = _finished_exactly(out)
+    assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 3
+    assert f"node {net['e2'].addr} joined: the job goes on with 3 nodes (3 workers)" in logs[0].read_text()
