@@ -80,6 +80,7 @@ def other_python(tmp_path_factory) -> str:
     return other_shoal(tmp_path_factory.mktemp("other-shoal"), OTHER_VERSION)
 
 
+@pytest.mark.slow
 def test_each_injected_fault_is_found_and_named_with_its_hint(tmp_path, other_python):
     shared, private = tmp_path / "ckpt", tmp_path / "elsewhere"
     shared.mkdir()
