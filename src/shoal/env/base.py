@@ -141,6 +141,25 @@ def check_not_above(name: str, value: int, limit_name: str, limit: int) -> None:
         )
 
 
+def read_rank(environ: Mapping[str, str], rank_name: str, size_name: str) -> tuple[int, int]:
+    """(rank, size) from two variables: size at least 1, rank in 0..size-1 (ShoalError naming them)."""
+    rank = read_int(environ, rank_name)
+    size = read_int(environ, size_name, minimum=1)
+    check_below(rank_name, rank, size_name, size)
+    return rank, size
+
+
+def read_local_rank(
+    environ: Mapping[str, str], rank_name: str, size_name: str, world_name: str, world: int
+) -> tuple[int, int]:
+    """(local rank, local size): the local size no more than the world's, the local rank below it."""
+    local_size = read_int(environ, size_name, minimum=1)
+    check_not_above(size_name, local_size, world_name, world)
+    local_rank = read_int(environ, rank_name)
+    check_below(rank_name, local_rank, size_name, local_size)
+    return local_rank, local_size
+
+
 def read_port(environ: Mapping[str, str], name: str = "MASTER_PORT", default: int = DEFAULT_MAIN_PORT) -> int:
     """The TCP port in ``environ[name]``, ``default`` when unset; ShoalError when not a port."""
     if name not in environ:

@@ -18,7 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shoal.env.base import EnvInfo, LaunchEnvironment, check_below, has_all, read_int, read_port, require, seen
+from shoal.env.base import (
+    EnvInfo,
+    LaunchEnvironment,
+    has_all,
+    read_port,
+    read_rank,
+    require,
+    seen,
+)
 from shoal.errors import ShoalError
 
 _CLASSIC = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
@@ -48,21 +56,12 @@ class KubeflowEnvironment(LaunchEnvironment):
                 "make the container command `torchrun ... train.py` (it reads the PET_* variables), or `shoal run`",
             )
         _check_one_process_per_pod(environ)
-        rank = read_int(environ, rank_name)
-        world = read_int(environ, world_name, minimum=1)
-        check_below(rank_name, rank, world_name, world)
+        rank, world = read_rank(environ, rank_name, world_name)
         return EnvInfo(
-            scheme=cls.name,
-            rank=rank,
-            local_rank=0,
-            world_size=world,
-            local_world_size=1,
-            node_rank=rank,
-            num_nodes=world,
-            main_address=environ[address_name],
-            main_port=read_port(environ, port_name),
+            scheme=cls.name, rank=rank, local_rank=0, world_size=world, local_world_size=1, node_rank=rank,
+            num_nodes=world, main_address=environ[address_name], main_port=read_port(environ, port_name),
             reason=seen(environ, *names, "PET_NPROC_PER_NODE"),
-        )
+        )  # fmt: skip
 
 
 def _check_one_process_per_pod(environ: Mapping[str, str]) -> None:

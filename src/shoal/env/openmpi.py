@@ -20,16 +20,18 @@ from shoal.env.base import (
     LOOPBACK,
     EnvInfo,
     LaunchEnvironment,
-    check_below,
-    check_not_above,
     has_all,
-    read_int,
+    read_local_rank,
     read_port,
+    read_rank,
     require,
     seen,
 )
 from shoal.errors import ShoalError
 
+_ADDRESS_HINT = (
+    "mpirun -x MASTER_ADDR=<head node address> -x MASTER_PORT=29500 ... (or launch with `shoal`, which sets it)"
+)
 _RANK, _SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
 _LOCAL_RANK, _LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
 
@@ -65,30 +67,12 @@ class OpenMPIEnvironment(LaunchEnvironment):
             _LOCAL_SIZE,
             hint="start the processes with Open MPI's `mpirun -np N ...`",
         )
-        rank = read_int(environ, _RANK)
-        world = read_int(environ, _SIZE, minimum=1)
-        check_below(_RANK, rank, _SIZE, world)
-        local_world = read_int(environ, _LOCAL_SIZE, minimum=1)
-        check_not_above(_LOCAL_SIZE, local_world, _SIZE, world)
-        local_rank = read_int(environ, _LOCAL_RANK)
-        check_below(_LOCAL_RANK, local_rank, _LOCAL_SIZE, local_world)
-        address = mpi_main_address(
-            environ,
-            cls.name,
-            world,
-            local_world,
-            hint="mpirun -x MASTER_ADDR=<head node address> -x MASTER_PORT=29500 ... "
-            "(or launch with `shoal`, which sets it)",
-        )
+        rank, world = read_rank(environ, _RANK, _SIZE)
+        local_rank, local_world = read_local_rank(environ, _LOCAL_RANK, _LOCAL_SIZE, _SIZE, world)
+        address = mpi_main_address(environ, cls.name, world, local_world, hint=_ADDRESS_HINT)
         return EnvInfo(
-            scheme=cls.name,
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world,
-            local_world_size=local_world,
-            node_rank=rank // local_world,
-            num_nodes=-(-world // local_world),
-            main_address=address,
+            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+            node_rank=rank // local_world, num_nodes=-(-world // local_world), main_address=address,
             main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT),
             reason=seen(environ, _RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, "MASTER_ADDR", "MASTER_PORT"),
-        )
+        )  # fmt: skip

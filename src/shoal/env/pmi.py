@@ -18,15 +18,19 @@ from shoal.env.base import (
     EnvInfo,
     LaunchEnvironment,
     check_below,
-    check_not_above,
     has_all,
     read_int,
+    read_local_rank,
     read_port,
+    read_rank,
     require,
     seen,
 )
 from shoal.env.openmpi import mpi_main_address
 
+_ADDRESS_HINT = (
+    "mpiexec -genv MASTER_ADDR <head node address> -genv MASTER_PORT 29500 ... (or launch with `shoal`, which sets it)"
+)
 # (local rank, local size) variable pairs, most specific first.
 _LOCAL = (("MPI_LOCALRANKID", "MPI_LOCALNRANKS"), ("PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"))
 
@@ -41,18 +45,13 @@ class PMIEnvironment(LaunchEnvironment):
     @classmethod
     def describe(cls, environ: Mapping[str, str], *, argv: Sequence[str] | None = None) -> EnvInfo:
         require(environ, cls.name, "PMI_RANK", "PMI_SIZE", hint="start the processes with `mpiexec -n N ...`")
-        rank = read_int(environ, "PMI_RANK")
-        world = read_int(environ, "PMI_SIZE", minimum=1)
-        check_below("PMI_RANK", rank, "PMI_SIZE", world)
+        rank, world = read_rank(environ, "PMI_RANK", "PMI_SIZE")
         pair = next((names for names in _LOCAL if has_all(environ, *names)), None)
         if pair is None:
             local_rank, local_world = rank, world
             assumption: tuple[str, ...] = ("no MPI_LOCALRANKID or PALS_LOCAL_RANKID: assumed one node",)
         else:
-            local_world = read_int(environ, pair[1], minimum=1)
-            check_not_above(pair[1], local_world, "PMI_SIZE", world)
-            local_rank = read_int(environ, pair[0])
-            check_below(pair[0], local_rank, pair[1], local_world)
+            local_rank, local_world = read_local_rank(environ, *pair, "PMI_SIZE", world)
             assumption = ()
         num_nodes = -(-world // local_world)
         node_rank = read_int(environ, "PALS_NODEID") if "PALS_NODEID" in environ else rank // local_world
@@ -62,24 +61,11 @@ class PMIEnvironment(LaunchEnvironment):
             "PMI_SIZE/local size",
             num_nodes,
         )
-        address = mpi_main_address(
-            environ,
-            cls.name,
-            world,
-            local_world,
-            hint="mpiexec -genv MASTER_ADDR <head node address> -genv MASTER_PORT 29500 ... "
-            "(or launch with `shoal`, which sets it)",
-        )
+        address = mpi_main_address(environ, cls.name, world, local_world, hint=_ADDRESS_HINT)
         return EnvInfo(
-            scheme=cls.name,
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world,
-            local_world_size=local_world,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
-            main_address=address,
+            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+            node_rank=node_rank, num_nodes=num_nodes, main_address=address,
             main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT),
             reason=seen(environ, "PMI_RANK", "PMI_SIZE", *(pair or ()), "PALS_NODEID", "MASTER_ADDR", "MASTER_PORT")
             + assumption,
-        )
+        )  # fmt: skip

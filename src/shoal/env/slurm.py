@@ -42,6 +42,7 @@ from shoal.env.base import (
     first_set,
     read_int,
     read_port,
+    read_rank,
     require,
     seen,
 )
@@ -89,41 +90,20 @@ class SlurmEnvironment(LaunchEnvironment):
             ]
             raise ShoalError(f"slurm: {', '.join(missing)} not set", _HINT)
 
-        rank = read_int(environ, "SLURM_PROCID")
-        world = read_int(environ, tasks_name, minimum=1)
-        check_below("SLURM_PROCID", rank, tasks_name, world)
-        num_nodes = read_int(environ, nodes_name, minimum=1)
-        node_rank = read_int(environ, "SLURM_NODEID")
-        check_below("SLURM_NODEID", node_rank, nodes_name, num_nodes)
+        rank, world = read_rank(environ, "SLURM_PROCID", tasks_name)
+        node_rank, num_nodes = read_rank(environ, "SLURM_NODEID", nodes_name)
         local_rank = read_int(environ, "SLURM_LOCALID")
         local_name, local_world = _tasks_on_node(environ, node_rank, num_nodes, nodes_name, world, tasks_name)
         check_below("SLURM_LOCALID", local_rank, local_name, local_world)
 
         return EnvInfo(
-            scheme=cls.name,
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world,
-            local_world_size=local_world,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
-            main_address=_main_address(environ),
-            main_port=_main_port(environ),
-            reason=seen(
-                environ,
-                "SLURM_JOB_ID",
-                step,
-                "SLURM_PROCID",
-                tasks_name,
-                "SLURM_LOCALID",
-                "SLURM_NODEID",
-                nodes_name,
-                "SLURM_STEP_TASKS_PER_NODE",
-                "SLURM_STEP_NODELIST",
-                "MASTER_ADDR",
-                "MASTER_PORT",
-            ),
-        )
+            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+            node_rank=node_rank, num_nodes=num_nodes, main_address=_main_address(environ),
+            main_port=_main_port(environ), reason=seen(
+                environ, "SLURM_JOB_ID", step,
+            "SLURM_PROCID", tasks_name, "SLURM_LOCALID", "SLURM_NODEID", nodes_name,
+            "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "MASTER_ADDR", "MASTER_PORT", ),
+        )  # fmt: skip
 
 
 def _tasks_on_node(

@@ -29,6 +29,7 @@ from shoal.env.base import (
     has_all,
     read_int,
     read_port,
+    read_rank,
     require,
     seen,
 )
@@ -65,9 +66,7 @@ class TorchrunEnvironment(LaunchEnvironment):
     def describe(cls, environ: Mapping[str, str], *, argv: Sequence[str] | None = None) -> EnvInfo:
         argv = sys.argv if argv is None else argv
         require(environ, cls.name, "RANK", "WORLD_SIZE", "MASTER_ADDR", hint=_HINT)
-        rank = read_int(environ, "RANK")
-        world = read_int(environ, "WORLD_SIZE", minimum=1)
-        check_below("RANK", rank, "WORLD_SIZE", world)
+        rank, world = read_rank(environ, "RANK", "WORLD_SIZE")
         local_name, local_rank = _local_rank(environ, argv)
 
         if "LOCAL_WORLD_SIZE" in environ:
@@ -108,17 +107,10 @@ class TorchrunEnvironment(LaunchEnvironment):
         if local_name != "LOCAL_RANK":
             reason += (f"argv {local_name}={local_rank}",)
         return EnvInfo(
-            scheme=cls.name,
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world,
-            local_world_size=local_world,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
-            main_address=environ["MASTER_ADDR"],
-            main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT),
-            reason=reason,
-        )
+            scheme=cls.name, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+            node_rank=node_rank, num_nodes=num_nodes, main_address=environ["MASTER_ADDR"],
+            main_port=read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT), reason=reason,
+        )  # fmt: skip
 
 
 def _local_rank(environ: Mapping[str, str], argv: Sequence[str]) -> tuple[str, int]:
