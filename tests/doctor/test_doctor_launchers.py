@@ -1,5 +1,6 @@
-"""``shoal doctor`` as one rank of a job another launcher started: real Open MPI's mpirun (ranks join
-through shoal.init's TCP store, which rank 0 serves; the doctor's reports travel through that store)."""
+"""``shoal doctor`` as one rank of a job another launcher started: real Open MPI's mpirun and a real
+Slurm step (ranks join through shoal.init's TCP store, which rank 0 serves; the doctor's reports
+travel through that store)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,15 @@ def test_under_mpirun_rank_0_prints_the_cluster_report(tmp_path):
         f"all 1 node(s) read the token rank 0 wrote to {tmp_path}/.shoal-doctor-"
     )
     assert not list(tmp_path.iterdir())
+
+
+def test_under_srun_rank_0_prints_the_cluster_report(slurm, tmp_path):
+    proc = subprocess.run(
+        ["srun", "-n", "2", "shoal", "doctor", "--json", "--checkpoint-dir", str(tmp_path)],
+        env=slurm.env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{slurm.logs()}"
+    document = json.loads(proc.stdout)
+    jsonschema.validate(document, SCHEMA)
+    odd = [c for node in document["nodes"] for c in node["checks"] if c["status"] != "ok"]
+    assert (document["cluster"]["scheme"], document["cluster"]["world_size"], odd) == ("slurm", 2, [])

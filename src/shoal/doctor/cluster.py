@@ -91,6 +91,7 @@ class _Rank:
             master=(info.main_address, None),
             node_rank=info.node_rank,
             ranks=(self.rank,),
+            across_nodes=info.num_nodes > 1,
         )
         mine.plan = self.plan
         self._post(f"node/{self.rank}", mine.as_dict())

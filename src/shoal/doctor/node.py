@@ -28,6 +28,7 @@ def node_report(
     plan_options: Any = None,
     node_rank: int | None = None,
     ranks: tuple[int, ...] = (),
+    across_nodes: bool | None = None,
 ) -> NodeReport:
     """Run every check of this node.
 
@@ -38,6 +39,7 @@ def node_report(
         plan_options: :class:`~shoal.launch.options.LaunchOptions` of a job started here: the report
             then lists what it would listen on.
         node_rank, ranks: this node's place in a running job.
+        across_nodes: whether the job spans several nodes (default: a master that is not loopback).
     """
     import torch
 
@@ -57,6 +59,7 @@ def node_report(
     else:
         network = []
     across = master is not None and not (route is not None and route.loopback)
+    across = across if across_nodes is None else across_nodes
     checks.append(hostname_check(route.addr if route and not route.loopback else None, across_nodes=across))
     checks += socket_ifname_checks(route.ifname if route and not route.loopback else None)
     checks += network
