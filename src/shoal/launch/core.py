@@ -206,32 +206,33 @@ def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool) -> Iterat
 @contextlib.contextmanager
 def _torch_logs(verbose: bool, log_dir: str | None) -> Iterator[None]:
     """torch's agent logs (warnings on every signal and restart) only with ``verbose``; into
-    ``<log_dir>/agent.log`` when the user keeps the logs."""
+    ``<log_dir>/agent.log`` when the user keeps the logs.
+
+    torch sets each of its module loggers' own level, so they are silenced where they meet: the
+    parent loggers get a handler (the file, or a NullHandler: without any handler Python's
+    "last resort" would print them anyway) and stop propagating to the root's.
+    """
     if verbose:
         yield
         return
-    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
-    saved = [(lg.level, lg.propagate) for lg in loggers]
-    handler = None
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
-        handler = logging.FileHandler(os.path.join(log_dir, "agent.log"))
+        handler: logging.Handler = logging.FileHandler(os.path.join(log_dir, "agent.log"))
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler = logging.NullHandler()
+    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    saved = [lg.propagate for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.INFO if handler else logging.CRITICAL)
+        lg.addHandler(handler)
         lg.propagate = False
-        if handler:
-            lg.addHandler(handler)
     try:
         yield
     finally:
-        for lg, (level, propagate) in zip(loggers, saved):
-            lg.setLevel(level)
+        for lg, propagate in zip(loggers, saved):
+            lg.removeHandler(handler)
             lg.propagate = propagate
-            if handler:
-                lg.removeHandler(handler)
-        if handler:
-            handler.close()
+        handler.close()
 
 
 def _threads_note(config: Any) -> str:
