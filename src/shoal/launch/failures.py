@@ -192,9 +192,11 @@ class FailureReport:
             out += [f"shoal: {who} {how}; it left no traceback."]
         what = self.message or f"exit code {self.exitcode}"
         summary = f"shoal: error: rank {self.rank} failed: {what}"
-        if self.signal_name == "SIGKILL":
+        if self.signal_name == "SIGKILL":  # "... failed: killed by SIGKILL on HOST: <the cause>"
             cause = self.kill_cause or SigkillCause(None, _SIGKILL_UNKNOWN)
-            summary = f"shoal: error: rank {self.rank} on {self.host or 'this host'} was {cause.sentence}"
+            summary = (
+                f"shoal: error: rank {self.rank} failed: killed by SIGKILL on {self.host or 'this host'}{cause.clause}"
+            )
         if self.other_ranks:
             others = ", ".join(str(r) for r in self.other_ranks)
             plural = "s" if len(self.other_ranks) > 1 else ""
@@ -330,12 +332,16 @@ class SigkillCause:
     hint: str | None = None
 
     @property
-    def sentence(self) -> str:
+    def clause(self) -> str:
+        """What follows "killed by SIGKILL on HOST" in the report's summary line."""
         if self.oom is None:
-            return f"killed by SIGKILL ({self.evidence})"
+            return f" ({self.evidence})"
         if self.oom:
-            return f"killed by the kernel's out-of-memory killer (SIGKILL; {self.evidence})"
-        return f"killed by SIGKILL, not by the out-of-memory killer ({self.evidence})"
+            return f": the kernel's out-of-memory killer ({self.evidence})"
+        return (
+            f", not by the out-of-memory killer ({self.evidence}): something else sent it (`kill -9`, a "
+            "scheduler enforcing a time or memory limit: see `sacct` or `kubectl describe pod`, a node agent)"
+        )
 
 
 def memory_state() -> MemoryState:
@@ -434,12 +440,7 @@ def sigkill_cause(pid: int, *, before: MemoryState) -> SigkillCause:
     if counted and now.oom_kills > before.oom_kills:  # type: ignore[operator]
         return SigkillCause(True, counted, hint)
     if counted:
-        return SigkillCause(
-            False,
-            counted,
-            "not the out-of-memory killer: something sent SIGKILL (`kill -9`, a scheduler enforcing a time "
-            "or memory limit: see `sacct` or `kubectl describe pod`, or a node agent)",
-        )
+        return SigkillCause(False, counted)
     return SigkillCause(None, _SIGKILL_UNKNOWN)
 
 
