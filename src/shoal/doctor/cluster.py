@@ -116,7 +116,7 @@ class _Rank:
         self._post(f"ar/{self.rank}", result)
         if self.rank != 0:
             return 0
-        document = self._report(schedule, time.monotonic() - started)
+        document = self._report(time.monotonic() - started)
         text = json.dumps(document, indent=1) if json_output else render_cluster(document)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
@@ -159,7 +159,7 @@ class _Rank:
             nbytes = int(min(cap, max(64 << 10, min(rates) * ALLREDUCE_TARGET_S / share)))
         self._post("allreduce", {"bytes": nbytes // 4 * 4, "iters": ALLREDUCE_ITERS})
 
-    def _report(self, schedule: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    def _report(self, elapsed: float) -> dict[str, Any]:
         labels = {node.node_rank: node.label() for node in self.nodes}
         ars = self._collect("ar", range(self.world), self.timeout)
         checks: list[Check] = [verdicts.arrivals_check(self.world, self.missing, self.timeout)]
