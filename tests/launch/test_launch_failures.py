@@ -222,7 +222,7 @@ else:
 @pytest.fixture
 def memory_cgroup():
     """A fresh child of this process's memory cgroup limited to MEMORY_LIMIT (v1 or v2); removed afterwards."""
-    from shoal.launch.failures import memory_state
+    from shoal.launch.oom import memory_state
 
     state = memory_state()
     if state.directory is None:

@@ -31,6 +31,7 @@ from shoal.console import write_line
 from shoal.env.host import threads_per_process
 from shoal.errors import ShoalError
 from shoal.launch.failures import describe_child_failure
+from shoal.launch.oom import memory_state
 from shoal.launch.ports import check_port_free
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
 from shoal.launch.rendezvous.handlers import MEMBERSHIP, SHARED_STORE_OPT_OUT, first_line, register_backends
@@ -89,6 +90,7 @@ def run_workers(
     from torch.distributed.launcher.api import elastic_launch
 
     plan = launch.plan
+    memory_before = memory_state()  # to tell an OOM kill of these workers from earlier ones
     _apply_plan(config, plan)
     if plan.single_node and plan.workers_port:
         check_port_free(plan.workers_port, host=plan.bind_addr)  # the hint: pick another, or omit it
@@ -133,7 +135,9 @@ def run_workers(
             raise WorkersFailed(
                 f"{launch.prog}: workers stopped by {signal_name(code - 128)}", exit_code=code
             ) from None
-        report = describe_child_failure(err, launch.log_dir, stderr_logs=recorder.stderrs, keep_logs=launch.keep_logs)
+        report = describe_child_failure(
+            err, launch.log_dir, stderr_logs=recorder.stderrs, keep_logs=launch.keep_logs, memory_before=memory_before
+        )
         raise WorkersFailed(report.format(), exit_code=report.exit_code) from None
     except SignalException as err:
         # This launcher got the signal (Kubernetes or Slurm stopping the job, a Ctrl-C): the agent
