@@ -22,8 +22,8 @@ demo: $(STAMP)
 ## The whole test suite (CPU, real multi-process runs over gloo).
 test: $(STAMP)
 	bash scripts/install-system-deps.sh
-	$(BIN)/ruff check src tests examples
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff check src tests examples scripts/bench-slow-link
+	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link
 	$(BIN)/python -m pytest
 
 clean:
