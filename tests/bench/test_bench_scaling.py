@@ -9,7 +9,8 @@ import pytest
 
 from conftest import run_shoal
 from shoal.bench.harness import paired_ratio
-from shoal.bench.scaling import ScalingConfig, _verdict, plan_launches
+from shoal.bench.scaling import ScalingConfig, plan_launches
+from shoal.bench.scaling_verdict import verdict
 from shoal.bench.scaling_worker import Variant, _blocks
 from shoal.cli.main import main
 
@@ -61,20 +62,20 @@ def test_plan_across_nodes_has_every_hook_and_no_thread_rows():
 
 def test_verdict_names_the_bottleneck():
     comm = {"efficiency": 0.6, "efficiency_no_allreduce": 0.98, "allreduce_share": 0.39}
-    assert _verdict(2, comm)[0] == "communication-bound"
+    assert verdict(2, comm)[0] == "communication-bound"
     contention = {"efficiency": 0.5, "efficiency_no_allreduce": 0.6, "allreduce_share": 0.17}
-    assert _verdict(2, contention)[0] == "contention-bound"
+    assert verdict(2, contention)[0] == "contention-bound"
     # A busy machine halves even the control, but 76% of each step waits for the network: 4.2x vs 2.1x.
     slow_link = {"efficiency": 0.11, "efficiency_no_allreduce": 0.48, "allreduce_share": 0.76}
-    assert _verdict(2, slow_link)[0] == "communication-bound"
+    assert verdict(2, slow_link)[0] == "communication-bound"
     assert (
-        _verdict(2, {"efficiency": 0.95, "efficiency_no_allreduce": 0.99, "allreduce_share": 0.04})[0] == "scales well"
+        verdict(2, {"efficiency": 0.95, "efficiency_no_allreduce": 0.99, "allreduce_share": 0.04})[0] == "scales well"
     )
 
 
 def test_verdict_says_which_hook_to_try_or_use():
     comm = {"efficiency": 0.3, "efficiency_no_allreduce": 0.9, "allreduce_share": 0.66}
-    bound, text = _verdict(2, comm, {"floats": 1000, "powersgd_floats": 25}, rank=2)
+    bound, text = verdict(2, comm, {"floats": 1000, "powersgd_floats": 25}, rank=2)
     assert bound == "communication-bound"
     assert text.endswith(
         "Try --comm-hook powersgd (low-rank, error feedback, rank 2 sends 2.5% of the float32 gradient bytes) "
@@ -85,14 +86,14 @@ def test_verdict_says_which_hook_to_try_or_use():
         "hook_gains": {"bf16": 0.4, "powersgd": 1.5},
         "efficiency_hooks": {"bf16": 0.42, "powersgd": 0.75},
     }
-    text = _verdict(2, measured)[1]
+    text = verdict(2, measured)[1]
     assert "bf16 hook: +40.0% throughput (efficiency 0.42); powersgd hook: +150.0%" in text
     assert text.endswith("Use --comm-hook powersgd: +150% throughput here")
     useless = {**comm, "hook_gains": {"bf16": 0.01}, "efficiency_hooks": {"bf16": 0.3}}
-    assert _verdict(2, useless)[1].endswith("No hook pays here (none gains 5%): keep the plain all-reduce")
+    assert verdict(2, useless)[1].endswith("No hook pays here (none gains 5%): keep the plain all-reduce")
     # Not communication-bound and nothing measured: no advice.
     contention = {"efficiency": 0.5, "efficiency_no_allreduce": 0.6, "allreduce_share": 0.17}
-    assert "comm-hook" not in _verdict(2, contention, {"floats": 10, "powersgd_floats": 5})[1]
+    assert "comm-hook" not in verdict(2, contention, {"floats": 10, "powersgd_floats": 5})[1]
 
 
 @pytest.mark.parametrize(

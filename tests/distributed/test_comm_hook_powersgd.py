@@ -21,10 +21,10 @@ from torch import nn
 from shoal.distributed.comm_hooks import (
     COMM_HOOKS,
     CommHook,
-    powersgd_sizes,
     powersgd_start,
     register_comm_hook,
 )
+from shoal.distributed.powersgd import powersgd_sizes
 from shoal.errors import ShoalError
 
 SCRIPT = Path(__file__).parent / "scripts" / "powersgd_resume.py"
