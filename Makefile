@@ -24,7 +24,7 @@ test: $(STAMP)
 	bash scripts/install-system-deps.sh
 	$(BIN)/ruff check src tests examples scripts/bench-slow-link
 	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -22,6 +22,15 @@ SHARED = ROOT.parent / "shared"
 MNIST_GZ = SHARED / "data" / "mnist"
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``), a test file runs on one worker,
+    so its module fixtures (reference runs, servers) are made once; every test that uses the Slurm
+    cluster runs on one worker too, so the session starts one cluster, not one per worker."""
+    for item in items:
+        group = "slurm" if "slurm" in item.fixturenames else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _environ() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)  # pytest's own bookkeeping
