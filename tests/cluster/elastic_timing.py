@@ -5,7 +5,7 @@ rendezvous settings against torch's defaults, measured in the same run.
 
 Three pods on one bridge (tests/cluster/pods.py), one ``shoal run --nnodes 2:3 --rdzv-backend c10d
 --max-restarts 3 -m shoal train digits`` per pod (one worker each, a run directory every pod sees).
-Once epoch 3 is done on 3 nodes, the third pod's launcher is SIGKILLed (its worker dies with it) and
+Once epoch 4 is done on 3 nodes, the third pod's launcher is SIGKILLed (its worker dies with it) and
 the logs of the two others are polled every 20 ms. Figures, from the kill:
 
 - *node left*: the survivors' launcher line ``node ... left: the job goes on with 2 nodes``
@@ -66,13 +66,13 @@ def one_run(pods, conf: list[str], work: Path, port: int) -> dict[str, float]:
     seen: list[float] = []  # when each epoch record appeared
     try:
         deadline = time.monotonic() + 600
-        while not (len(seen) >= 3 and _records(out)[-1]["world_size"] == 3):
+        while not (len(seen) >= 4 and _records(out)[-1]["world_size"] == 3):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise SystemExit("no epoch 3 on 3 nodes:\n" + "\n".join(p.read_text()[-2000:] for p in logs))
+                raise SystemExit("no epoch 4 on 3 nodes:\n" + "\n".join(p.read_text()[-2000:] for p in logs))
             while len(seen) < len(_records(out)):
                 seen.append(time.monotonic())
             time.sleep(0.02)
-        steady = statistics.median(b - a for a, b in zip(seen[1:], seen[2:])) if len(seen) > 2 else float("nan")
+        steady = statistics.median(b - a for a, b in zip(seen[1:], seen[2:]))  # epoch 1 includes the start
         kill, before = time.monotonic(), len(_records(out))
         procs[2].send_signal(signal.SIGKILL)
         procs[2].wait()

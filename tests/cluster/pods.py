@@ -188,6 +188,27 @@ class PodNetwork:
                  "latency", "400ms")  # fmt: skip
 
 
+def left_behind(pods: Sequence[Pod], keep: Sequence[int] = (), settle_s: float = 15.0) -> dict[str, list[str]]:
+    """Processes still alive in ``pods`` (pause processes, zombies and ``keep`` aside), each as
+    ``PID COMMAND``, after giving them ``settle_s`` to go: a launcher that exited may leave children
+    (ssh clients, workers) exiting for a moment after it, more so on a busy machine; an orphan stays."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        left = {pod.name: [p for p in pod.workload_pids() if p not in keep] for pod in pods}
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return {name: [f"{pid} {_cmdline(pid)}" for pid in pids] for name, pids in left.items() if pids}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "(gone)"
+
+
 def pods_unavailable() -> str | None:
     """Why pods cannot be made here, or None if they can."""
     if os.geteuid() != 0:

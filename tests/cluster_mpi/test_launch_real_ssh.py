@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.pods import Mount, PodSpec, pod_network, pods_unavailable
+from cluster.pods import Mount, PodSpec, left_behind, pod_network, pods_unavailable
 from cluster.sshd import ssh_keypair, sshd_unavailable, start_sshd
 
 pytestmark = pytest.mark.multiprocess
@@ -84,14 +84,8 @@ def _launch(net, args, cwd: Path, timeout: float = 240) -> tuple[subprocess.Comp
 
 def _assert_nothing_left(net, servers) -> None:
     """No process in any pod but its sshd (zombies excluded); give stopped ones a moment to go."""
-    keep = {server.pid for server in servers.values()}
-    deadline = time.monotonic() + 15
-    while True:
-        left = {pod.name: [p for p in pod.workload_pids() if p not in keep] for pod in net}
-        if not any(left.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert not any(left.values()), f"processes left behind: {left}"
+    left = left_behind(list(net), keep=[server.pid for server in servers.values()])
+    assert not left, f"processes left behind: {left}"
 
 
 def _results(out: Path, n: int) -> list[dict]:

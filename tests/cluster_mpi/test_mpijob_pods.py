@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.pods import pods_unavailable
+from cluster.pods import left_behind, pods_unavailable
 from cluster.sshd import ssh_keypair, sshd_unavailable, start_sshd
 from k8s import sim_mpijob
 from k8s.crd_schema import assert_valid
@@ -92,7 +92,7 @@ def _run_mpijob(
                 proc.kill()
                 raise AssertionError(f"the launcher's mpirun still runs after 420 s:\n{log.read_text()}") from None
         accepted = [server.accepted() for server in servers]
-        left = net[job.launcher.name].workload_pids()
+        left = left_behind([net[job.launcher.name]])
     output = log.read_text(errors="replace")
     assert not left, f"processes left in the launcher pod after mpirun: {left}\n{output}"
     for logins, worker in zip(accepted, job.workers):

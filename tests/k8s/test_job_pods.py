@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from cluster.pods import pods_unavailable
+from cluster.pods import left_behind, pods_unavailable
 from k8s import sim_pytorchjob, sim_trainjob
 from k8s.crd_schema import assert_valid
 from k8s.pod_runtime import container_env, run_pods
@@ -102,11 +102,8 @@ def _run(tmp_path: Path, pods, *, order=None, restart_failed=0, kill=None, timeo
             kill(job, shared)
         codes = job.wait(timeout, restart_failed)
         outputs = {name: job.output(name) for name in job.pods}
-        deadline = time.monotonic() + 10  # the last workers' exits, after their launchers'
-        while any(net[pod.name].workload_pids() for pod in pods) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = {pod.name: net[pod.name].workload_pids() for pod in pods}
-    assert not any(left.values()), f"processes left in pods: {left}"
+        left = left_behind([net[pod.name] for pod in pods])
+    assert not left, f"processes left in pods: {left}"
     return codes, outputs, shared, job.starts
 
 
