@@ -24,11 +24,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from procs import stop_all
 
 SUBNET_PREFIX = "10.77"
 """Private addresses used inside the namespaces only: 10.77.<subnet>.1 and 10.77.<subnet>.2."""
@@ -62,16 +63,7 @@ class Node:
 
     def stop_processes(self) -> None:
         """Stop what :meth:`popen` started here and still runs (SIGTERM, then SIGKILL)."""
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 10
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(self._procs, 10)
         self._procs.clear()
         # Anything else still running in the namespace (orphaned workers): only this node's.
         pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True)

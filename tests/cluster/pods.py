@@ -50,6 +50,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from procs import stop_all
+
 SUBNET_PREFIX = "10.77"
 NETNS_ETC = "/etc/netns"
 MAX_PODS = 200
@@ -139,16 +141,7 @@ class Pod:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop what runs here: SIGTERM to the processes started here, then SIGKILL to anything left."""
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + grace_s
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(self._procs, grace_s)
         self._procs.clear()
         self.kill_processes()
         if self.pause is not None:
