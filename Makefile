@@ -19,12 +19,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/shoal train digits --nproc 2 --device cpu
 
-## The whole test suite (CPU, real multi-process runs over gloo).
+## The whole test suite (CPU, real multi-process runs over gloo). One file at a time by default;
+## PYTEST_ARGS='-n 2 --dist loadgroup' runs two at a time (pytest-xdist; see README, "Tests").
+PYTEST_ARGS ?=
 test: $(STAMP)
 	bash scripts/install-system-deps.sh
 	$(BIN)/ruff check src tests examples scripts/bench-slow-link
 	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

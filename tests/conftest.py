@@ -23,7 +23,7 @@ MNIST_GZ = SHARED / "data" / "mnist"
 
 
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``), a test file runs on one worker,
+    """Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
     so its module fixtures (reference runs, servers) are made once; every test that uses the Slurm
     cluster runs on one worker too, so the session starts one cluster, not one per worker."""
     for item in items:

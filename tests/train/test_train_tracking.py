@@ -46,6 +46,8 @@ def test_two_workers_log_exact_numbers_once(tmp_path):
     assert any("predictions" in tag for tag in board.Tags()["images"])
     (only,) = wandb_runs(run, env)  # one run per job: rank 1 created nothing
     history = only.history()
+    output = proc.stdout + proc.stderr
+    assert 2 * STEPS_PER_EPOCH in history, f"W&B has steps {sorted(history)} only:\n{output}"
     assert history[2 * STEPS_PER_EPOCH]["epoch/test_loss"] == pytest.approx(metrics[1]["test_loss"])
     assert only.config["lr"] == 0.05 and only.config["extra"]["world_size"] == 2
     assert "wandb sync" in proc.stdout + proc.stderr  # offline, and how to sync later
