@@ -34,3 +34,17 @@ class ShoalError(Exception):
         if self.hint:
             text += f"\nHINT: {self.hint}"
         return text
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """The first informative line of ``err`` or of its cause (torch chains the real one), at most
+    ``limit`` characters; the exception's type name when it says nothing."""
+    seen: BaseException | None = err
+    for _ in range(4):
+        if seen is None:
+            break
+        text = str(seen).strip()
+        if text and "See inner exception" not in text:
+            return text.splitlines()[0][:limit]
+        seen = seen.__cause__
+    return type(err).__name__

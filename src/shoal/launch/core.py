@@ -29,12 +29,12 @@ from typing import Any
 
 from shoal.console import write_line
 from shoal.env.host import threads_per_process
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, first_line
 from shoal.launch.failures import describe_child_failure
 from shoal.launch.oom import memory_state
 from shoal.launch.ports import check_port_free
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
-from shoal.launch.rendezvous.handlers import MEMBERSHIP, SHARED_STORE_OPT_OUT, first_line, register_backends
+from shoal.launch.rendezvous.handlers import MEMBERSHIP, SHARED_STORE_OPT_OUT, register_backends
 from shoal.launch.rendezvous.plan import RendezvousPlan
 from shoal.launch.worker_logs import recording_logs_specs, wait_for_tees
 

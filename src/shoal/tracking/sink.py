@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shoal.errors import first_line
 from shoal.tracking.backend import Backend
 
 _STOP = object()
@@ -113,14 +114,9 @@ class Sink:
             try:
                 method(*args)
             except BaseException as err:  # a tracker must never take the job down
-                self._fail(f"{type(err).__name__}: {_first_line(err)}")
+                self._fail(f"{type(err).__name__}: {first_line(err)}")
 
     def _fail(self, why: str) -> None:
         if not self.failed:
             self.failed = True
             self._say(f"failed and is now off ({why}); training goes on")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return (text.splitlines()[0] if text else "")[:300]

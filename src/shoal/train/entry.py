@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from shoal.console import write_line
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, first_line
 from shoal.train.config import TrainConfig
 from shoal.train.trainer import TrainResult
 
@@ -34,7 +34,7 @@ def run_worker(cfg: TrainConfig, started_by: str | None = None, launch: dict[str
             raise
         if _restarts_left():
             raise SystemExit(1) from None
-        write_line(f"shoal: lost the connection to another rank and no restart is left: {_first_line(err)}")
+        write_line(f"shoal: lost the connection to another rank and no restart is left: {first_line(err)}")
         raise SystemExit(1) from None
 
 
@@ -52,8 +52,3 @@ def _restarts_left() -> bool:
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
     most = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
     return count.isdigit() and most.isdigit() and int(count) < int(most)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__

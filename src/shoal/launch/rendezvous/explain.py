@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 from shoal.env.network import probe_tcp
-from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
-from shoal.launch.rendezvous.handlers import JoinFailed, NodeLeft, first_line
+from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError, first_line
+from shoal.launch.rendezvous.handlers import JoinFailed, NodeLeft
 from shoal.launch.rendezvous.plan import RendezvousPlan
 from shoal.launch.rendezvous.stores import StoreUnreachable
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.env.base import DEFAULT_C10D_PORT, DEFAULT_MAIN_PORT
+from shoal.errors import first_line
 from shoal.launch.options import parse_endpoint
 from shoal.launch.rendezvous.plan import C10D_BACKEND, STATIC_BACKEND
 from shoal.launch.rendezvous.stores import connect_store, serve_or_connect, serve_store, wait_for_store
@@ -227,13 +228,20 @@ def _create_c10d_handler(params: Any) -> Any:
     return ShoalC10dHandler(inner, params.endpoint, workers)
 
 
+def _rendezvous_state(backend: Any) -> Any:
+    """torch's rendezvous state (a pickled ``_RendezvousState``) as the store holds it, or None
+    before the first round; raises on another layout (tests/launch/test_torch_internals.py) or
+    when the store is gone."""
+    got = backend.get_state()
+    return pickle.loads(got[0]) if got is not None else None
+
+
 def participants(backend: Any) -> set[str] | None:
-    """The addresses of the nodes in the round just formed (from torch's rendezvous state), or None."""
+    """The addresses of the nodes in the round just formed, or None if unknown."""
     try:
-        got = backend.get_state()
-        state = pickle.loads(got[0]) if got is not None else None
+        state = _rendezvous_state(backend)
         return {node.addr for node in state.participants} if state is not None else None
-    except Exception:  # another state layout (tests/launch/test_torch_internals.py says so), or no store
+    except Exception:
         return None
 
 
@@ -244,10 +252,9 @@ def arrived(backend: Any, inner: Any) -> int | None:
     already taken this node out again, so it is counted back in.
     """
     try:
-        got = backend.get_state()
-        if got is None:
+        state = _rendezvous_state(backend)
+        if state is None:
             return 1
-        state = pickle.loads(got[0])
         me = getattr(inner, "_this_node", None)
         others = {n for n in (*state.participants, *state.wait_list) if n != me}
         return len(others) + 1
@@ -327,16 +334,3 @@ class _NoInner:
 
     def is_closed(self) -> bool:
         return False
-
-
-def first_line(err: BaseException) -> str:
-    """The first informative line of ``err`` or of its cause (torch chains the real one)."""
-    seen = err
-    for _ in range(4):
-        text = str(seen).strip()
-        if text and "See inner exception" not in text:
-            return text.splitlines()[0]
-        if seen.__cause__ is None:
-            break
-        seen = seen.__cause__
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
