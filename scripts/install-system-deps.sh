@@ -5,7 +5,9 @@
 #
 # Idempotent and fast when everything is there: apt-get runs only for what is missing. Without root
 # or without apt-get it says what it skips and exits 0; the tests that need those programs then skip
-# with a reason. If apt-get itself fails it says so and exits 1. `make test` runs it before pytest.
+# with a reason. Under CI (CI=true) it exits 1 instead: a green CI run must not be one whose
+# multi-node tests all skipped. If apt-get itself fails it says so and exits 1. `make test` runs it
+# before pytest.
 # Versions seen on Debian 12: Open MPI 4.1.4, Slurm 22.05, munge 0.5.15.
 #
 # Usage: scripts/install-system-deps.sh        (SHOAL_SKIP_SYSTEM_DEPS=1 skips it entirely)
@@ -46,14 +48,17 @@ if [[ ${#missing[@]} -eq 0 ]]; then
     echo "install-system-deps: Open MPI, Slurm, munge, iproute2, OpenSSH and nftables already installed"
     exit 0
 fi
-if [[ $(id -u) -ne 0 ]]; then
-    echo "install-system-deps: not root: skipped installing ${missing[*]} (the tests needing them will skip)"
+cannot_install() {
+    if [[ "${CI:-}" == true ]]; then
+        echo "install-system-deps: $1: cannot install ${missing[*]}, which the tests need under CI" >&2
+        echo "HINT: run CI as root on Debian/Ubuntu (apt-get), or install the packages into its image" >&2
+        exit 1
+    fi
+    echo "install-system-deps: $1: skipped installing ${missing[*]} (the tests needing them will skip)"
     exit 0
-fi
-if ! have apt-get; then
-    echo "install-system-deps: no apt-get: skipped installing ${missing[*]} (the tests needing them will skip)"
-    exit 0
-fi
+}
+[[ $(id -u) -eq 0 ]] || cannot_install "not root"
+have apt-get || cannot_install "no apt-get"
 
 echo "install-system-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive

@@ -22,13 +22,36 @@ SHARED = ROOT.parent / "shared"
 MNIST_GZ = SHARED / "data" / "mnist"
 
 
+UNDER_CI = os.environ.get("CI") == "true"
+"""CI sets CI=true: there a skip is a failure (but for GPU-marked tests on a machine without CUDA)."""
+
+
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
+    """GPU-marked tests skip without CUDA (one rule for all of them). Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
     so its module fixtures (reference runs, servers) are made once; every test that uses the Slurm
     cluster runs on one worker too, so the session starts one cluster, not one per worker."""
+    import torch
+
+    no_cuda = pytest.mark.skip(reason="needs CUDA (marked gpu)")
     for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
         group = "slurm" if "slurm" in item.fixturenames else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI a skipped test fails, unless it is GPU-marked: a green run must prove what it claims,
+    not hide a missing mpirun, sshd, Slurm daemon, namespace or dataset behind a skip. Expected
+    failures (xfail) stay what they are."""
+    outcome = yield
+    report = outcome.get_result()
+    if not UNDER_CI or not report.skipped or hasattr(report, "wasxfail") or "gpu" in item.keywords:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI=true: {reason}\nHINT: install what the test needs in CI (scripts/install-system-deps.sh) or mark it gpu if it needs CUDA"
 
 
 def _environ() -> dict[str, str]:

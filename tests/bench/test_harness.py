@@ -129,18 +129,12 @@ def test_the_pipeline_writes_the_table_the_json_and_a_plot_beside_it(tmp_path: P
     assert len(report["rows"][0]["runs"]) == 3 and report["rows"][0]["seconds"] >= 0.001
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "shoal bench sleep" and printed[2:] == ["one line of my own", "rows: 1", "- slept"]
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert report["plot"] is None and any("matplotlib is not installed" in n for n in report["notes"])
-    else:
-        assert report["plot"] == str(out.with_suffix(".png")) and _is_png(report["plot"])
+    assert report["plot"] == str(out.with_suffix(".png")) and _is_png(report["plot"])  # matplotlib: a test extra
     assert logged[0] == "shoal bench sleep (smoke: tiny sizes, the numbers mean nothing)"
     assert logged[1] == "  3 run(s)" and logged[2].startswith(f"wrote {out}")
 
 
 def test_plot_path_without_json(tmp_path: Path, capsys):
-    pytest.importorskip("matplotlib")
     plot = tmp_path / "p.png"
     report = run_and_write(SLEEP, SLEEP.configure(), plot_path=str(plot), log=lambda _: None)
     assert report["config"]["smoke"] is False and report["plot"] == str(plot) and _is_png(plot)
@@ -149,7 +143,6 @@ def test_plot_path_without_json(tmp_path: Path, capsys):
 
 
 def test_plots_start_the_value_axis_at_zero_and_show_every_bar(tmp_path: Path):
-    pytest.importorskip("matplotlib")
     from shoal.bench.report import save_plot
 
     drawn = {}

@@ -281,7 +281,7 @@ def test_dict_batches_move_to_device():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_device(data):
     x, y = data
     cuda = torch.device("cuda")
