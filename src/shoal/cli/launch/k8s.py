@@ -109,12 +109,17 @@ def runai_parser() -> argparse.ArgumentParser:
 
 
 def image_parser() -> argparse.ArgumentParser:
+    from shoal.cli.parser import errors_with_hints
     from shoal.launch.render.image import DEFAULT_BASE_IMAGE
 
-    p = parser(
-        "shoal launch image",
-        "Write a Dockerfile and a .dockerignore for the job's image: a PyTorch base image, shoal and "
-        "your requirements installed, this directory copied, shoal as the entry point.",
+    p = errors_with_hints(  # an unknown option is one line and a HINT, not argparse's usage block
+        parser(
+            "shoal launch image",
+            "Write a Dockerfile and a .dockerignore for the job's image: a PyTorch base image, shoal and "
+            "your requirements installed, this directory copied, shoal as the entry point. The files are "
+            "always ./Dockerfile and ./.dockerignore (docker build reads them from the build context); "
+            "files of those names that shoal did not write are never replaced.",
+        )
     )
     p.add_argument("--base-image", default=DEFAULT_BASE_IMAGE, help=f"base image (default {DEFAULT_BASE_IMAGE})")
     p.add_argument("--requirements", metavar="FILE", help="a pip requirements file to install (relative path)")
@@ -122,7 +127,25 @@ def image_parser() -> argparse.ArgumentParser:
     p.add_argument("--shoal-requirement", metavar="SPEC", help="how pip installs shoal (default shoal==VERSION)")
     p.add_argument("--image", help="the tag to build, for the printed docker commands")
     add_command(p, dry_run="print both files, write nothing")
+    p.error = _image_option_error(p.error)  # type: ignore[method-assign]
     return p
+
+
+def _image_option_error(error):
+    """``--file``/``--output`` (which ``k8s`` and ``slurm`` have) get a hint that says why not here."""
+
+    def image_error(message: str):
+        if message.startswith("unrecognized arguments") and any(
+            word.split("=")[0] in ("--file", "-f", "--output", "-o") for word in message.split(": ", 1)[-1].split()
+        ):
+            raise ShoalError(
+                message.replace("unrecognized arguments", "no such option"),
+                "the files are always ./Dockerfile and ./.dockerignore: run shoal launch image in the directory "
+                "to build from, or print them with --dry-run",
+            )
+        error(message)
+
+    return image_error
 
 
 # ---- runners ---------------------------------------------------------------------------------
@@ -230,13 +253,28 @@ def run_image(args: argparse.Namespace) -> int:
     if args.requirements and not os.path.isfile(args.requirements):
         raise ShoalError(f"--requirements {args.requirements}: no such file", "give the path of a requirements file")
     for path in ("Dockerfile", ".dockerignore"):  # check both before writing either
-        check_replaceable(path, IMAGE_MARKER, what="shoal launch image")
+        _check_image_file(path, IMAGE_MARKER)
     write_rendered("Dockerfile", dockerfile, IMAGE_MARKER, what="shoal launch image")
     write_rendered(".dockerignore", ignore, IMAGE_MARKER, what="shoal launch image")
     tag = args.image or "REGISTRY/NAME:TAG"
     announce("wrote Dockerfile and .dockerignore; build and push the image with:")
     print(f"docker build -t {tag} . && docker push {tag}", flush=True)
     return 0
+
+
+def _check_image_file(path: str, marker: str) -> None:
+    """Raise unless ``path`` may be (re)written: absent, or a file ``shoal launch image`` wrote.
+
+    The names are fixed (``docker build`` reads ``Dockerfile`` and ``.dockerignore`` from the build
+    context), so the hint offers what the user can do: move theirs away, or print ours and merge.
+    """
+    hint = f"move your {path} away (e.g. `mv {path} {path}.mine`), or print shoal's files with --dry-run and merge them"
+    if os.path.isdir(path):
+        raise ShoalError(f"{path} is a directory here, so shoal launch image cannot write its {path}", hint)
+    try:
+        check_replaceable(path, marker, what="shoal launch image")
+    except ShoalError as err:
+        raise ShoalError(err.message, hint) from None
 
 
 def _version() -> str:

@@ -59,6 +59,8 @@ def render_dockerfile(
 ) -> str:
     """The Dockerfile of an image that runs ``spec.command`` from ``/workspace``."""
     _check_in_context(spec)
+    _check_word(base_image, "--base-image", "an image reference such as " + DEFAULT_BASE_IMAGE)
+    _check_word(shoal_requirement, "--shoal-requirement", "a pip requirement such as shoal==0.1.0 or a wheel's path")
     if requirements is not None:
         _check_relative(requirements, "--requirements")
     lines = [
@@ -100,6 +102,13 @@ def _check_in_context(spec: JobSpec) -> None:
     script = spec.command[1] if os.path.basename(first).startswith("python") and len(spec.command) > 1 else first
     if script.endswith(".py"):
         _check_relative(script, "the script")
+
+
+def _check_word(value: str, flag: str, example: str) -> None:
+    """A value written into one Dockerfile instruction: one non-empty word (a newline would start
+    another instruction, a space another argument)."""
+    if not value or value != value.strip() or any(c.isspace() for c in value):
+        raise ShoalError(f"{flag} {value!r} is not a single word", f"give {example}")
 
 
 def _check_relative(path: str, what: str) -> None:
