@@ -24,7 +24,7 @@ from shoal.distributed.comm_hooks import (
     powersgd_start,
     register_comm_hook,
 )
-from shoal.distributed.powersgd import powersgd_sizes
+from shoal.distributed.comm_hooks.powersgd import powersgd_sizes
 from shoal.errors import ShoalError
 
 SCRIPT = Path(__file__).parent / "scripts" / "powersgd_resume.py"

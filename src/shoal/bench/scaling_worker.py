@@ -57,7 +57,7 @@ def scaling_worker(spec: WorkerSpec) -> dict[str, dict[str, float]] | None:
 
     import shoal
     from shoal.distributed.comm_hooks import register_comm_hook
-    from shoal.distributed.powersgd import powersgd_sizes
+    from shoal.distributed.comm_hooks.powersgd import powersgd_sizes
     from shoal.workloads.synthetic import NUM_CLASSES, build_synthetic_model
 
     ctx = shoal.init(device=spec.device, threads=spec.variants[0].threads, seed=0)

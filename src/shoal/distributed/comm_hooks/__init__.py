@@ -28,12 +28,16 @@ depend on the bucket layout either: a resumed run ends bit-identical to an unint
 
 ``shoal bench scaling --comm-hook bf16,powersgd`` measures what each is worth (docs/BENCHMARKS.md,
 "Scaling" and "Slow networks").
+
+The package is laid out as torch's own ``ddp_comm_hooks``: this module chooses a hook by name; the
+hooks (``powersgd``) and their common base (``base``) never import it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shoal.distributed.comm_hooks.base import DEFAULT_POWERSGD_RANK, CommHook
 from shoal.errors import ShoalError
 
 if TYPE_CHECKING:
@@ -42,9 +46,10 @@ if TYPE_CHECKING:
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 """The names :func:`register_comm_hook` accepts."""
 
-DEFAULT_POWERSGD_RANK = 2
 TORCH_POWERSGD_START = 1_000
 """torch's default ``start_powerSGD_iter``: what the library uses when no ``start_iter`` is given."""
+
+__all__ = ["COMM_HOOKS", "DEFAULT_POWERSGD_RANK", "CommHook", "check_comm_hook", "powersgd_start", "register_comm_hook"]
 
 _CASTS = {"bf16": ("bf16_compress_hook", "bfloat16"), "fp16": ("fp16_compress_hook", "float16")}
 
@@ -69,27 +74,6 @@ def powersgd_start(total_steps: int) -> int:
     """The step PowerSGD starts at in a run of ``total_steps`` optimizer steps: 10% of the run, as
     torch's ``PowerSGDState`` documentation advises, and at least 2 (DDP re-buckets after step 1)."""
     return max(2, total_steps // 10)
-
-
-class CommHook:
-    """What :func:`register_comm_hook` set up: its name, a description, and its state for checkpoints.
-
-    Pass it with a checkpoint's per-rank objects (``ckpt.save(..., per_rank={"comm_hook": hook})``);
-    a hook without state saves an empty dict and ignores what it is given.
-    """
-
-    def __init__(self, name: str, description: str, *, applied: bool) -> None:
-        self.name = name
-        self.description = description
-        """One line for a job's start-up output (``comm hook NAME: DESCRIPTION``)."""
-        self.applied = applied
-        """False when nothing was registered (``none``, or a model without DDP)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to load (a checkpoint of a run with another hook may hold PowerSGD's state: ignored)."""
 
 
 def register_comm_hook(
@@ -137,7 +121,7 @@ def register_comm_hook(
         return CommHook(name, "unused (no DDP in a single process)", applied=False)
     if name == "powersgd":
         start = TORCH_POWERSGD_START if start_iter is None else start_iter
-        from shoal.distributed.powersgd import PowerSGD
+        from shoal.distributed.comm_hooks.powersgd import PowerSGD
 
         return PowerSGD(model, rank=rank, start_iter=start, process_group=process_group, seed=seed)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from shoal.distributed.comm_hooks import DEFAULT_POWERSGD_RANK, CommHook
+from shoal.distributed.comm_hooks.base import DEFAULT_POWERSGD_RANK, CommHook
 
 if TYPE_CHECKING:
     import torch
