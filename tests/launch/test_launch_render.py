@@ -195,6 +195,26 @@ def test_mpirun_flags_the_tutorials_use():
     assert "--allow-run-as-root" not in render_mpirun(JobSpec(command=TRAIN, np=2), LAPTOP)
 
 
+def test_every_mpirun_rank_gets_torchruns_variables_through_the_shim():
+    # An unchanged torchrun-style script reads RANK, LOCAL_RANK, GROUP_RANK...: each rank runs the
+    # command through the shim that derives them from Open MPI's variables.
+    argv = render_mpirun(JobSpec(command=("train.py",), hosts=TWO_NODES, python="py"), HEAD_AS_ROOT)
+    assert argv[-6:] == ["py", "-m", "shoal.launch.as_torchrun", "--", "py", "train.py"]
+    # Hosts with different slot counts: Open MPI's variables cannot tell a node's index, the layout can.
+    uneven = JobSpec(command=("train.py",), hosts=(Host("a", 2), Host("b", 1), Host("c", 4)), np=4, python="py")
+    argv = render_mpirun(uneven, HEAD_AS_ROOT, report_status=True)
+    assert argv[-8:] == [
+        "py",
+        "-m",
+        "shoal.launch.remote.rank_status",
+        "--ranks-per-node",
+        "2,1,1",
+        "--",
+        "py",
+        "train.py",
+    ]
+
+
 def test_sbatch_runs_one_launcher_per_node_with_c10d_on_the_first_node():
     script = render_sbatch(JobSpec(command=TRAIN, nodes=3, nproc_per_node=2))
     assert script.startswith("#!/bin/bash\n") and SBATCH_MARKER in script

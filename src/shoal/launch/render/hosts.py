@@ -1,7 +1,7 @@
 """Renderers for a list of hosts: ``mpirun`` starting every process, or one ``shoal run`` per host.
 
-- :func:`render_mpirun`: Open MPI's ``mpirun`` starting every process (each runs the command and
-  finds its rank in ``OMPI_COMM_WORLD_*``);
+- :func:`render_mpirun`: Open MPI's ``mpirun`` starting every process (each runs the command
+  through a shim that exports torchrun's variables, derived from ``OMPI_COMM_WORLD_*``);
 - :func:`render_manual`: the ``shoal run`` line to type on each node for a by-hand launch;
 - :func:`render_ssh`: those lines wrapped to be started over SSH from one node.
 """
@@ -24,6 +24,8 @@ MPIRUN_FLAGS = ("-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-m
 
 RANK_STATUS_MODULE = "shoal.launch.remote.rank_status"
 """The wrapper that reports each rank's exit status to ``shoal launch`` (see :func:`render_mpirun`)."""
+AS_TORCHRUN_MODULE = "shoal.launch.as_torchrun"
+"""The shim that gives each rank torchrun's variables and execs the command (see :func:`render_mpirun`)."""
 
 
 def render_mpirun(spec: JobSpec, here: Here, *, hosts_from_env: bool = False, report_status: bool = False) -> list[str]:
@@ -31,13 +33,16 @@ def render_mpirun(spec: JobSpec, here: Here, *, hosts_from_env: bool = False, re
 
     ``-x MASTER_ADDR=... -x MASTER_PORT=...`` tell every rank where rank 0's rendezvous is (Open
     MPI exports no address); ``-x PATH`` and the other forwarded variables make remote ranks find
-    the same programs. ``--allow-run-as-root`` when launching as root; ``--oversubscribe`` when
+    the same programs. Every rank runs the command through :mod:`shoal.launch.as_torchrun`, which
+    exports torchrun's variables (RANK, LOCAL_RANK, GROUP_RANK, ...) derived from Open MPI's and
+    execs it, so an unchanged torchrun-style script works (``--ranks-per-node`` when the hosts'
+    rank counts differ, as the shim cannot tell a node's index from Open MPI's variables then). ``--allow-run-as-root`` when launching as root; ``--oversubscribe`` when
     there are more processes than slots, or more slots on this machine than it has cores.
 
     ``hosts_from_env``: ``spec.hosts`` are only counted, not written: mpirun reads them from the
     hostfile named by ``OMPI_MCA_orte_default_hostfile`` (the MPI operator sets it on the launcher).
-    ``report_status``: every rank runs under :mod:`shoal.launch.remote.rank_status`, which prints its exit
-    status for ``shoal launch`` to collect, and mpirun lets the others run on after a rank fails
+    ``report_status``: every rank runs under :mod:`shoal.launch.remote.rank_status` instead, which
+    exports the same variables, then prints the command's exit status for ``shoal launch`` to collect, and mpirun lets the others run on after a rank fails
     (``orte_abort_on_non_zero_status 0``), so that ``shoal launch`` can tell the rank with the cause
     from ranks stopped because of it, then stop the job itself.
     """
@@ -60,9 +65,20 @@ def render_mpirun(spec: JobSpec, here: Here, *, hosts_from_env: bool = False, re
     argv += ["-x", f"MASTER_ADDR={spec.main_address()}", "-x", f"MASTER_PORT={spec.port()}"]
     for name, value in spec.env:
         argv += ["-x", name if value is None else f"{name}={value}"]
-    if report_status:
-        return [*argv, spec.python, "-m", RANK_STATUS_MODULE, "--", *spec.process_argv()]
-    return argv + spec.process_argv()
+    wrapper = [spec.python, "-m", RANK_STATUS_MODULE if report_status else AS_TORCHRUN_MODULE]
+    ranks = ranks_per_node(spec) if not hosts_from_env else []
+    if len(set(ranks)) > 1:
+        wrapper += ["--ranks-per-node", ",".join(map(str, ranks))]
+    return [*argv, *wrapper, "--", *spec.process_argv()]
+
+
+def ranks_per_node(spec: JobSpec) -> list[int]:
+    """Ranks on each host under ``-map-by slot`` (each host's slots in turn), hosts without any left out."""
+    counts, left = [], spec.world_size
+    for host in spec.hosts:
+        counts.append(min(host.slots, left))
+        left -= counts[-1]
+    return [n for n in counts if n]
 
 
 def render_manual(spec: JobSpec) -> list[str]:
