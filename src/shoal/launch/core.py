@@ -23,7 +23,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,9 @@ class Launch:
     """Restart count of every start so far (filled in as the workers start)."""
     changes_seen: int = 0
     """Membership changes of the rendezvous already announced."""
+    threads_note: str = ""
+    """The start lines' ``, OMP_NUM_THREADS=N (who set it)``, taken from the environment the launch
+    began in (the workers' environment holds shoal's own value by the time they start)."""
 
 
 def run_workers(
@@ -90,6 +93,7 @@ def run_workers(
     from torch.distributed.launcher.api import elastic_launch
 
     plan = launch.plan
+    launch.threads_note = _threads_note(config, os.environ)
     memory_before = memory_state()  # to tell an OOM kill of these workers from earlier ones
     _apply_plan(config, plan)
     if plan.single_node and plan.workers_port:
@@ -107,7 +111,7 @@ def run_workers(
         args = (entrypoint, *args)
         entrypoint = function_worker
     if not plan.single_node:
-        for line in plan.lines(launch.prog, config.nproc_per_node, extra=_threads_note(config)):
+        for line in plan.lines(launch.prog, config.nproc_per_node, extra=launch.threads_note):
             write_line(line)
     recorder = recording_logs_specs(config.logs_specs, tee=shimmed, on_start=lambda env: _on_start(launch, config, env))
     config.logs_specs = recorder
@@ -239,10 +243,19 @@ def _torch_logs(verbose: bool, log_dir: str | None) -> Iterator[None]:
         handler.close()
 
 
-def _threads_note(config: Any) -> str:
-    if "OMP_NUM_THREADS" in os.environ:
-        return f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (yours)"
-    return f", OMP_NUM_THREADS={threads_per_process(config.nproc_per_node)}"
+def _threads_note(config: Any, environ: Mapping[str, str]) -> str:
+    """``, OMP_NUM_THREADS=N`` and who chose N, from the environment the launch began in.
+
+    Read before :func:`_workers_environ` adds shoal's own value (which the start lines, printed
+    while the workers start, would otherwise see as the user's). A value already set was the
+    user's, unless this process runs inside a torchrun worker: torchrun sets 1 unless it was set.
+    """
+    value = environ.get("OMP_NUM_THREADS")
+    if value is None:
+        return f", OMP_NUM_THREADS={threads_per_process(config.nproc_per_node)}"
+    if "TORCHELASTIC_RUN_ID" in environ:
+        return f", OMP_NUM_THREADS={value} (inherited through torchrun)"
+    return f", OMP_NUM_THREADS={value} (yours)"
 
 
 def _on_start(launch: Launch, config: Any, env: dict[str, str]) -> None:
@@ -274,7 +287,7 @@ def _on_start(launch: Launch, config: Any, env: dict[str, str]) -> None:
         restarting = f"restarting the workers (restart {restart} of {config.max_restarts}), " if restart else ""
         write_line(
             f"{launch.prog}: {restarting}{workers} on this node, rendezvous {rendezvous}{picked}"
-            f"{_threads_note(config)}, listening on {launch.plan.bind_addr} only"
+            f"{launch.threads_note}, listening on {launch.plan.bind_addr} only"
         )
         return
     write_line(f"{launch.prog}: {why}rendezvous done; starting {ranks} of {env['WORLD_SIZE']}")

@@ -1,0 +1,76 @@
+"""The start lines say who chose OMP_NUM_THREADS: ``(yours)`` only when the user's environment set
+it, nothing when shoal picked it (shoal's own value, put into the workers' environment before they
+start, used to be reported as the user's)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from procs import checkpoints, kill_group, start_cmd, wait_for, workers
+
+STEPS = str(Path(__file__).parents[1] / "cluster" / "scripts" / "steps.py")
+THREADS = re.compile(r"OMP_NUM_THREADS=(\d+)( \([^)]*\))?, listening on")
+
+
+def _env(tmp_path: Path, omp: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "SHOAL_ENV", "TORCHELASTIC_RUN_ID")}
+    env["TMPDIR"] = str(tmp_path)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    return env
+
+
+def _notes(stderr: str) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2) or "") for m in THREADS.finditer(stderr)]
+
+
+def _shoals_threads() -> str:
+    return str(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("omp", [None, "3"], ids=["unset", "users"])
+def test_shoal_run_says_yours_only_for_the_users_value_at_start_and_restart(omp, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--max-restarts", "1", STEPS, str(out)]
+    proc = start_cmd(*cmd, "--die-rank", "1", env=_env(tmp_path, omp))
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, err
+    notes = _notes(err)
+    assert len(notes) == 2, err  # the first start and the restart
+    if omp is None:
+        assert notes == [(_shoals_threads(), "")] * 2, err
+    else:
+        assert notes == [("3", " (yours)")] * 2, err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("omp", [None, "1"], ids=["unset", "users"])
+def test_shoal_train_restart_line_says_yours_only_for_the_users_value(omp, tmp_path):
+    # shoal train prints its own start line; the launcher's line comes with a restart: a worker
+    # SIGKILLed once the first checkpoint is on disk.
+    run = tmp_path / "run"
+    cmd = ["train", "digits", "--nproc", "2", "--epochs", "2", "--max-restarts", "1", "--out", str(run)]
+    proc = start_cmd(sys.executable, "-m", "shoal", *cmd, env=_env(tmp_path, omp))
+    try:
+        wait_for(lambda: checkpoints(run / "checkpoints") or proc.poll() is not None, timeout=150)
+        victims = workers(proc.pid)
+        assert proc.poll() is None and len(victims) == 2, "the job ended before a worker could be killed"
+        os.kill(victims[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, err
+    assert "restarting the workers (restart 1 of 1)" in err, err
+    expected = (_shoals_threads(), "") if omp is None else ("1", " (yours)")
+    assert _notes(err) == [expected], err
