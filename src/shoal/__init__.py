@@ -51,7 +51,10 @@ _EXPORTS = {
     "Preempted": "shoal.preemption",
     "TrainResult": "shoal.train.trainer",
     "fit": "shoal.train.job",
+    "run": "shoal.train.function",
     "PreemptionWatch": "shoal.preemption",
+    "Workload": "shoal.workloads.base",
+    "WorkloadData": "shoal.workloads.base",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -79,5 +82,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from shoal.errors import ShoalError
     from shoal.evaluation import evaluate
     from shoal.preemption import Preempted, PreemptionWatch
+    from shoal.train.function import run
     from shoal.train.job import fit
     from shoal.train.trainer import TrainResult
+    from shoal.workloads.base import Workload, WorkloadData

@@ -1,0 +1,212 @@
+"""``shoal.run(fn, *args, nproc=N)``: your own function on N workers, with the process group ready.
+
+The library twin of ``shoal run SCRIPT`` (and of ``mp.spawn``, Accelerate's ``notebook_launcher``,
+Fabric's ``launch``), for a notebook, a REPL or a Flyte task. It is :func:`shoal.fit`'s launch
+without the trainer: the same launch options (``nproc``, ``nnodes``, ``node_rank``, ``master_addr``,
+``rdzv_*``, ``max_restarts``, ``start_method``...), the same launcher
+(:func:`shoal.launch.local.launch_local`: torch's elastic agent, fork on CPU, spawn with CUDA), the
+same failure report (the failing rank's own traceback), the same rule for a process that is already
+one rank of someone else's job (torchrun, srun, mpirun, a pod): it runs ``fn`` itself, as that rank.
+
+Each worker calls :func:`shoal.init` (``shoal.current()`` or ``shoal.init()`` in ``fn`` return that
+context), then ``fn(*args, **kwargs)``, then leaves the group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shoal.context import current, init
+from shoal.env import detect_environment
+from shoal.errors import ShoalError, first_line
+from shoal.launch.local import launch_local, resolve_start_method
+from shoal.launch.options import LaunchOptions
+from shoal.train.entry import peer_gone
+
+_LAUNCH_OPTIONS = frozenset(f.name for f in dataclasses.fields(LaunchOptions))
+_VICTIM_WAIT_S = 2.0
+_INIT_OPTIONS = frozenset({"device", "backend", "seed", "init_timeout", "timeout", "threads"})
+
+
+def run(
+    fn: Callable[..., Any],
+    *args: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    all_ranks: bool = False,
+    **options: Any,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` on every rank of a job, each with the process group joined.
+
+    Args:
+        fn: the function every rank runs. With spawned workers (CUDA, or ``start_method="spawn"``)
+            it and its arguments are pickled: a module-level function of an importable module, not
+            a lambda or a function defined in a notebook (with fork, on CPU, anything goes).
+        args: ``fn``'s positional arguments; ``kwargs``: its keyword arguments, as a mapping.
+        all_ranks: return every rank's value, as a list ordered by global rank (gathered through
+            the process group, so every node and every rank gets the whole list).
+        options: launch options, as ``shoal.fit`` takes them (``nproc=2``, ``nnodes=2``,
+            ``node_rank=1``, ``master_addr=...``, ``rdzv_backend``, ``rdzv_endpoint``, ``rdzv_id``,
+            ``join_timeout``, ``max_restarts``, ``start_method``, ``verbose``, ``local_addr``...),
+            and :func:`shoal.init`'s options for each rank (``device``, ``backend``, ``seed``,
+            ``init_timeout``, ``timeout``, ``threads``). In a Kubeflow pod the operator's variables
+            give the launch options' defaults.
+
+    Returns:
+        Global rank 0's return value (the values of the other ranks are dropped; they must be
+        picklable all the same, as they travel back from the workers). A node of a multi-node job
+        that holds no rank 0 gets None. Started as one rank of a job (torchrun, srun, mpirun, a
+        pod), this process is that rank and gets its own ``fn``'s value; the launch options are
+        then ignored, the outer launcher has decided. With ``all_ranks``: every rank's value.
+
+    Raises:
+        ShoalError: an unknown option, a function spawned workers cannot unpickle (before any worker
+            starts), or a failed rank (its traceback and a summary line; the other workers stopped).
+    """
+    unknown = sorted(set(options) - _LAUNCH_OPTIONS - _INIT_OPTIONS)
+    if unknown:
+        raise ShoalError(
+            f"shoal.run got unknown option(s): {', '.join(unknown)}",
+            "pass fn's own keyword arguments as kwargs={...}; options are launch options (nproc=2, "
+            "nnodes, master_addr, max_restarts, start_method...) and shoal.init's (device, seed...)",
+        )
+    if not callable(fn):
+        raise ShoalError(
+            f"shoal.run needs a function to run, got {type(fn).__name__}", "pass it first: shoal.run(fn, ...)"
+        )
+    call = _Call(
+        fn, tuple(args), dict(kwargs or {}), {k: v for k, v in options.items() if k in _INIT_OPTIONS}, all_ranks
+    )
+    launch = _launch_options(options)
+    if launch is None:  # one process, or already one rank of a job: fn runs here
+        return call()[1]
+    method = resolve_start_method(launch.start_method, _device_type(call.init_options.get("device", "auto"), launch))
+    if method == "spawn":
+        _check_picklable(call)
+    results = launch_local(_run_call, (call,), options=dataclasses.replace(launch, start_method=method))
+    by_rank = dict(results.values())  # {global rank: value} of this node's ranks
+    if all_ranks:
+        return next(iter(by_rank.values()))
+    return by_rank.get(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What every rank runs: join the group, ``fn(*args, **kwargs)``, leave; ``(rank, value)``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    init_options: dict[str, Any]
+    all_ranks: bool
+
+    def __call__(self) -> tuple[int, Any]:
+        joined = current() is None  # a context the caller made stays the caller's
+        ctx = init(**self.init_options)
+        value = self.fn(*self.args, **self.kwargs)
+        if self.all_ranks:
+            value = _gather(value, ctx.world_size)
+        # Left only after a success: a rank that raised keeps its connections open until it exits,
+        # so that the others fail after it, and the report names it rather than a peer that lost it.
+        if joined:
+            ctx.shutdown()
+        return ctx.rank, value
+
+
+def _run_call(call: _Call) -> tuple[int, Any]:
+    """The workers' entry point (module-level: spawned workers unpickle it by name).
+
+    A forked worker inherits the launcher's context, if it made one: a one-process context, not
+    this worker's (it holds no process group, so leaving it touches nothing the launcher has).
+    """
+    inherited = current()
+    if inherited is not None:
+        inherited.shutdown()
+    try:
+        return call()
+    except Exception as err:
+        if peer_gone(err):
+            # The launcher reports the worker it sees exit first; it looks every 0.1 s, and the
+            # rank whose fn raised is still exiting when its peers' collectives fail. A victim
+            # waits, so that the report names the cause (the agent stops the victim meanwhile).
+            time.sleep(_VICTIM_WAIT_S)
+        raise
+
+
+def _gather(value: Any, world_size: int) -> list[Any]:
+    import torch.distributed as dist
+
+    if world_size == 1 or not dist.is_initialized():
+        return [value]
+    values: list[Any] = [None] * world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _launch_options(options: Mapping[str, Any]) -> LaunchOptions | None:
+    """This node's launch options, or None when ``fn`` runs in this process (see :func:`run`)."""
+    from shoal.launch.pods import operator_defaults
+
+    pod = operator_defaults(os.environ)
+    launch = LaunchOptions(**{**pod, **{k: v for k, v in options.items() if k in _LAUNCH_OPTIONS}})
+    if pod:  # a Kubeflow pod's command: it starts the pod's workers
+        return launch
+    env = detect_environment()
+    if env.world_size > 1:  # torchrun, srun, mpirun... started this process as one rank
+        if launch.starts_workers and env.rank == 0:
+            print(
+                f"shoal.run: {env.scheme} started this process as rank {env.rank} of {env.world_size}: "
+                "fn runs here as that rank, the launch options are ignored",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    return launch if launch.starts_workers else None
+
+
+def _device_type(device: str, launch: LaunchOptions) -> str:
+    """The workers' device type, without initialising CUDA here (forked workers could not use it):
+    NVML counts the GPUs (see shoal.train.job's notes on fork safety)."""
+    from shoal.distributed.device import choose_device
+
+    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
+    saved = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        return choose_device(device, 0, launch.nproc).type
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _check_picklable(call: _Call) -> None:
+    """Fail here, in one line, for what spawned workers could not unpickle (instead of N tracebacks)."""
+    hint = (
+        "define the function at the top level of a .py module and import it (spawned workers import "
+        "it by name); on CPU, start_method='fork' runs any function"
+    )
+    name = getattr(call.fn, "__qualname__", repr(call.fn))
+    module = getattr(call.fn, "__module__", None)
+    main = sys.modules.get("__main__")
+    if module == "__main__" and not getattr(main, "__file__", None):
+        raise ShoalError(f"shoal.run cannot spawn workers for {name}: it was defined in a notebook or REPL", hint)
+    try:
+        pickle.dumps(call.fn)
+    except Exception as err:
+        raise ShoalError(
+            f"shoal.run cannot spawn workers for {name}: it cannot be pickled ({first_line(err)})", hint
+        ) from None
+    try:
+        pickle.dumps((call.args, call.kwargs, call.init_options))
+    except Exception as err:
+        raise ShoalError(
+            f"shoal.run cannot spawn workers: an argument of {name} cannot be pickled ({first_line(err)})",
+            "pass picklable arguments (tensors, data classes, paths), or use start_method='fork' on CPU",
+        ) from None
