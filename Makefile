@@ -4,8 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.shoal-installed
+# Test-only: Hugging Face, Lightning and Accelerate, whose unchanged scripts tests/clients/ runs under
+# shoal; installed beside the venv (--no-deps --target: torch untouched, never a shoal dependency).
+CLIENTS := $(VENV)/clients
+CLIENTS_REQ := tests/clients/requirements.txt
 
-.PHONY: demo test install clean
+.PHONY: demo test install clients clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+## Skipped when the stamp holds the same list (compared by content, not by file dates).
+clients: $(STAMP)
+	@cmp -s $(CLIENTS_REQ) $(CLIENTS)/.installed || { \
+	  rm -rf $(CLIENTS) && \
+	  $(BIN)/pip install --quiet --no-deps --target $(CLIENTS) -r $(CLIENTS_REQ) && \
+	  cp $(CLIENTS_REQ) $(CLIENTS)/.installed; }
+
 ## The main job: train the bundled digits workload with 2 local worker processes on CPU.
 demo: $(STAMP)
 	$(BIN)/shoal train digits --nproc 2 --device cpu
@@ -22,7 +33,7 @@ demo: $(STAMP)
 ## The whole test suite (CPU, real multi-process runs over gloo). One file at a time by default;
 ## PYTEST_ARGS='-n 2 --dist loadgroup' runs two at a time (pytest-xdist; see README, "Tests").
 PYTEST_ARGS ?=
-test: $(STAMP)
+test: $(STAMP) clients
 	bash scripts/install-system-deps.sh
 	$(BIN)/ruff check src tests examples scripts/bench-slow-link
 	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link
