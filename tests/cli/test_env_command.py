@@ -103,3 +103,33 @@ def test_subprocess_error_is_two_lines_without_traceback(shoal):
     assert lines[0].startswith("shoal: error: unknown launch scheme 'nope'")
     assert lines[1].startswith("HINT: use one of: torchrun, slurm")
     assert "Traceback" not in done.stderr
+
+
+def test_under_mpirun_the_job_here_is_the_mpi_job(capsys):
+    """Rank 3 of 4, two ranks per node: the job is 2 nodes, not the 1 a fresh launch here would be."""
+    ranks = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "MASTER_ADDR": "10.77.0.1",
+    }
+    assert run_env(["--device", "cpu"], ranks) == 0
+    out = capsys.readouterr().out
+    assert "node:         1 of 2" in out
+    assert "openmpi started this process as rank 3 of 4: 2 process(es) on this node, 2 node(s) in all" in out
+    assert "1 node(s) in all" not in out
+    assert run_env(["--json", "--device", "cpu"], ranks) == 0
+    job = json.loads(capsys.readouterr().out)["job"]
+    assert (job["rank_of"], job["nodes"], job["nproc"], job["world_size"]) == ("openmpi", 2, 2, 4)
+
+
+def test_in_a_pod_with_only_the_classic_variables(capsys):
+    """Run:ai's pods (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, no PET_*): a launcher here is node
+    RANK of WORLD_SIZE, so the job has WORLD_SIZE nodes (before: "1 node(s) in all")."""
+    pod = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555", "RANK": "1", "WORLD_SIZE": "2"}
+    assert run_env(["--device", "cpu"], pod) == 0
+    out = capsys.readouterr().out
+    assert "but no PET_* (Run:ai, or a training-operator before 1.7)" in out
+    assert "nnodes=2, node_rank=1, master_addr=127.0.0.1, master_port=29555" in out
+    assert "1 worker(s) here (2 node(s) in all)" in out

@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shoal.launch.pods import operator_defaults
+    from shoal.launch.pods import classic_pod, operator_defaults
 
     pod = operator_defaults(os.environ)
     try:
@@ -80,8 +80,13 @@ def run(args: argparse.Namespace) -> int:
     device = choose_device(args.device, *local)
     backend = choose_backend(args.backend, device)
     report = as_dict(info, str(device), backend) if info else {"scheme": None, "as_one_process": as_one_process}
-    options = LaunchOptions(**{**pod, **given_fields(args, args.launch_fields)})
-    report["job"] = job_report(options, pod)
+    given = given_fields(args, args.launch_fields)
+    options = LaunchOptions(**{**pod, **given})
+    if info is not None and info.world_size > 1 and not pod and not given:
+        report["job"] = rank_report(info)
+    else:
+        report["job"] = job_report(options, pod)
+    report["job"]["pod_variables"] = "classic" if classic_pod(os.environ) else ("PET" if pod else None)
     if args.json:
         print(json.dumps(report, sort_keys=False), flush=True)
     else:
@@ -102,6 +107,18 @@ def job_report(options: LaunchOptions, pod: dict) -> dict:
     report["listen"] = plan.listening()
     report["nodes"], report["nproc"] = plan.nnodes, options.nproc
     return report
+
+
+def rank_report(info: EnvInfo) -> dict:
+    """The job this process is already a rank of (mpirun, srun, torchrun): what a launcher here joins."""
+    return {
+        "from_pod": {},
+        "rank_of": info.scheme,
+        "listen": None,
+        "nodes": info.num_nodes,
+        "nproc": info.local_world_size,
+        "world_size": info.world_size,
+    }
 
 
 def as_dict(info: EnvInfo, device: str, backend: str) -> dict:
@@ -142,14 +159,27 @@ def as_text(report: dict) -> str:
     job = report["job"]
     if job["from_pod"]:
         read = ", ".join(f"{k}={v}" for k, v in job["from_pod"].items())
+        if job.get("pod_variables") == "classic":
+            source = (
+                "this pod has MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE but no PET_* (Run:ai, or a "
+                "training-operator before 1.7): a launcher here is node RANK of WORLD_SIZE pods"
+            )
+        else:
+            source = (
+                "a Kubeflow operator started this pod's command; read from PET_* "
+                "(WORLD_SIZE is not read: its meaning changed in training-operator 1.7)"
+            )
+        rows.append(("pod", f"{source}; launch defaults: {read}"))
+    if job.get("rank_of"):
         rows.append(
             (
-                "pod",
-                f"a Kubeflow operator started this pod's command; read from PET_*: {read} "
-                "(WORLD_SIZE is not read: its meaning changed in training-operator 1.7)",
+                "a job here",
+                f"{report['scheme']} started this process as rank {report['rank']} of {job['world_size']}: "
+                f"{job['nproc']} process(es) on this node, {job['nodes']} node(s) in all; `shoal train` here "
+                "runs as that rank (no workers of its own)",
             )
         )
-    if job["listen"] is None:
+    elif job["listen"] is None:
         rows.append(("a job here", f"cannot be planned: {job['problem']}"))
     else:
         listen = job["listen"]

@@ -33,7 +33,22 @@ def main_raw(argv: list[str]) -> int:
 
     Raises :class:`shoal.errors.ShoalError` for problems the user can fix; the caller prints it.
     """
+    if asks_for_help(argv):  # the frozen text: torch's parser would cost seconds of import
+        from shoal.launch.run_help import TEXT
+
+        print(TEXT, end="", flush=True)
+        return 0
     from shoal.cli.parser import errors_with_hints
     from shoal.launch.run import build_parser, run
 
     return run(list(argv), errors_with_hints(build_parser()))
+
+
+def asks_for_help(argv: list[str]) -> bool:
+    """``-h``/``--help`` among the launcher's leading flags (after the script it is the script's)."""
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            return True
+        if not arg.startswith("-"):
+            return False
+    return False

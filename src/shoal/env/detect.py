@@ -94,6 +94,14 @@ def detect_environment(
     raise AssertionError("the local scheme always matches")  # pragma: no cover
 
 
+def detected_scheme(environ: Mapping[str, str], *, argv: Sequence[str] | None = None) -> type[LaunchEnvironment]:
+    """The first scheme of :data:`SCHEMES` whose ``detect`` matches ``environ`` (``local`` at worst).
+
+    Detection only: nothing is described, so nothing raises; ``SHOAL_ENV`` is not consulted.
+    """
+    return next(scheme for scheme in SCHEMES if scheme.detect(environ, argv=argv))
+
+
 def torch_env_vars(info: EnvInfo) -> dict[str, str]:
     """The variables ``torch.distributed`` (``env://``) and torchrun-style scripts read, for export.
 

@@ -18,10 +18,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shoal.console import write_line
 from shoal.env import detect_environment
 from shoal.errors import ShoalError
 from shoal.launch.core import Launch, WorkersFailed, run_workers
 from shoal.launch.options import START_METHODS, LaunchOptions
+from shoal.launch.pods import classic_pod, classic_pod_line
 from shoal.launch.rendezvous import plan_for
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "check_start_method",
     "launch_local",
     "resolve_start_method",
+    "check_allocation",
+    "refuse_rank_launching_alone",
     "run_here_or_launch",
     "starts_workers",
 ]
@@ -108,9 +112,12 @@ def starts_workers(options: LaunchOptions, *, pod: bool = False, environ: Mappin
     command and ``options`` came from the operator's variables (:mod:`shoal.launch.pods`): it starts
     the pod's workers whatever the environment says.
     """
+    environ = dict(os.environ if environ is None else environ)
     if pod:
+        if classic_pod(environ):
+            write_line(classic_pod_line("shoal", environ))
         return True
-    env = detect_environment(dict(os.environ if environ is None else environ))
+    env = detect_environment(environ)
     if env.world_size > 1:
         if options.starts_workers:
             raise ShoalError(
@@ -120,7 +127,63 @@ def starts_workers(options: LaunchOptions, *, pod: bool = False, environ: Mappin
                 "already starts one process per rank",
             )
         return False
+    if env.scheme == "local":
+        check_allocation(options, environ)
     return options.starts_workers
+
+
+def check_allocation(options: LaunchOptions, environ: Mapping[str, str], prog: str = "shoal") -> None:
+    """ShoalError when this launcher, not a rank of any launcher's job (the ``local`` scheme), starts a
+    job on this node only inside a Slurm allocation (an sbatch script or an salloc shell, not an srun
+    step) that asked for more: several nodes, or more tasks than the processes it starts. The job
+    would run on a part of what was allocated, silently. ``SHOAL_ENV=local`` says that is intended.
+    """
+    if options.several_nodes or "SLURM_JOB_ID" not in environ or environ.get("SHOAL_ENV", "").strip():
+        return
+    nodes_name = next((n for n in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES") if n in environ), None)
+    nodes = _count(environ, nodes_name)
+    tasks = _count(environ, "SLURM_NTASKS")
+    if nodes > 1:
+        found = f"{nodes_name}={nodes}"
+    elif tasks > options.nproc:
+        found = f"SLURM_NTASKS={tasks}"
+    else:
+        return
+    raise ShoalError(
+        f"{found}: this Slurm allocation asks for more than the {options.nproc} process(es) {prog} would "
+        "start on this node alone (this is the batch script or an salloc shell, not an srun step)",
+        "start the ranks with srun (`srun shoal train ...`: each task is a rank), or one launcher per node "
+        "(`shoal launch slurm` renders it), or ask for what you start (--nproc N with --ntasks N), or SHOAL_ENV=local to run on this node only",
+    )
+
+
+def refuse_rank_launching_alone(prog: str, environ: Mapping[str, str]) -> None:
+    """ShoalError when another launcher started this process as one rank of several while ``prog``
+    would start a standalone job of its own: every copy would train alone. Called by ``shoal run``
+    when it plans one node and no rendezvous was given (a launcher under srun or mpirun must be
+    told where the others are)."""
+    info = detect_environment(environ)
+    if info.world_size <= 1:
+        return
+    hints = {
+        "slurm": "srun started one copy per task: give srun one task per node and the launchers a rendezvous "
+        "(`shoal launch slurm` renders it), or let srun start every process: `srun python SCRIPT`",
+        "openmpi": "mpirun starts every process itself: `mpirun ... python SCRIPT` (each reads its rank), "
+        "or run one launcher per node with --nnodes/--node-rank/--master-addr",
+        "torchrun": "this process is already a torchrun worker: run the script itself, not a launcher",
+    }
+    hints["pmi"] = hints["openmpi"].replace("mpirun", "mpiexec")
+    raise ShoalError(
+        f"{info.scheme} started this process as rank {info.rank} of {info.world_size} "
+        f"({' '.join(info.reason[:3])}), but {prog} would start a standalone job of its own here",
+        hints.get(info.scheme, "give the launcher --nnodes, --node-rank and --master-addr of the job it belongs to"),
+    )
+
+
+def _count(environ: Mapping[str, str], name: str | None) -> int:
+    """A Slurm count variable, 1 when unset or not a plain number (Slurm writes ``2(x3)`` forms elsewhere)."""
+    value = environ.get(name or "", "").strip()
+    return int(value) if value.isdigit() else 1
 
 
 def run_here_or_launch(

@@ -12,6 +12,14 @@ given on the command line win.
 to the number of pods before, and Trainer v2 does not set it at all. Confusing the two is the
 classic PyTorchJob bug (``torchrun --nnodes=$WORLD_SIZE`` waits for twice the pods that exist as
 soon as nprocPerNode is 2). The node count comes from ``PET_NNODES`` only.
+
+Pods that carry only the classic variables (:func:`classic_pod`): MASTER_ADDR, MASTER_PORT, RANK
+and WORLD_SIZE, no PET_* (Run:ai's distributed PyTorch workloads on a training-operator before 1.7,
+and that operator itself, where WORLD_SIZE counts pods). A launcher there is node RANK of WORLD_SIZE
+nodes meeting on MASTER_ADDR:MASTER_PORT, with one process per GPU (one on CPU) unless the command
+says otherwise: what Run:ai's users write in their launch scripts (``torchrun --nnodes=$WORLD_SIZE
+--node_rank=$RANK --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT``), torchrun's default
+(static) rendezvous included. Without this, each pod would start a standalone job of its own.
 """
 
 from __future__ import annotations
@@ -19,8 +27,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shoal.env.base import read_int, read_port
+from shoal.env.base import has_all, read_int, read_port, read_rank
+from shoal.env.detect import detected_scheme
+from shoal.env.kubeflow import KubeflowEnvironment
 from shoal.errors import ShoalError
+
+CLASSIC_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+"""What a pod of a PyTorchJob before training-operator 1.7 (and of Run:ai on one) carries: no PET_*."""
 
 
 def started_by_operator(environ: Mapping[str, str]) -> bool:
@@ -31,12 +44,29 @@ def started_by_operator(environ: Mapping[str, str]) -> bool:
     return any(name in environ for name in ("PET_NODE_RANK", "PET_RDZV_ENDPOINT", "PET_MASTER_ADDR"))
 
 
+def classic_pod(environ: Mapping[str, str]) -> bool:
+    """True in a launcher whose environment holds only the classic variables of a multi-pod job:
+    MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (WORLD_SIZE not 1), no PET_* variables, and no
+    sign of another launcher (torchrun's LOCAL_RANK or TORCHELASTIC_RUN_ID, Slurm, MPI) that would
+    make this process a rank itself. A WORLD_SIZE that is not a number counts: the defaults then
+    name it."""
+    if started_by_operator(environ) or "PET_NNODES" in environ or not has_all(environ, *CLASSIC_VARS):
+        return False
+    if detected_scheme(environ, argv=()) is not KubeflowEnvironment:
+        return False
+    return environ["WORLD_SIZE"].strip() != "1"
+
+
 def operator_defaults(environ: Mapping[str, str], *, gpus: int | None = None) -> dict[str, Any]:
     """:class:`~shoal.launch.options.LaunchOptions` field values from the operator's variables.
 
     Empty when this is not an operator-started pod. ``gpus``: GPUs visible in the pod, for
     ``nprocPerNode: auto`` (one process per GPU, or one per pod on CPU); counted when None.
+    In a pod with the classic variables only (:func:`classic_pod`): node RANK of WORLD_SIZE on
+    MASTER_ADDR:MASTER_PORT (ShoalError naming them when they disagree), a process per GPU.
     """
+    if classic_pod(environ):
+        return classic_defaults(environ, gpus=gpus)
     if not started_by_operator(environ):
         return {}
     out: dict[str, Any] = {
@@ -71,6 +101,34 @@ def operator_defaults(environ: Mapping[str, str], *, gpus: int | None = None) ->
     if "PET_MAX_RESTARTS" in environ:
         out["max_restarts"] = read_int(environ, "PET_MAX_RESTARTS")
     return out
+
+
+def classic_defaults(environ: Mapping[str, str], *, gpus: int | None = None) -> dict[str, Any]:
+    """LaunchOptions field values for a pod with only MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE."""
+    rank, world = read_rank(environ, "RANK", "WORLD_SIZE")
+    address = environ["MASTER_ADDR"].strip()
+    if not address:
+        raise ShoalError(
+            "MASTER_ADDR is empty in a pod with RANK and WORLD_SIZE set",
+            "the job's master pod address is missing; set MASTER_ADDR (the training operator does)",
+        )
+    return {
+        "nnodes": str(world),
+        "node_rank": rank,
+        "master_addr": address,
+        "master_port": read_port(environ, "MASTER_PORT"),
+        "rdzv_backend": "static",
+        "nproc": nproc_from("auto", "processes per pod", gpus),
+    }
+
+
+def classic_pod_line(prog: str, environ: Mapping[str, str]) -> str:
+    """The one line a launcher prints in a pod with only the classic variables: which it read."""
+    used = ", ".join(f"{name}={environ[name]}" for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    return (
+        f"{prog}: this pod is node {environ['RANK'].strip()} of {environ['WORLD_SIZE'].strip()}, read from "
+        f"{used} (no PET_* variables: Run:ai, or a training-operator before 1.7); flags given win"
+    )
 
 
 def nproc_from(value: str, name: str, gpus: int | None = None) -> int:

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
 
+from shoal.console import write_line
 from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.env.host import threads_per_process
 from shoal.errors import ShoalError
 from shoal.launch.core import Launch, run_workers
+from shoal.launch.local import check_allocation, refuse_rank_launching_alone
 from shoal.launch.options import DEFAULT_JOIN_TIMEOUT_S, LaunchOptions, check_join_timeout, parse_conf, parse_nnodes
-from shoal.launch.pods import nproc_from
+from shoal.launch.pods import classic_defaults, classic_pod, classic_pod_line, nproc_from
 from shoal.launch.process import process_started
 from shoal.launch.rendezvous import plan_for
 
@@ -40,7 +43,11 @@ both spellings), run by torch's own elastic agent. What shoal adds:
     (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, --local-addr, c10d is_host) unless you set them,
     and every node gives up after --join-timeout with the reason;
   - in a Kubeflow pod, the operator's PET_* variables give the defaults, as for torchrun;
-    --nproc-per-node auto is one worker per GPU, or one without GPUs."""
+    --nproc-per-node auto is one worker per GPU, or one without GPUs;
+  - in a pod with only MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE > 1 (Run:ai, training-operator
+    before 1.7): node RANK of WORLD_SIZE meeting on MASTER_ADDR:MASTER_PORT, one worker per GPU;
+  - started as one rank of a larger job (srun, mpirun, torchrun) or in an allocation of more tasks
+    than it starts, with no rendezvous given: an error, never a job of its own per copy."""
 
 EXAMPLES = """\
 examples:
@@ -57,15 +64,25 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """torchrun's own parser, renamed, with shoal's additions and worked examples."""
+HELP_WIDTH = 100
+"""Columns of the help text frozen in :mod:`shoal.launch.run_help`."""
+
+
+def build_parser(width: int | None = None) -> argparse.ArgumentParser:
+    """torchrun's own parser, renamed, with shoal's additions and worked examples.
+
+    ``width``: wrap the help at this many columns (default: the terminal's, as argparse does).
+    """
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
     parser.prog = "shoal run"
     parser.description = DESCRIPTION
     parser.epilog = EXAMPLES
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    if width is None:
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    else:
+        parser.formatter_class = functools.partial(argparse.RawDescriptionHelpFormatter, width=width)
     group = parser.add_argument_group("shoal additions")
     group.add_argument(
         "--nproc",
@@ -95,10 +112,19 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
         SystemExit: from torch's parser on unknown flags or ``--help`` (status 2 or 0).
     """
     started = process_started()
-    args = (parser or build_parser()).parse_args(argv)
+    parser = parser or build_parser()
+    in_classic_pod = classic_pod(os.environ)
+    if in_classic_pod:  # the pod's variables as flag defaults, as torchrun reads PET_*: flags win
+        parser.set_defaults(**_torchrun_defaults(classic_defaults(os.environ)))
+    args = parser.parse_args(argv)
     _apply_nproc_alias(args, argv)
     options = options_from_args(args)
     _check_script(args)
+    if in_classic_pod:
+        write_line(classic_pod_line("shoal run", os.environ))
+    elif _standalone(args, options):
+        refuse_rank_launching_alone("shoal run", os.environ)
+        check_allocation(options, os.environ, "shoal run")
     plan = plan_for(options, started=started)
     user_log_dir = args.log_dir
     # Workers' stderr must land in files to be read back after a failure; keep them only as long
@@ -115,6 +141,17 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     finally:
         if not user_log_dir:
             shutil.rmtree(args.log_dir, ignore_errors=True)
+
+
+def _torchrun_defaults(defaults: dict) -> dict:
+    """LaunchOptions field values as defaults of torchrun's parser (its ``dest`` names)."""
+    names = {"nproc": "nproc_per_node"}
+    return {names.get(key, key): str(value) if key == "nproc" else value for key, value in defaults.items()}
+
+
+def _standalone(args: argparse.Namespace, options: LaunchOptions) -> bool:
+    """One node and no rendezvous of the user's: the job shoal run starts is this node's alone."""
+    return not options.several_nodes and args.master_port is None and not args.rdzv_endpoint
 
 
 def options_from_args(args: argparse.Namespace) -> LaunchOptions:
@@ -202,3 +239,28 @@ def _check_script(args: argparse.Namespace) -> None:
             f"script not found: {path} (working directory: {os.getcwd()})",
             "check the path; to run a module, use -m package.module; for a program that is not Python, add --no-python",
         )
+
+
+_FROZEN_HELP_DOC = '''"""``shoal run --help`` without importing torch: the help of :func:`shoal.launch.run.build_parser`,
+frozen at :data:`shoal.launch.run.HELP_WIDTH` columns. Generated: do not edit.
+
+torchrun's flags live in torch's parser, and importing torch takes seconds, while every other
+``--help`` of shoal answers in a fraction of one. ``tests/cli/test_help.py`` compares :data:`TEXT`
+with what torch's parser (plus shoal's additions) gives now, so a torch release that changes
+torchrun's flags fails that test until this file is written again: ``python -m shoal.launch.run``.
+"""
+'''
+
+
+def frozen_help_source(text: str) -> str:
+    """The source of :mod:`shoal.launch.run_help` holding ``text``, one line per string literal."""
+    lines = "".join(f"    {line!r}\n" for line in text.splitlines(keepends=True))
+    return f"{_FROZEN_HELP_DOC}\nTEXT = (\n{lines})\n"
+
+
+if __name__ == "__main__":  # write shoal/launch/run_help.py from the installed torch's parser
+    import pathlib
+
+    target = pathlib.Path(__file__).with_name("run_help.py")
+    target.write_text(frozen_help_source(build_parser(width=HELP_WIDTH).format_help()))
+    print(f"wrote {target}")
