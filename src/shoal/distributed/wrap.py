@@ -2,7 +2,9 @@
 
 ``apply_ddp`` is a pure function of the model and the context: it never touches the training loop.
 Saved state dicts never carry the ``module.`` (DDP) or ``_orig_mod.`` (torch.compile) prefixes, so a
-model saved from 8 processes loads into the plain model on a laptop.
+model saved from 8 processes loads into the plain model on a laptop. An FSDP2-sharded model
+(:func:`shoal.distributed.fsdp.apply_fsdp`) is its own module (FSDP2 shards in place), and its state
+dict is gathered into plain full tensors by :func:`model_state_dict`, collectively.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ def apply_ddp(model: nn.Module, device: torch.device, world_size: int, **ddp_kwa
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's own module inside any DDP / FSDP-style ``.module`` or torch.compile wrapper."""
+    """The user's own module inside any DDP / FSDP-style ``.module`` or torch.compile wrapper.
+
+    An FSDP2 model comes back as it is: it is the user's module (its class swapped in place for an
+    ``FSDP<Name>`` subclass), its parameters DTensor shards."""
     while True:
         if isinstance(model, DistributedDataParallel):
             model = model.module
@@ -66,5 +71,14 @@ def clean_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def model_state_dict(model: nn.Module) -> dict[str, Any]:
-    """The plain state dict of the unwrapped model, ready for ``torch.save``."""
-    return clean_state_dict(unwrap_model(model).state_dict())
+    """The plain state dict of the unwrapped model, ready for ``torch.save``.
+
+    For a model sharded by FSDP2 the shards are gathered into full CPU tensors on rank 0 (the other
+    ranks get ``{}``): then it is collective, and every rank must call it at the same point.
+    """
+    from shoal.distributed.fsdp import full_model_state_dict, is_fsdp
+
+    inner = unwrap_model(model)
+    if is_fsdp(inner):
+        return clean_state_dict(full_model_state_dict(inner))
+    return clean_state_dict(inner.state_dict())
