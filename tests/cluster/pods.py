@@ -173,10 +173,13 @@ class PodNetwork:
     def __len__(self) -> int:
         return len(self.pods)
 
-    def limit_rate(self, pod: Pod, rate: str = "20mbit") -> None:
-        """Limit ``pod``'s link to ``rate`` both ways with tc's token bucket filter (``tbf``), as a slow
-        NIC or cable would: on its eth0 (what it sends) and on its switch port (what it receives)."""
-        for netns, dev in ((pod.netns, pod.ifname), (self.switch, pod.switch_port)):
+    def limit_rate(self, pod: Pod, rate: str = "20mbit", *, direction: str = "both") -> None:
+        """Limit ``pod``'s link to ``rate`` with tc's token bucket filter (``tbf``), as a slow NIC or
+        cable would: on its eth0 (``egress``: what it sends), on its switch port (``ingress``: what it
+        receives), or ``both``."""
+        ends = {"egress": [(pod.netns, pod.ifname)], "ingress": [(self.switch, pod.switch_port)]}
+        ends["both"] = ends["egress"] + ends["ingress"]
+        for netns, dev in ends[direction]:
             _run("tc", "-n", netns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kbit",
                  "latency", "400ms")  # fmt: skip
 

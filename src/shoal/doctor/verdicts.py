@@ -1,18 +1,31 @@
 """Cluster-wide verdicts from what the ranks sent rank 0: missing ranks, versions that differ, slow
 links or nodes, the all-reduce, shared storage. Pure functions of plain data (tested without a job).
 
-A link is *slow* when its bandwidth (the slower direction) is below :data:`SLOW_FRACTION` of the
-median link's: a fail below :data:`FAIL_FRACTION`. A node all of whose links (two or more) are slow
-is named as the slow node (its NIC, its cable, its switch port, its CPU); other slow links are named
-as links. With two nodes there is one link and nothing to compare it with: it is reported, not judged.
+Rates are judged twice, and the worse verdict wins:
+
+* *relative*: a node by its own links against the links among the others, each direction apart (a
+  node that sends slowly is slow on every link, whatever the median link says: with three nodes a
+  slow one sits on two of the three links, so the median link is its own); a link against the median
+  link; with two nodes, one direction against the other. Slow means below :data:`SLOW_FRACTION` of
+  the reference, a fail below :data:`FAIL_FRACTION`.
+* *absolute*: the seconds a reference model's gradient all-reduce would take every step at the
+  slowest rate (:mod:`shoal.distributed.bandwidth`, the scale the job's watchdog speaks too), so a
+  cluster whose links are all equally slow is not "ok".
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
+from shoal.distributed.bandwidth import (
+    REFERENCE_GRADIENT_BYTES,
+    allreduce_seconds,
+    describe_step_cost,
+    step_cost_status,
+)
 from shoal.doctor.model import Check, NodeReport, fail, ok, warn
 
 SLOW_FRACTION = 0.25
@@ -65,26 +78,77 @@ def versions_check(nodes: list[NodeReport]) -> Check:
 
 
 def suspect_links(links: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The measured links below :data:`SLOW_FRACTION` of the median, slowest first."""
-    rates = {id(lk): min(lk["a_to_b"], lk["b_to_a"]) for lk in links if not lk.get("error")}
-    if len(rates) < 2:
+    """The measured links that look slow (a slow link, or a link of a slow node), slowest first."""
+    measured = [lk for lk in links if not lk.get("error")]
+    if len(measured) < 2:
         return []
-    median = statistics.median(rates.values())
-    slow = [lk for lk in links if id(lk) in rates and rates[id(lk)] < SLOW_FRACTION * median]
-    return sorted(slow, key=lambda lk: rates[id(lk)])
+    median = statistics.median(_slower(lk) for lk in measured)
+    on_slow_node = {id(lk) for node in slow_nodes(measured) for lk in measured if node.node in (lk["a"], lk["b"])}
+    slow = [lk for lk in measured if _slower(lk) < SLOW_FRACTION * median or id(lk) in on_slow_node]
+    return sorted(slow, key=_slower)
+
+
+@dataclass(frozen=True)
+class SlowNode:
+    """A node whose own links are slow in one direction (or both) while the links among the others are not."""
+
+    node: int
+    sends: bool
+    receives: bool
+    rate: float
+    """The median of its slow direction's rates (bytes/s)."""
+    others: float
+    """The median rate of the directions between the other nodes (bytes/s)."""
+
+    @property
+    def ratio(self) -> float:
+        return self.rate / self.others if self.others else 0.0
+
+    def describe(self, labels: dict[int, str], links: int) -> str:
+        way = "sends and receives" if self.sends and self.receives else "sends" if self.sends else "receives"
+        return (
+            f"{labels[self.node]} is slow: {mb(self.rate)} on all its {links} link{'s' if links != 1 else ''} "
+            f"(it {way} slowly; the links between the other nodes: {mb(self.others)})"
+        )
+
+
+def slow_nodes(measured: list[dict[str, Any]]) -> list[SlowNode]:
+    """The nodes judged by their own links against the others': a node is slow when even the fastest
+    direction it sends (or receives) on is below :data:`SLOW_FRACTION` of the median of the
+    directions that do not touch it. With two nodes nothing is left to compare with: none."""
+    directions = [(lk["a"], lk["b"], lk["a_to_b"]) for lk in measured]
+    directions += [(lk["b"], lk["a"], lk["b_to_a"]) for lk in measured]
+    found = []
+    for node in sorted({lk["a"] for lk in measured} | {lk["b"] for lk in measured}):
+        others = [rate for src, dst, rate in directions if node not in (src, dst)]
+        if not others:
+            continue
+        reference = statistics.median(others)
+        sent = [rate for src, _, rate in directions if src == node]
+        received = [rate for _, dst, rate in directions if dst == node]
+        sends = bool(sent) and max(sent) < SLOW_FRACTION * reference
+        receives = bool(received) and max(received) < SLOW_FRACTION * reference
+        if sends or receives:
+            rate = statistics.median((sent if sends else []) + (received if receives else []))
+            found.append(SlowNode(node, sends, receives, rate, reference))
+    return found
 
 
 def link_checks(links: list[dict[str, Any]], labels: dict[int, str]) -> list[Check]:
     """``latency`` and ``bandwidth`` from the measured links; marks each link's ``status`` in place.
 
     Each link: ``{"a", "b"}`` (node ranks), ``rtt_s``, ``a_to_b`` / ``b_to_a`` (bytes/s) or ``error``.
+    Two judgements, the worse one wins: *relative* (a node by its own links against the others', a
+    link against the median link, one direction against the other), and *absolute*: what one
+    gradient all-reduce of a reference model costs every step at the slowest rate measured
+    (:mod:`shoal.distributed.bandwidth`, the scale the job's watchdog uses too).
     """
     if not links:
         return [ok("bandwidth", "one node: no link between nodes to measure")]
     broken = [lk for lk in links if lk.get("error")]
     measured = [lk for lk in links if not lk.get("error")]
     for link in measured:
-        link["bytes_per_s"] = min(link["a_to_b"], link["b_to_a"])
+        link["bytes_per_s"] = _slower(link)
         link["status"] = "ok"
     for link in broken:
         link["status"] = "fail"
@@ -93,35 +157,92 @@ def link_checks(links: list[dict[str, Any]], labels: dict[int, str]) -> list[Che
         checks.append(_broken_check(broken, labels, []))
         return checks
     median = statistics.median(lk["bytes_per_s"] for lk in measured)
-    summary = f"{len(measured)} link(s): median {mb(median)}, slowest {mb(min(lk['bytes_per_s'] for lk in measured))}"
-    slow = [lk for lk in measured if len(measured) > 1 and lk["bytes_per_s"] < SLOW_FRACTION * median]
-    for link in slow:
-        link["status"] = "fail" if link["bytes_per_s"] < FAIL_FRACTION * median else "warn"
-    slow_nodes = _slow_nodes(links, slow)
-    named = [f"{labels[n]} is slow: {_node_rate(n, slow)} on all its {_degree(n, links)} links" for n in slow_nodes]
-    named += [
-        f"the link {_pair(lk, labels)} is slow: {mb(lk['bytes_per_s'])}"
-        for lk in slow
-        if lk["a"] not in slow_nodes and lk["b"] not in slow_nodes
-    ]
+    nodes = slow_nodes(measured)
+    named, statuses = [], []
+    for node in nodes:
+        status = "fail" if node.ratio < FAIL_FRACTION else "warn"
+        statuses.append(status)
+        named.append(node.describe(labels, _degree(node.node, links)))
+        for link in measured:
+            if node.node in (link["a"], link["b"]):
+                link["status"] = _worse(link["status"], status)
+    slow_ends, by_median = {node.node for node in nodes}, False
+    for link in measured:
+        if (
+            len(measured) > 1
+            and link["bytes_per_s"] < SLOW_FRACTION * median
+            and not slow_ends & {link["a"], link["b"]}
+        ):
+            link["status"] = _worse(link["status"], "fail" if link["bytes_per_s"] < FAIL_FRACTION * median else "warn")
+            statuses.append(link["status"])
+            named.append(f"the link {_pair(link, labels)} is slow: {mb(link['bytes_per_s'])}")
+            by_median = True
+    if len(measured) == 1:
+        one_way = _one_way(measured[0], labels)
+        if one_way:
+            status, text = one_way
+            measured[0]["status"] = status
+            statuses.append(status)
+            named.append(text)
+    bottleneck = min(lk["bytes_per_s"] for lk in measured)
+    participants = len({lk["a"] for lk in links} | {lk["b"] for lk in links})
+    cost = step_cost_status(allreduce_seconds(REFERENCE_GRADIENT_BYTES, bottleneck, participants))
+    costly = f"at {mb(bottleneck)} {describe_step_cost(bottleneck, participants)}" if cost != "ok" else ""
     if broken:
         checks.append(_broken_check(broken, labels, named))
-    elif named:
-        status = fail if any(lk["status"] == "fail" for lk in slow) else warn
+        return checks
+    if named:
+        status = fail if "fail" in statuses or cost == "fail" else warn
         checks.append(
             status(
                 "bandwidth",
-                "; ".join(named) + f" (the links' median: {mb(median)})",
+                "; ".join(named)
+                + (f" (the links' median: {mb(median)})" if by_median else "")
+                + (f"; {costly}" if costly else ""),
                 "look at that node's network: its link speed (`ethtool`), traffic shaping (`tc qdisc show`), "
                 "errors (`ip -s link`), the switch port, or a CPU too busy to feed it; every step of the job "
                 "waits for the slowest link",
-                slow_nodes=[labels[n] for n in slow_nodes],
+                slow_nodes=[labels[node.node] for node in nodes],
                 median_bytes_per_s=median,
+                bottleneck_bytes_per_s=bottleneck,
             )
         )
-    else:
-        checks.append(ok("bandwidth", summary + ("" if len(measured) > 1 else " (one link: nothing to compare)")))
+        return checks
+    summary = f"{len(measured)} link(s): median {mb(median)}, slowest {mb(bottleneck)}"
+    if cost != "ok":
+        checks.append(
+            (fail if cost == "fail" else warn)(
+                "bandwidth",
+                f"{summary}: every link is slow for data-parallel training: {costly}",
+                "use a faster network between the nodes, or send fewer bytes per step: --comm-hook bf16 "
+                "(half) or powersgd (far fewer; docs/BENCHMARKS.md, 'Slow networks'), a larger --grad-accum",
+                slow_nodes=[],
+                median_bytes_per_s=median,
+                bottleneck_bytes_per_s=bottleneck,
+            )
+        )
+        return checks
+    checks.append(ok("bandwidth", summary, slow_nodes=[], median_bytes_per_s=median, bottleneck_bytes_per_s=bottleneck))
     return checks
+
+
+def _slower(link: dict[str, Any]) -> float:
+    return min(link["a_to_b"], link["b_to_a"])
+
+
+def _worse(a: str, b: str) -> str:
+    order = ("ok", "warn", "fail")
+    return max(a, b, key=order.index)
+
+
+def _one_way(link: dict[str, Any], labels: dict[int, str]) -> tuple[str, str] | None:
+    """Two nodes: one link, no other to compare with; a direction far slower than the other is named."""
+    fast, slow = sorted((link["a_to_b"], link["b_to_a"]), reverse=True)
+    if slow >= SLOW_FRACTION * fast:
+        return None
+    src, dst = (link["a"], link["b"]) if link["a_to_b"] == slow else (link["b"], link["a"])
+    status = "fail" if slow < FAIL_FRACTION * fast else "warn"
+    return status, f"{labels[src]} -> {labels[dst]} is slow: {mb(slow)}, the other way {mb(fast)}"
 
 
 def _latency_check(measured: list[dict[str, Any]], labels: dict[int, str]) -> Check:
@@ -151,18 +272,8 @@ def _broken_check(broken: list[dict[str, Any]], labels: dict[int, str], named: l
     )
 
 
-def _slow_nodes(links: list[dict[str, Any]], slow: list[dict[str, Any]]) -> list[int]:
-    nodes = sorted({lk["a"] for lk in links} | {lk["b"] for lk in links})
-    return [n for n in nodes if _degree(n, links) >= 2 and _degree(n, slow) == _degree(n, links)]
-
-
 def _degree(node: int, links: list[dict[str, Any]]) -> int:
     return sum(node in (lk["a"], lk["b"]) for lk in links)
-
-
-def _node_rate(node: int, slow: list[dict[str, Any]]) -> str:
-    rates = [lk["bytes_per_s"] for lk in slow if node in (lk["a"], lk["b"])]
-    return mb(statistics.median(rates))
 
 
 def _pair(link: dict[str, Any], labels: dict[int, str]) -> str:
@@ -170,7 +281,9 @@ def _pair(link: dict[str, Any], labels: dict[int, str]) -> str:
 
 
 def allreduce_check(result: dict[str, Any], world: int, slow_nodes: list[str]) -> Check:
-    """The all-reduce across every rank: right sums, and its bus bandwidth (what every link carried)."""
+    """The all-reduce across every rank: right sums, and its bus bandwidth (what every link carried),
+    judged on the absolute scale of :mod:`shoal.distributed.bandwidth` (the cost of a reference
+    model's gradient all-reduce per step)."""
     if result.get("error"):
         return fail(
             "allreduce",
@@ -178,16 +291,23 @@ def allreduce_check(result: dict[str, Any], world: int, slow_nodes: list[str]) -
             "a collective across all ranks did not complete: see the bandwidth check for the link that broke",
         )
     seconds, nbytes = result["seconds"], result["bytes"]
-    busbw = 2 * (world - 1) / world * nbytes / seconds if seconds else 0.0
+    busbw = 2 * (world - 1) / world * nbytes / seconds if seconds else float("inf")
     result["bus_bytes_per_s"] = busbw
     held = f" (held back by {', '.join(slow_nodes)})" if slow_nodes else ""
-    return ok(
-        "allreduce",
+    summary = (
         f"{nbytes / 2**20:.2f} MiB across {world} ranks in {seconds * 1e3:.1f} ms (slowest rank): "
-        f"bus bandwidth {mb(busbw)}{held}",
-        bytes=nbytes,
-        seconds=seconds,
-        bus_bytes_per_s=busbw,
+        f"bus bandwidth {mb(busbw)}{held}"
+    )
+    cost = step_cost_status(allreduce_seconds(REFERENCE_GRADIENT_BYTES, busbw, world))
+    data = {"bytes": nbytes, "seconds": seconds, "bus_bytes_per_s": busbw}
+    if cost == "ok":
+        return ok("allreduce", summary, **data)
+    return (fail if cost == "fail" else warn)(
+        "allreduce",
+        f"{summary}: {describe_step_cost(busbw, world, who='ranks')}",
+        "every step waits that long for its gradients: fix the slow node or link (see the bandwidth check), or "
+        "send fewer bytes: --comm-hook bf16 or powersgd (docs/BENCHMARKS.md, 'Slow networks')",
+        **data,
     )
 
 
