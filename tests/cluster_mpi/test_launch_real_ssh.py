@@ -164,3 +164,23 @@ def test_bad_hosts_fail_in_one_line_quickly_and_leave_nothing(cluster, tmp_path,
     assert elapsed < 60, f"took {elapsed:.0f} s to fail"
     assert not list(tmp_path.glob("rank*.json")), "no rank may have started"
     _assert_nothing_left(net, servers)
+
+
+@pytest.mark.parametrize("via", ["ssh", pytest.param("mpirun", marks=needs_mpirun)])
+def test_an_unchanged_torchrun_script_sees_torchruns_contract_across_hosts(cluster, tmp_path, via):
+    """Hosts with different slot counts (node0:2, node1:1): every rank sees torchrun's variables with
+    consistent values, GROUP_RANK naming its host (Open MPI's variables alone cannot tell it then)."""
+    from contract.torchrun import SCRIPT, check_report, report_from_file
+
+    net, servers = cluster
+    report = tmp_path / "contract.json"
+    proc, _ = _launch(net, ["--hosts", "node0:2,node1:1", "--via", via, "--", str(SCRIPT), str(report)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = check_report(report_from_file(report), world=3, nodes=2)
+    assert [(v["GROUP_RANK"], v["LOCAL_RANK"], v["LOCAL_WORLD_SIZE"]) for v in ranks] == [
+        ("0", "0", "2"),
+        ("0", "1", "2"),
+        ("1", "0", "1"),
+    ]
+    assert {v["MASTER_ADDR"] for v in ranks} & {"node0", net["node0"].addr}  # as given, or resolved
+    _assert_nothing_left(net, servers)

@@ -34,6 +34,7 @@ def test_open_mpi_rank_becomes_torchruns_worker():
     assert env["TORCHELASTIC_RUN_ID"] == "mpirun-777"
     assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "0")
     assert int(env["OMP_NUM_THREADS"]) >= 1
+    assert env["SHOAL_ENV"] == "openmpi"  # shoal's own code still sees the launcher that started it
     assert torchrun_variables({**OMPI_RANK_3_OF_4, "OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
 
 

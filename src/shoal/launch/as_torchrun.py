@@ -37,7 +37,8 @@ def torchrun_variables(environ: Mapping[str, str], ranks_per_node: Sequence[int]
     ROLE_WORLD_SIZE, ROLE_NAME (one role, as torchrun's), MASTER_ADDR, MASTER_PORT,
     TORCHELASTIC_RUN_ID (the launcher's job id: the same on every rank), TORCHELASTIC_RESTART_COUNT
     and TORCHELASTIC_MAX_RESTARTS (0: these launchers do not restart a group), and OMP_NUM_THREADS
-    unless ``environ`` sets it (usable cores // ranks on this node, as ``shoal run`` sets it).
+    unless ``environ`` sets it (usable cores // ranks on this node, as ``shoal run`` sets it);
+    and SHOAL_ENV naming the launcher's scheme, unless set (``shoal.init()`` reports what started it).
     """
     from shoal.env.detect import detect_environment, torch_env_vars
     from shoal.env.host import threads_per_process
@@ -55,6 +56,10 @@ def torchrun_variables(environ: Mapping[str, str], ranks_per_node: Sequence[int]
         TORCHELASTIC_MAX_RESTARTS=environ.get("TORCHELASTIC_MAX_RESTARTS", "0"),
     )
     variables["OMP_NUM_THREADS"] = environ.get("OMP_NUM_THREADS") or str(threads_per_process(info.local_world_size))
+    # torchrun's variables would make shoal's own detection (torchrun first) call this process a
+    # torchrun worker; SHOAL_ENV keeps shoal.init() seeing the launcher that really started it.
+    if environ.get("SHOAL_ENV", "").strip().lower() in ("", "auto"):
+        variables["SHOAL_ENV"] = info.scheme
     return variables
 
 
