@@ -150,3 +150,47 @@ def test_srun_runs_the_all_reduce_demo(slurm):
     )
     _check(proc, slurm)
     assert "all 2 ranks got the right sum" in proc.stdout
+
+
+# ---- the torchrun contract (docs/LAUNCHERS.md): an unchanged torchrun-style script on each path ----
+
+
+def test_srun_through_the_shim_gives_torchruns_contract(slurm, tmp_path):
+    """A user's own srun: `srun python -m shoal.launch.as_torchrun -- python SCRIPT` (docs/LAUNCHERS.md)."""
+    from contract.torchrun import SCRIPT, check_report, report_from_file
+
+    report = tmp_path / "contract.json"
+    shim = ["python", "-m", "shoal.launch.as_torchrun", "--"]
+    proc = subprocess.run(
+        ["srun", "-n", "2", *shim, "python", str(SCRIPT), str(report)],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    _check(proc, slurm)
+    ranks = check_report(report_from_file(report), world=2, nodes=1)
+    assert {v["MASTER_ADDR"] for v in ranks} == {slurm.hostname}
+    assert ranks[0]["TORCHELASTIC_RUN_ID"].startswith("slurm-")  # the job and step: one id for the job
+
+
+@pytest.mark.parametrize("layout", [[], ["--one-task-per-process"]], ids=["launcher-per-node", "one-task-per-process"])
+def test_sbatch_gives_torchruns_contract(slurm, tmp_path, layout):
+    from contract.torchrun import SCRIPT, check_report, report_from_file
+
+    report = tmp_path / "contract.json"
+    proc = subprocess.run(
+        [*LAUNCH, "slurm", "--nproc-per-node", "2", *layout, "--script", str(tmp_path / "job.sbatch")]
+        + ["--output", str(tmp_path / "job-%j.out"), "--", str(SCRIPT), str(report)],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    _check(proc, slurm)
+    job_id = proc.stdout.strip()
+    info = slurm.wait_job(job_id, timeout=240)
+    output = (tmp_path / f"job-{job_id}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{output}\n{slurm.logs()}"
+    ranks = check_report(report_from_file(report), world=2, nodes=1)
+    assert [v["LOCAL_RANK"] for v in ranks] == ["0", "1"]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from shoal.env.network import bracket
 from shoal.errors import ShoalError
+from shoal.launch.as_torchrun import MODULE as AS_TORCHRUN_MODULE
 from shoal.launch.spec import Here, Host, JobSpec, looks_secret
 
 # Open MPI flags the multi-node tutorials use (Horovod's mpirun guide, for one): every rank sees all the
@@ -24,8 +25,6 @@ MPIRUN_FLAGS = ("-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-m
 
 RANK_STATUS_MODULE = "shoal.launch.remote.rank_status"
 """The wrapper that reports each rank's exit status to ``shoal launch`` (see :func:`render_mpirun`)."""
-AS_TORCHRUN_MODULE = "shoal.launch.as_torchrun"
-"""The shim that gives each rank torchrun's variables and execs the command (see :func:`render_mpirun`)."""
 
 
 def render_mpirun(spec: JobSpec, here: Here, *, hosts_from_env: bool = False, report_status: bool = False) -> list[str]:
@@ -129,8 +128,6 @@ def render_ssh(spec: JobSpec, here: Here, environ: Mapping[str, str]) -> list[li
 
 def _require_hosts(spec: JobSpec) -> tuple[Host, ...]:
     if not spec.hosts:
-        from shoal.errors import ShoalError
-
         raise ShoalError("no hosts given", "give --hosts node1:2,node2:2 (or --hostfile FILE)")
     return spec.hosts
 

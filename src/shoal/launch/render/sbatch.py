@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from shoal.launch.as_torchrun import MODULE as AS_TORCHRUN_MODULE
 from shoal.launch.spec import JobSpec
 
 _SHELL_WORDS = frozenset({'"$SLURM_NNODES"', '"$head_node:$port"', '"$SLURM_JOB_ID"'})
@@ -19,8 +20,9 @@ def render_sbatch(spec: JobSpec) -> str:
     c10d rendezvous on the allocation's first node (``scontrol show hostnames``), which serves the
     store, and each starts its processes. Each launcher is given ``--cpus-per-task`` for all its
     processes (Slurm would otherwise allot it one core). ``one_task_per_process``: srun starts
-    every process as a task of its own; ``shoal.init()`` reads rank, world size and the first node
-    from Slurm's variables.
+    every process as a task of its own, through :mod:`shoal.launch.as_torchrun`, which exports
+    torchrun's variables derived from Slurm's (so an unchanged torchrun-style script runs, and
+    ``shoal.init()`` still reads Slurm's).
     """
     nproc, cpus = spec.nproc, spec.cpus_per_node
     if spec.one_task_per_process:
@@ -50,7 +52,7 @@ def render_sbatch(spec: JobSpec) -> str:
     if spec.one_task_per_process:
         lines += [
             f"{SBATCH_MARKER} --one-task-per-process: srun starts all {world} processes;",
-            "# each finds its rank, the world size and the rendezvous (the first node) in Slurm's variables.",
+            "# each gets torchrun's variables (RANK, LOCAL_RANK, ..., MASTER_ADDR: the first node) from Slurm's.",
         ]
     else:
         lines += [
@@ -69,7 +71,7 @@ def render_sbatch(spec: JobSpec) -> str:
         if cpus_per_task:  # srun does not take it from sbatch since Slurm 22.05
             srun.append(f"--cpus-per-task={cpus_per_task}")
         srun.append("--kill-on-bad-exit=1")
-        lines.append(_continued(srun, spec.process_argv()))
+        lines.append(_continued(srun, [spec.python, "-m", AS_TORCHRUN_MODULE, "--"], spec.process_argv()))
         return "\n".join(lines) + "\n"
     lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)')
     if spec.master_port is None:
