@@ -177,7 +177,7 @@ def test_pytorchjob_pods(name, clients, tmp_path):
     claim = tmp_path / "pvc"
     claim.mkdir()
     logs = {}
-    with run_pods(sim, tmp_path / "pods", claims={"shared": claim}, tag="c") as net:
+    with run_pods(sim, tmp_path / "pods", claims={"shared": claim}, tag="j") as net:
         procs = {}
         for pod in sim:
             logs[pod.name] = tmp_path / f"{pod.name}.log"
