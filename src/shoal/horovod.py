@@ -16,9 +16,11 @@
         torch.save(model.state_dict(), "checkpoint.pt")
 
 Everything here follows ``horovod.torch`` (Horovod 0.28): names, arguments, defaults, and the
-exception types. What shoal does not offer (Adasum, the timeline, ``hvd.elastic``, process sets)
-fails where it is used with one line naming it and shoal's equivalent; docs/HOROVOD.md maps the
-tutorial's steps and lists the differences.
+exception types, and Horovod's cross-rank checks (ranks whose tensors disagree in shape, dtype,
+name or op get the same one-line error, not a hang). What shoal does not offer (Adasum, the
+timeline, ``hvd.elastic``, process sets) fails where it is used with one line naming it and shoal's
+equivalent; Horovod settings in the environment that shoal ignores are named in one warning at
+``init()``. docs/HOROVOD.md maps the tutorial's steps and lists the differences.
 
 Importing this module makes an uncaught :class:`~shoal.errors.ShoalError` print as two lines
 (``shoal: error: ...`` and ``HINT: ...``) instead of a traceback.
@@ -35,6 +37,7 @@ from shoal.integrations.horovod.exchange import (
     allgather,
     allgather_async,
     alltoall,
+    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
@@ -46,6 +49,15 @@ from shoal.integrations.horovod.functions import (
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
+)
+from shoal.integrations.horovod.grouped import (
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    sparse_allreduce_async,
 )
 from shoal.integrations.horovod.join import join
 from shoal.integrations.horovod.ops import (
@@ -65,6 +77,12 @@ from shoal.integrations.horovod.ops import (
     synchronize,
 )
 from shoal.integrations.horovod.optimizer import DistributedOptimizer
+from shoal.integrations.horovod.scatter import (
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+)
 from shoal.integrations.horovod.state import (
     ccl_built,
     cross_rank,
@@ -114,6 +132,7 @@ __all__ = [
     "allreduce_async",
     "allreduce_async_",
     "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -132,6 +151,14 @@ __all__ = [
     "gloo_built",
     "gloo_enabled",
     "gpu_available",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
     "is_homogeneous",
     "is_initialized",
@@ -144,9 +171,12 @@ __all__ = [
     "nccl_built",
     "poll",
     "rank",
+    "reducescatter",
+    "reducescatter_async",
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

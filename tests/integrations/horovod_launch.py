@@ -22,6 +22,7 @@ TUTORIAL = SCRIPTS / "hvd_tutorial.py"
 API = SCRIPTS / "hvd_api.py"
 VS_DDP = SCRIPTS / "hvd_vs_ddp.py"
 BAD_INPUT = SCRIPTS / "hvd_bad_input.py"
+COLLECTIVES = SCRIPTS / "hvd_collectives.py"
 
 LAUNCHER_LEFTOVERS = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "TORCHELASTIC_", "GROUP_", "ROLE_")
 JOB_VARIABLES = ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from horovod_launch import API, TUTORIAL, check, results, run
+from horovod_launch import API, COLLECTIVES, TUTORIAL, check, results, run
+from test_horovod_collectives import _check as check_collectives
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,3 +39,10 @@ def test_cpu_tensor_collectives_beside_nccl(tmp_path):
     for seen in results(tmp_path, n):
         assert seen["allreduce"]["sum"] == pytest.approx([n * (n + 1) / 2, 10 * n * (n + 1) / 2])
         assert seen["join_last"] == n - 1
+
+
+def test_every_collective_and_dtype_on_gpus(tmp_path):
+    """The collectives script with its inputs on each rank's GPU: NCCL moves them (int16 as int32)."""
+    n = _ranks()
+    check(run("torchrun", n, COLLECTIVES, str(tmp_path), "cuda"))
+    check_collectives(results(tmp_path, n), n)

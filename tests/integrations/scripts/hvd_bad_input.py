@@ -7,6 +7,8 @@ Usage: hvd_bad_input.py CASE
   elastic          @hvd.elastic.run
   timeline         hvd.start_timeline(...)
   missing-name     hvd.SyncBatchNorm
+  shape-differs    rank 1 passes hvd.allreduce a transposed tensor
+  none             nothing goes wrong (reaches the end)
 """
 
 import sys
@@ -35,6 +37,8 @@ elif case == "elastic":
 
 elif case == "timeline":
     hvd.start_timeline("/tmp/timeline.json")
+elif case == "shape-differs":
+    hvd.allreduce(torch.zeros(4, 3) if hvd.rank() == 0 else torch.zeros(3, 4), name="grad.w")
 elif case == "missing-name":
     model = hvd.SyncBatchNorm.convert_sync_batchnorm(model)
 print("not reached", flush=True)

@@ -3,7 +3,8 @@
 Each is a :class:`~shoal.errors.ShoalError` (message + hint) and also the built-in exception type
 Horovod raises in the same situation (``ValueError`` for a call before ``hvd.init()`` or a bad
 argument, ``AssertionError`` for ``zero_grad()`` between ``backward()`` and ``step()``,
-``NotImplementedError`` for what shoal does not offer), so a script that catches Horovod's
+``NotImplementedError`` for what shoal does not offer, ``HorovodInternalError`` (a RuntimeError) for
+collectives whose ranks disagree), so a script that catches Horovod's
 exceptions keeps working.
 
 :func:`install_excepthook` makes an uncaught one print as those two lines instead of a traceback.
@@ -37,10 +38,16 @@ class HorovodMissingName(HorovodUnsupported, AttributeError):
 
 
 class HorovodInternalError(RuntimeError):
-    """Horovod's type for a failed collective, kept so that ``except hvd.HorovodInternalError`` parses.
+    """Horovod's type for a failed collective, so that ``except hvd.HorovodInternalError`` works.
 
-    shoal's collectives fail with torch's own errors; nothing raises this type.
+    shoal raises it (as :class:`HorovodMismatchError`) when ranks submit collectives that disagree;
+    a collective that fails in the backend fails with torch's own error.
     """
+
+
+class HorovodMismatchError(ShoalError, HorovodInternalError):
+    """Ranks submitted collectives that disagree (shape, dtype, name, op...): Horovod's coordinator
+    error, which ``hvd.synchronize`` raises there as ``HorovodInternalError``."""
 
 
 def not_initialized(call: str) -> HorovodUsageError:

@@ -1,10 +1,10 @@
 """Horovod's collectives that move data between ranks: allgather, broadcast, alltoall, barrier.
 
-Same conventions as :mod:`.ops` (names and defaults of ``horovod/torch/mpi_ops.py``, ``name``
-accepted and ignored, every call works with one process). Shapes are exchanged first where ranks
-may differ (allgather's first dimension, alltoall's splits), in one small collective that also
-checks dtypes and the other dimensions: a mismatch is a HorovodUsageError on every rank, not a
-hang or a garbled result.
+Same conventions as :mod:`.ops` (names and defaults of ``horovod/torch/mpi_ops.py``, every call
+works with one process). The ranks agree first (:mod:`.agreement`: dtype, name, root_rank and the
+shape but for the first dimension where ranks may differ), in one small collective that also
+brings allgather every rank's first dimension: a mismatch is the same error on every rank, not a
+hang or a garbled result. int16 travels as int32 (:mod:`.dtypes`).
 """
 
 from __future__ import annotations
@@ -15,86 +15,66 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.integrations.horovod import state
+from shoal.integrations.horovod import agreement, dtypes, state
 from shoal.integrations.horovod.errors import HorovodUsageError
 from shoal.integrations.horovod.ops import DifferentiableAllreduce, Handle, ReduceOp, check_ready
 
 _MAX_DIMS = 16
-_DTYPES = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-)
 
 
 # ---- allgather ------------------------------------------------------------------------------------
 
 
-def _dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+def start_gather(call: str, tensors: list[torch.Tensor], name: str | None) -> Handle:
+    """Concatenate every rank's ``tensors[i]`` along dimension 0 (first dimensions may differ), each i.
 
-
-def _gather_shapes(tensor: torch.Tensor, call: str) -> list[list[int]]:
-    """Every rank's shape of ``tensor``; a HorovodUsageError on every rank when they cannot be joined."""
-    if tensor.dim() == 0 or tensor.dim() > _MAX_DIMS:
-        raise HorovodUsageError(
-            f"hvd.{call}: a tensor with {tensor.dim()} dimensions cannot be gathered",
-            f"pass a tensor with 1 to {_MAX_DIMS} dimensions (tensor.reshape(1) for a scalar)",
-        )
-    meta = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=tensor.device)
-    meta[0], meta[1] = tensor.dim(), _dtype_code(tensor.dtype)
-    meta[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-    everyone = [torch.empty_like(meta) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, meta, group=state.group_for(tensor))
-    rows = [m.tolist() for m in everyone]
-    mine = rows[dist.get_rank()]
-    for other_rank, row in enumerate(rows):
-        if row[:2] != mine[:2] or row[3 : 2 + row[0]] != mine[3 : 2 + mine[0]]:
+    The ranks agree first (:mod:`.agreement`), which also tells each rank every first dimension;
+    all_gather moves equal sizes, so each tensor is padded to the longest and trimmed after.
+    """
+    job = check_ready(f"{call}()")
+    for tensor in tensors:
+        if tensor.dim() == 0 or tensor.dim() > _MAX_DIMS:
             raise HorovodUsageError(
-                f"hvd.{call}: rank {other_rank} has a tensor of shape {tuple(row[2 : 2 + row[0]])} "
-                f"({_DTYPES[row[1]] if row[1] < len(_DTYPES) else 'other dtype'}) and rank {dist.get_rank()} "
-                f"{tuple(mine[2 : 2 + mine[0]])} ({tensor.dtype})",
-                "all ranks must pass tensors of one dtype whose shapes differ only in the first dimension",
+                f"hvd.{call}: a tensor with {tensor.dim()} dimensions cannot be gathered",
+                f"pass a tensor with 1 to {_MAX_DIMS} dimensions (tensor.reshape(1) for a scalar)",
             )
-    return [row[2 : 2 + row[0]] for row in rows]
+    firsts = agreement.agree(call, tensors, name, ragged=True)
+    if job.context.world_size == 1:
+        copies = [tensor.detach().clone(memory_format=torch.contiguous_format) for tensor in tensors]
+        return Handle(None, lambda: copies, name)
+    works, gathered = [], []
+    for index, tensor in enumerate(tensors):
+        counts = [rank_firsts[index] for rank_firsts in firsts]
+        padded = dtypes.to_wire(tensor.detach().contiguous())
+        if padded.shape[0] != max(counts):
+            padded = torch.cat([padded, padded.new_zeros((max(counts) - padded.shape[0], *padded.shape[1:]))])
+        parts = [torch.empty_like(padded) for _ in counts]
+        works.append(dist.all_gather(parts, padded, group=state.group_for(padded), async_op=True))
+        gathered.append((parts, counts, tensor.dtype))
+
+    def finish() -> list[torch.Tensor]:
+        return [
+            dtypes.from_wire(torch.cat([part[:count] for part, count in zip(parts, counts)]), dtype)
+            for parts, counts, dtype in gathered
+        ]
+
+    return Handle(works, finish, name)
 
 
 def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: Any = state.global_process_set
 ) -> Handle:
     """Start concatenating every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
-    job = check_ready("allgather_async()")
     state.check_process_set(process_set, "allgather_async")
-    tensor = tensor.detach().contiguous()
-    if job.context.world_size == 1:
-        out = tensor.clone()
-        return Handle(None, lambda: out)
-    firsts = [shape[0] for shape in _gather_shapes(tensor, "allgather()")]
-    longest = max(firsts)
-    padded = tensor
-    if tensor.shape[0] != longest:  # all_gather moves equal sizes: pad to the longest, trim after
-        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-        padded[: tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in firsts]
-    work = dist.all_gather(parts, padded, group=state.group_for(tensor), async_op=True)
-    return Handle(work, lambda: torch.cat([part[:count] for part, count in zip(parts, firsts)]))
+    return start_gather("allgather", [tensor], name).then(lambda gathered: gathered[0])
 
 
 class _Allgather(torch.autograd.Function):
     """Differentiable allgather: the gradient is averaged across ranks, then this rank's rows kept."""
 
     @staticmethod
-    def forward(ctx, tensor):  # type: ignore[override]
-        out = allgather_async(tensor).wait()
+    def forward(ctx, tensor, name=None):  # type: ignore[override]
+        out = allgather_async(tensor, name).wait()
         ctx.rows = tensor.shape[0]
         return out
 
@@ -103,14 +83,14 @@ class _Allgather(torch.autograd.Function):
         reduced = DifferentiableAllreduce.apply(grad.contiguous(), ReduceOp.Average, 1.0, 1.0)
         rows = allgather_async(torch.tensor([ctx.rows], device=grad.device)).wait()
         offset = int(rows[: state.rank()].sum().item())
-        return reduced.narrow(0, offset, ctx.rows)
+        return reduced.narrow(0, offset, ctx.rows), None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = state.global_process_set):
     """Every rank's ``tensor`` concatenated along dimension 0, in rank order (a new tensor)."""
     check_ready("allgather()")
     state.check_process_set(process_set, "allgather")
-    return _Allgather.apply(tensor)
+    return _Allgather.apply(tensor, name)
 
 
 # ---- broadcast ------------------------------------------------------------------------------------
@@ -133,10 +113,18 @@ def broadcast_async_(
     job = check_ready("broadcast_async_()")
     state.check_process_set(process_set, "broadcast_async_")
     check_root(root_rank, "broadcast_()")
-    work = None
-    if job.context.world_size > 1:
-        work = dist.broadcast(tensor, src=root_rank, group=state.group_for(tensor), async_op=True)
-    return Handle(work, lambda: tensor)
+    agreement.agree("broadcast", [tensor], name, {"root_rank": root_rank})
+    if job.context.world_size == 1:
+        return Handle(None, lambda: tensor, name)
+    wire = dtypes.to_wire(tensor.contiguous())
+    work = dist.broadcast(wire, src=root_rank, group=state.group_for(wire), async_op=True)
+
+    def finish() -> torch.Tensor:
+        if wire is not tensor:
+            tensor.copy_(wire)
+        return tensor
+
+    return Handle(work, finish, name)
 
 
 def broadcast_async(
@@ -157,16 +145,16 @@ class _Broadcast(torch.autograd.Function):
     """Differentiable broadcast: the averaged gradient flows to the root only (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank):  # type: ignore[override]
+    def forward(ctx, tensor, root_rank, name=None):  # type: ignore[override]
         ctx.root_rank = root_rank
-        return broadcast_async(tensor, root_rank).wait()
+        return broadcast_async(tensor, root_rank, name).wait()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         reduced = DifferentiableAllreduce.apply(grad.contiguous(), ReduceOp.Average, 1.0, 1.0)
         if state.rank() != ctx.root_rank:
             reduced = reduced * 0
-        return reduced, None
+        return reduced, None, None
 
 
 def broadcast(
@@ -176,7 +164,7 @@ def broadcast(
     check_ready("broadcast()")
     state.check_process_set(process_set, "broadcast")
     check_root(root_rank, "broadcast()")
-    return _Broadcast.apply(tensor, root_rank)
+    return _Broadcast.apply(tensor, root_rank, name)
 
 
 # ---- alltoall, barrier ----------------------------------------------------------------------------
@@ -199,6 +187,54 @@ def _check_splits(splits: Any, rows: int, world: int) -> list[int]:
     return values
 
 
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Sequence[int] | torch.Tensor | None = None,
+    name: str | None = None,
+    process_set: Any = state.global_process_set,
+) -> Handle:
+    """Start an alltoall; ``synchronize`` returns ``(output, received_splits)`` as Horovod's does."""
+    job = check_ready("alltoall_async()")
+    state.check_process_set(process_set, "alltoall_async")
+    if tensor.dim() == 0:
+        raise HorovodUsageError(
+            "hvd.alltoall: a 0-d tensor has no rows to send", "pass a tensor with a first dimension"
+        )
+    world = job.context.world_size
+    send = _check_splits(splits, tensor.shape[0], world)
+    agreement.agree("alltoall", [tensor], name, ragged=True)
+    if world == 1:
+        output = tensor.detach().clone(memory_format=torch.contiguous_format)
+        return Handle(None, lambda: (output, torch.tensor(send, dtype=torch.int32)), name)
+    incoming = torch.empty(world, dtype=torch.int64)
+    dist.all_to_all_single(incoming, torch.tensor(send, dtype=torch.int64), group=state.object_group())
+    received = [int(count) for count in incoming.tolist()]
+    wire = dtypes.to_wire(tensor.detach().contiguous())
+    output = wire.new_empty((sum(received), *tensor.shape[1:]))
+    work = dist.all_to_all_single(
+        output, wire, output_split_sizes=received, input_split_sizes=send, group=state.group_for(wire), async_op=True
+    )
+    return Handle(
+        work, lambda: (dtypes.from_wire(output, tensor.dtype), torch.tensor(received, dtype=torch.int32)), name
+    )
+
+
+class _Alltoall(torch.autograd.Function):
+    """Differentiable alltoall: the gradient's rows go back where they came from (as Horovod's)."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):  # type: ignore[override]
+        output, received = alltoall_async(tensor, splits, name).wait()
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, _received_grad):  # type: ignore[override]
+        back, _ = alltoall_async(grad.contiguous(), ctx.received).wait()
+        return back, None, None
+
+
 def alltoall(
     tensor: torch.Tensor,
     splits: Sequence[int] | torch.Tensor | None = None,
@@ -208,40 +244,12 @@ def alltoall(
     """Send ``splits[j]`` rows of ``tensor`` to rank j, receive the rows every rank sends here.
 
     Returns the received rows (in rank order), and, when ``splits`` was given, also how many rows
-    came from each rank (an int32 tensor), as Horovod does. Not differentiable here.
+    came from each rank (an int32 tensor), as Horovod does. Differentiable, as Horovod's.
     """
-    job = check_ready("alltoall()")
+    check_ready("alltoall()")
     state.check_process_set(process_set, "alltoall")
-    world = job.context.world_size
-    if tensor.dim() == 0:
-        raise HorovodUsageError(
-            "hvd.alltoall: a 0-d tensor has no rows to send", "pass a tensor with a first dimension"
-        )
-    rows = tensor.shape[0]
-    send = _check_splits(splits, rows, world)
-    if world == 1:
-        output, received = tensor.detach().clone(), send
-    else:
-        row_numel = tensor[0].numel() if rows else int(torch.tensor(tensor.shape[1:]).prod().item())
-        meta = torch.tensor([[count, row_numel, _dtype_code(tensor.dtype)] for count in send], device=tensor.device)
-        incoming = torch.empty_like(meta)
-        group = state.group_for(tensor)
-        dist.all_to_all_single(incoming, meta, group=group)
-        for source, (_, numel, code) in enumerate(incoming.tolist()):
-            if (numel, code) != (row_numel, _dtype_code(tensor.dtype)):
-                raise HorovodUsageError(
-                    f"hvd.alltoall: rank {source} sends rows of {numel} elements (dtype #{code}), "
-                    f"rank {state.rank()} rows of {row_numel} ({tensor.dtype})",
-                    "all ranks must pass tensors of one dtype whose shapes differ only in the first dimension",
-                )
-        received = [int(count) for count in incoming[:, 0].tolist()]
-        output = tensor.new_empty((sum(received), *tensor.shape[1:]))
-        dist.all_to_all_single(
-            output, tensor.detach().contiguous(), output_split_sizes=received, input_split_sizes=send, group=group
-        )
-    if splits is None:
-        return output
-    return output, torch.tensor(received, dtype=torch.int32)
+    output, received = _Alltoall.apply(tensor, splits, name)
+    return output if splits is None else (output, received)
 
 
 def barrier(process_set: Any = state.global_process_set) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.integrations.horovod import buckets, state
+from shoal.integrations.horovod import buckets, dtypes, state
 from shoal.integrations.horovod.errors import HorovodUsageError
 from shoal.integrations.horovod.exchange import check_root
 from shoal.integrations.horovod.ops import check_ready
@@ -82,7 +82,8 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int) -> None:
     with torch.no_grad():
         for indices in buckets.plan_buckets(tensors, first_cap, cap):
             members = [tensors[i] for i in indices]
-            flat = torch.empty(buckets.total_numel(members), dtype=members[0].dtype, device=members[0].device)
+            wire = dtypes.wire_dtype(members[0].dtype)  # int16 buffers travel as int32
+            flat = torch.empty(buckets.total_numel(members), dtype=wire, device=members[0].device)
             if state.rank() == root_rank:
                 buckets.pack(members, flat)
             work = dist.broadcast(flat, src=root_rank, group=state.group_for(flat), async_op=True)

@@ -4,10 +4,11 @@ The collectives that move data (allgather, broadcast, alltoall, barrier) are in 
 
 Names, arguments and defaults follow ``horovod/torch/mpi_ops.py`` (Horovod 0.28): the out-of-place
 forms return a new tensor and are differentiable as Horovod's are; the ``_`` forms work in place;
-the ``_async`` forms return a handle for :func:`synchronize` / :func:`poll`. ``name`` is accepted
-and ignored: torch.distributed matches collectives by the order ranks issue them, not by name, so
-every rank must issue the same collectives in the same order (Horovod's coordinator would reorder
-them). With one process every call works locally.
+the ``_async`` forms return a handle for :func:`synchronize` / :func:`poll`. torch.distributed matches
+collectives by the order ranks issue them, not by name, so every rank must issue the same
+collectives in the same order (Horovod's coordinator would reorder them); before each one the
+ranks check that they agree (:mod:`.agreement`: shape, dtype, name, op, scale factors), and a
+mismatch is the same one-line error on every rank. With one process every call works locally.
 
 Average is a sum followed by a division by ``size()`` (gloo has no average; integer tensors are
 divided with truncation, as Horovod does). ``prescale_factor`` multiplies before the sum,
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.integrations.horovod import state, unsupported
+from shoal.integrations.horovod import agreement, buckets, dtypes, state, unsupported
 from shoal.integrations.horovod.compression import Compression, check_compressor
 from shoal.integrations.horovod.errors import HorovodUnsupported, HorovodUsageError
 
@@ -108,25 +109,39 @@ def average_(tensor: torch.Tensor, count: int) -> None:
 
 
 class Handle:
-    """An operation in flight: :func:`synchronize` waits and returns its result, :func:`poll` asks."""
+    """An operation in flight: :func:`synchronize` waits and returns its result, :func:`poll` asks.
 
-    def __init__(self, work: Any, finish: Callable[[], Any]) -> None:
-        self._work = work
+    Calling the handle also waits and returns the result (Horovod's ``sparse_allreduce_async``
+    returns a function to call). A named handle keeps its name pending until it is waited for.
+    """
+
+    def __init__(self, work: Any, finish: Callable[[], Any], name: str | None = None) -> None:
+        works = work if isinstance(work, (list, tuple)) else [work]
+        self._works = [w for w in works if w is not None]
         self._finish = finish
         self._done = False
         self._result: Any = None
+        self._name = name
+        agreement.hold(name, self)
 
     def poll(self) -> bool:
-        return self._done or self._work is None or bool(self._work.is_completed())
+        return self._done or all(bool(w.is_completed()) for w in self._works)
 
     def wait(self) -> Any:
         if not self._done:
-            if self._work is not None:
-                self._work.wait()
+            for work in self._works:
+                work.wait()
             self._result = self._finish()
             self._done = True
-            self._work = self._finish = None  # type: ignore[assignment]
+            self._works, self._finish = [], None  # type: ignore[assignment]
+            agreement.release(self._name, self)
         return self._result
+
+    __call__ = wait
+
+    def then(self, transform: Callable[[Any], Any]) -> Handle:
+        """A handle on the same operation whose result is ``transform(result)``."""
+        return Handle(list(self._works), lambda: transform(self.wait()))
 
 
 def synchronize(handle: Handle) -> Any:
@@ -142,6 +157,53 @@ def poll(handle: Handle) -> bool:
 # ---- allreduce ------------------------------------------------------------------------------------
 
 
+def start_reduce(
+    call: str,
+    tensors: list[torch.Tensor],
+    name: str | None,
+    reduce_op: ReduceOp,
+    prescale_factor: float,
+    postscale_factor: float,
+) -> Handle:
+    """Reduce ``tensors`` in place across ranks, one collective per device and dtype; the result is the list.
+
+    Ranks first agree on the call (:mod:`.agreement`). Several tensors of one kind travel packed in
+    one flat buffer (Horovod's fusion); a dtype the backend lacks travels wider (:mod:`.dtypes`).
+    """
+    job = check_ready(f"{call}()")
+    for tensor in tensors:
+        if not tensor.is_contiguous():
+            raise HorovodUsageError(f"hvd.{call}: a tensor is not contiguous", "pass tensor.contiguous()")
+    settings = {"op": reduce_op, "prescale_factor": prescale_factor, "postscale_factor": postscale_factor}
+    agreement.agree(call, tensors, name, settings)
+    world = job.context.world_size
+    kinds: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        scale_(tensor, prescale_factor)
+        kinds.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    works, flats = [], []
+    for (device, dtype), members in kinds.items():
+        wire = dtypes.wire_dtype(dtype) if world > 1 else dtype
+        flat = members[0]
+        if len(members) > 1 or wire != dtype:
+            flat = torch.empty(buckets.total_numel(members), dtype=wire, device=device)
+            buckets.pack(members, flat)
+        if world > 1:
+            works.append(dist.all_reduce(flat, op=_TORCH_OPS[reduce_op], group=state.group_for(flat), async_op=True))
+        flats.append((flat, members))
+
+    def finish() -> list[torch.Tensor]:
+        for flat, members in flats:
+            if reduce_op is ReduceOp.Average:
+                average_(flat, world)
+            scale_(flat, postscale_factor)
+            if flat is not members[0]:
+                buckets.unpack(flat, members)
+        return tensors
+
+    return Handle(works, finish, name)
+
+
 def allreduce_async_(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -153,23 +215,10 @@ def allreduce_async_(
 ) -> Handle:
     """Start reducing ``tensor`` in place across ranks; ``synchronize(handle)`` returns it reduced."""
     reduce_op = resolve_op(op, average, "allreduce_async_()")
-    job = check_ready("allreduce_async_()")
     state.check_process_set(process_set, "allreduce_async_")
-    if not tensor.is_contiguous():
-        raise HorovodUsageError("hvd.allreduce_: the tensor is not contiguous", "pass tensor.contiguous()")
-    scale_(tensor, prescale_factor)
-    world = job.context.world_size
-    work = None
-    if world > 1:
-        work = dist.all_reduce(tensor, op=_TORCH_OPS[reduce_op], group=state.group_for(tensor), async_op=True)
-
-    def finish() -> torch.Tensor:
-        if reduce_op is ReduceOp.Average:
-            average_(tensor, world)
-        scale_(tensor, postscale_factor)
-        return tensor
-
-    return Handle(work, finish)
+    return start_reduce("allreduce", [tensor], name, reduce_op, prescale_factor, postscale_factor).then(
+        lambda reduced: reduced[0]
+    )
 
 
 def allreduce_async(
@@ -203,14 +252,14 @@ class DifferentiableAllreduce(torch.autograd.Function):
     """Differentiable allreduce: the gradient is reduced the same way (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx, tensor, op, prescale_factor, postscale_factor):  # type: ignore[override]
+    def forward(ctx, tensor, op, prescale_factor, postscale_factor, name=None):  # type: ignore[override]
         ctx.args = (op, prescale_factor, postscale_factor)
-        return allreduce_async(tensor, None, None, op, prescale_factor, postscale_factor).wait()
+        return allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor).wait()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         op, pre, post = ctx.args
-        return DifferentiableAllreduce.apply(grad.contiguous(), op, pre, post), None, None, None
+        return DifferentiableAllreduce.apply(grad.contiguous(), op, pre, post), None, None, None, None
 
 
 def allreduce(
@@ -230,5 +279,5 @@ def allreduce(
     compressor = check_compressor(compression)
     wire, context = compressor.compress(tensor)
     return compressor.decompress(
-        DifferentiableAllreduce.apply(wire, reduce_op, prescale_factor, postscale_factor), context
+        DifferentiableAllreduce.apply(wire, reduce_op, prescale_factor, postscale_factor, name), context
     )

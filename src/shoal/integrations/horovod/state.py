@@ -13,7 +13,6 @@ gloo group for CPU tensors and :func:`group_for` routes each tensor to the group
 from __future__ import annotations
 
 import atexit
-import os
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -87,15 +86,15 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
     ``comm`` (an MPI communicator or a list of ranks) and ``process_sets`` are Horovod's ways of
     running on a subset of the ranks; shoal always uses every rank, so only the whole job is
-    accepted. Calling ``init`` again does nothing.
+    accepted. Horovod settings in the environment that shoal does not act on (``HOROVOD_TIMELINE``,
+    ``HOROVOD_CYCLE_TIME``, ...) are named in one warning line (rank 0) and ignored. Calling
+    ``init`` again does nothing.
     """
     global _job
     if _job is not None:
         return
     if process_sets not in (None, []):
         raise unsupported.process_sets("hvd.init(process_sets=...)")
-    if os.environ.get("HOROVOD_TIMELINE"):
-        raise unsupported.timeline("HOROVOD_TIMELINE")
     had_context = shoal_context.current() is not None
     ctx = shoal_context.init()
     if comm not in (None, []) and not (isinstance(comm, (list, tuple)) and list(comm) == list(range(ctx.world_size))):
@@ -110,6 +109,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if ctx.world_size > 1 and dist.get_backend() == "nccl":
         cpu_group = dist.new_group(backend="gloo")
     _job = _Job(context=ctx, owns_context=not had_context, cpu_group=cpu_group)
+    if ctx.rank == 0:  # one line for the job, not one per rank
+        unsupported.warn_ignored_settings(unsupported.ignored_settings())
     # Horovod shuts down at exit; leaving the process group before the interpreter goes away also
     # avoids the gloo abort at exit that shoal.distributed.process_group.destroy_process_group notes.
     atexit.register(shutdown)

@@ -7,6 +7,9 @@ lists when the script reaches for it (the facade's ``__getattr__``).
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Mapping
 from typing import NoReturn
 
 from shoal.integrations.horovod.errors import HorovodMissingName, HorovodUnsupported
@@ -28,17 +31,6 @@ UNSUPPORTED_NAMES: dict[str, tuple[str, str]] = {
     "ProcessSet": ("process sets", "use torch.distributed.new_group(ranks) and torch.distributed's collectives"),
     "add_process_set": ("process sets", "use torch.distributed.new_group(ranks)"),
     "remove_process_set": ("process sets", "use torch.distributed.destroy_process_group(group)"),
-    "reducescatter": (
-        "hvd.reducescatter",
-        "use torch.distributed.reduce_scatter_tensor (NCCL), or allreduce and slice",
-    ),
-    "reducescatter_async": ("hvd.reducescatter_async", "use torch.distributed.reduce_scatter_tensor(async_op=True)"),
-    "grouped_reducescatter": ("hvd.grouped_reducescatter", "use torch.distributed.reduce_scatter_tensor per tensor"),
-    "grouped_allgather": ("hvd.grouped_allgather", "call hvd.allgather once per tensor"),
-    "sparse_allreduce_async": (
-        "sparse allreduce",
-        "pass sparse_as_dense=True to hvd.DistributedOptimizer, or use dense embeddings",
-    ),
 }
 
 
@@ -72,6 +64,39 @@ def process_sets(where: str) -> HorovodUnsupported:
     return HorovodUnsupported(
         f"{where}: process sets are not supported by shoal.horovod (every call spans the whole job)",
         "drop the process_set argument, or use torch.distributed.new_group(ranks) for a subgroup",
+    )
+
+
+HONOURED_SETTINGS = frozenset({"HOROVOD_FUSION_THRESHOLD"})
+"""Horovod environment settings shoal.horovod acts on (the fusion threshold sizes the gradient buckets)."""
+
+
+def ignored_settings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``HOROVOD_*`` variables set (non-empty) that shoal.horovod does not act on, sorted.
+
+    Horovod tunes its own engine with them (``HOROVOD_TIMELINE``, ``HOROVOD_CYCLE_TIME``,
+    ``HOROVOD_AUTOTUNE``, ``HOROVOD_HIERARCHICAL_ALLREDUCE``, ...); torch.distributed has no such
+    knobs, so a script that sets them still runs, only without their effect.
+    """
+    env = os.environ if environ is None else environ
+    return sorted(k for k, v in env.items() if k.startswith("HOROVOD_") and v and k not in HONOURED_SETTINGS)
+
+
+def warn_ignored_settings(names: list[str]) -> None:
+    """One line on stderr naming the ignored settings (the caller decides which rank says it)."""
+    if not names:
+        return
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    why = (
+        "profile with torch.profiler instead of the timeline; "
+        if any(n.startswith("HOROVOD_TIMELINE") for n in names)
+        else ""
+    )
+    print(
+        f"shoal: warning: shoal.horovod ignores {shown} (Horovod engine settings torch.distributed has no "
+        f"equivalent for); {why}see {DOCS}",
+        file=sys.stderr,
+        flush=True,
     )
 
 
