@@ -148,6 +148,7 @@ def test_shoal_launch_hosts(name, via, clients, two_nodes, tmp_path):
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
+    assert {"ssh": "1 here, 1 over ssh", "mpirun": "shoal launch: mpirun, 2 processes"}[via] in proc.stderr, output
     _assert_two_ranks_finished(results, name, output)
     assert any(f"from {net['node0'].addr}" in line for line in server.accepted())  # rank 1 came over ssh
     left = left_behind(list(net), keep=[server.pid])
