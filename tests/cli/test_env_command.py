@@ -121,7 +121,7 @@ def test_under_mpirun_the_job_here_is_the_mpi_job(capsys):
     assert "1 node(s) in all" not in out
     assert run_env(["--json", "--device", "cpu"], ranks) == 0
     job = json.loads(capsys.readouterr().out)["job"]
-    assert (job["rank_of"], job["nodes"], job["nproc"], job["world_size"]) == ("openmpi", 2, 2, 4)
+    assert (job["rank_of"], job["nodes"], job["nproc"], job["world_size"]) == ("openmpi", "2", 2, 4)
 
 
 def test_in_a_pod_with_only_the_classic_variables(capsys):

@@ -300,9 +300,7 @@ def test_modules_are_not_checked_programs_are():
 
 
 def test_help_shows_torchruns_flags_shoals_and_examples(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["run", "--help"])
-    assert info.value.code == 0
+    assert main(["run", "--help"]) == 0  # the frozen text (tests/cli/test_help.py checks it is torch's)
     out = capsys.readouterr().out
     for text in (
         "usage: shoal run",

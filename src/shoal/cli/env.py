@@ -115,7 +115,7 @@ def rank_report(info: EnvInfo) -> dict:
         "from_pod": {},
         "rank_of": info.scheme,
         "listen": None,
-        "nodes": info.num_nodes,
+        "nodes": str(info.num_nodes),  # as a launch plan gives it (MIN:MAX when elastic)
         "nproc": info.local_world_size,
         "world_size": info.world_size,
     }
