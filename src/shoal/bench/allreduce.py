@@ -140,15 +140,11 @@ def allreduce_worker(cfg: AllreduceConfig, device_type: str) -> list[dict[str, f
 
 def _time_op(op: Callable[[], Any], cfg: AllreduceConfig, ctx, *, collective: bool) -> tuple[float, int]:
     """Mean seconds of ``op`` over a calibrated number of iterations (the slowest rank's, if collective)."""
-    import torch
-    import torch.distributed as dist
+
+    from shoal.distributed.probe import slowest as slowest_rank
 
     def slowest(seconds: float) -> float:
-        if not collective:
-            return seconds
-        t = torch.tensor([seconds], dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
+        return slowest_rank(seconds, ctx.device) if collective else seconds
 
     for _ in range(cfg.warmup):
         op()
@@ -171,6 +167,7 @@ def measure(cfg: AllreduceConfig, log: Log) -> Measured:
     """One launch of ``nproc`` processes times every size; rows with nccl-tests' bandwidths."""
     import torch
 
+    from shoal.distributed.bandwidth import ring_factor
     from shoal.distributed.device import choose_backend, choose_device
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -189,7 +186,7 @@ def measure(cfg: AllreduceConfig, log: Log) -> Measured:
     start_method = resolve_start_method(cfg.start_method, device.type)
     log(f"  launching {nproc} processes ({backend}, {device.type}), {len(cfg.sizes())} sizes")
     raw = launch_workers(allreduce_worker, (replace(cfg, threads=threads), device.type), nproc, start_method)
-    factor = 2 * (nproc - 1) / nproc
+    factor = ring_factor(nproc)
     rows = []
     for r in raw:
         algbw = r["bytes"] / r["seconds"] / 1e9

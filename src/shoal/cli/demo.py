@@ -204,38 +204,27 @@ def _send_recv(ctx, size: int) -> int:
 
 def _all_reduce(ctx, size: int, iters: int) -> int:
     import torch
-    import torch.distributed as dist
+
+    from shoal.distributed.bandwidth import bus_bytes_per_s
+    from shoal.distributed.probe import all_reduce_within, checked_all_reduce, slowest
 
     world = ctx.world_size
-    t = torch.full((size,), float(ctx.rank + 1), device=ctx.device)
-    start = time.perf_counter()
-    dist.all_reduce(t)
-    _sync(ctx)
-    took = (time.perf_counter() - start) * 1e3
-    expected = world * (world + 1) / 2
-    bad = not bool(torch.all(t == expected))
-    got = f"{t[0].item():g}" if not bad else f"{t.min().item():g}..{t.max().item():g}"
+    checked = checked_all_reduce(size, rank=ctx.rank, world=world, device=ctx.device)
     print(
-        f"[{_where(ctx)}] all_reduce(sum) of {size:,} floats = {got} (expected {expected:g}) in "
-        f"{took:.1f} ms: {'OK' if not bad else 'WRONG'}",
+        f"[{_where(ctx)}] all_reduce(sum) of {size:,} floats = {checked.got} (expected {checked.expected:g}) in "
+        f"{checked.seconds * 1e3:.1f} ms: {'OK' if checked.correct else 'WRONG'}",
         flush=True,
     )
-    wrong = _count_bad(ctx, bad)
+    wrong = _count_bad(ctx, not checked.correct)
     if iters and not wrong:
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(t)
-        _sync(ctx)
-        each = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(each, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        seconds = each.item()
-        nbytes = size * 4
-        busbw = 2 * (world - 1) / world * nbytes / seconds / 1e9  # what every link carried
+        t = torch.zeros(size, dtype=torch.float32, device=ctx.device)  # a sum of zeros stays finite
+        ctx.barrier()
+        seconds = slowest(sum(all_reduce_within(t) for _ in range(iters)) / iters, ctx.device)
+        busbw = bus_bytes_per_s(checked.nbytes, seconds, world) / 1e9  # what every link carried
         if ctx.rank == 0:
             print(
                 f"shoal demo all-reduce: {world} ranks on {ctx.num_nodes} node"
-                f"{'s' if ctx.num_nodes != 1 else ''}: {nbytes / 1e6:.1f} MB in {seconds * 1e3:.2f} ms "
+                f"{'s' if ctx.num_nodes != 1 else ''}: {checked.nbytes / 1e6:.1f} MB in {seconds * 1e3:.2f} ms "
                 f"(mean of {iters}), bus bandwidth {busbw:.2f} GB/s",
                 flush=True,
             )

@@ -24,6 +24,17 @@ WARN_STEP_S = 1.0
 FAIL_STEP_S = 10.0
 
 
+def ring_factor(participants: int) -> float:
+    """``2 (N - 1) / N``: the share of an all-reduced buffer that crosses every link of a ring."""
+    return 2 * (participants - 1) / participants if participants > 1 else 0.0
+
+
+def bus_bytes_per_s(nbytes: float, seconds: float, participants: int) -> float:
+    """An all-reduce's bus bandwidth (nccl-tests' busbw): what every link carried, per second
+    (``inf`` when it took no measurable time)."""
+    return ring_factor(participants) * nbytes / seconds if seconds > 0 else float("inf")
+
+
 def allreduce_seconds(nbytes: float, bytes_per_s: float, participants: int) -> float:
     """Seconds a ring all-reduce of ``nbytes`` takes among ``participants`` when the slowest link
     moves ``bytes_per_s`` (``inf`` for a rate of zero; 0 for one participant)."""
@@ -31,7 +42,7 @@ def allreduce_seconds(nbytes: float, bytes_per_s: float, participants: int) -> f
         return 0.0
     if bytes_per_s <= 0:
         return float("inf")
-    return 2 * (participants - 1) / participants * nbytes / bytes_per_s
+    return ring_factor(participants) * nbytes / bytes_per_s
 
 
 def step_cost_status(seconds: float) -> Literal["ok", "warn", "fail"]:

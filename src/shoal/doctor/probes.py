@@ -160,36 +160,30 @@ def allreduce_probe(nbytes: int, iters: int, *, rank: int, world: int, device: A
     """Every rank: one checked all-reduce (sum of ``rank + 1``), then ``iters`` timed ones; this rank's
     median time. Rank 0 takes the slowest rank's."""
     import torch
-    import torch.distributed as dist
 
-    tensor = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    expected = world * (world + 1) / 2
-    times = []
+    from shoal.distributed.probe import CollectiveTimeout, all_reduce_within, checked_all_reduce
+
+    numel = max(1, nbytes // 4)
+    size = numel * 4
     try:
-        for i in range(iters + 1):
+        first = checked_all_reduce(numel, rank=rank, world=world, device=device, timeout_s=_budget(clock))
+        if not first.correct:
+            return {"bytes": size, "correct": False, "error": f"sum {first.got}, expected {first.expected:g}"}
+        tensor = torch.empty(numel, dtype=torch.float32, device=device)
+        times = []
+        for _ in range(iters):
             tensor.fill_(float(rank + 1))
-            budget = clock.budget()
-            if budget <= 0:
-                raise ProbeFailed("out of time before the all-reduce")
-            start = time.perf_counter()
-            work = dist.all_reduce(tensor, async_op=True)
-            try:
-                work.wait(timedelta(seconds=budget))
-            except RuntimeError as err:
-                raise ProbeFailed(
-                    f"the all-reduce did not finish within {budget:.1f} s ({str(err).splitlines()[0][-120:]})"
-                ) from None
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if i == 0:
-                if not bool(torch.all(tensor == expected)):
-                    got = f"{tensor.min().item():g}..{tensor.max().item():g}"
-                    return {"bytes": tensor.numel() * 4, "correct": False, "error": f"sum {got}, expected {expected:g}"}
-            else:
-                times.append(time.perf_counter() - start)
-    except ProbeFailed as err:
-        return {"bytes": tensor.numel() * 4, "correct": None, "error": str(err)}
-    return {"bytes": tensor.numel() * 4, "correct": True, "seconds": statistics.median(times) if times else None}
+            times.append(all_reduce_within(tensor, _budget(clock)))
+    except (ProbeFailed, CollectiveTimeout) as err:
+        return {"bytes": size, "correct": None, "error": str(err)}
+    return {"bytes": size, "correct": True, "seconds": statistics.median(times) if times else None}
+
+
+def _budget(clock: Clock) -> float:
+    budget = clock.budget()
+    if budget <= 0:
+        raise ProbeFailed("out of time before the all-reduce")
+    return budget
 
 
 def write_token(directory: str, value: str) -> tuple[str, str | None]:

@@ -23,6 +23,7 @@ from typing import Any
 from shoal.distributed.bandwidth import (
     REFERENCE_GRADIENT_BYTES,
     allreduce_seconds,
+    bus_bytes_per_s,
     describe_step_cost,
     step_cost_status,
 )
@@ -291,7 +292,7 @@ def allreduce_check(result: dict[str, Any], world: int, slow_nodes: list[str]) -
             "a collective across all ranks did not complete: see the bandwidth check for the link that broke",
         )
     seconds, nbytes = result["seconds"], result["bytes"]
-    busbw = 2 * (world - 1) / world * nbytes / seconds if seconds else float("inf")
+    busbw = bus_bytes_per_s(nbytes, seconds or 0.0, world)
     result["bus_bytes_per_s"] = busbw
     held = f" (held back by {', '.join(slow_nodes)})" if slow_nodes else ""
     summary = (
