@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -335,3 +336,27 @@ def test_launching_leaves_os_environ_alone(monkeypatch):
     seen = launch_local(_environ_of_a_worker, (), 1, start_method="fork")[0]
     assert dict(os.environ) == before
     assert seen["OMP_NUM_THREADS"] and seen["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+def test_under_mpirun_every_copy_stops_instead_of_training_alone(tmp_path):
+    """``mpirun -np 2 shoal run SCRIPT``: each copy is a rank of mpirun's job and would start a
+    standalone job of its own; each stops with one line and a HINT, and the script never runs."""
+    script = tmp_path / "train.py"
+    script.write_text("open(__file__ + '.ran', 'a').close()\n")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))
+        and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    argv = ["mpirun", "-np", "2", "--oversubscribe", *shoal_cmd("run", str(script))]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    for rank in (0, 1):
+        assert f"shoal: error: openmpi started this process as rank {rank} of 2" in out, out
+    assert out.count("HINT: mpirun starts every process itself") == 2 and "Traceback" not in out
+    assert not (tmp_path / "train.py.ran").exists()
