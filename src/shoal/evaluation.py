@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,16 +18,25 @@ def evaluate(
     loader: Iterable,
     *,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    metrics_fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None,
+    metric_names: Sequence[str] | None = None,
     autocast: Callable | None = None,
 ) -> dict[str, float]:
-    """Mean loss and accuracy over the whole set that ``loader`` shards across ranks.
+    """Mean loss and metrics (default: accuracy) over the whole set that ``loader`` shards across ranks.
 
     ``loader`` must hand each sample to exactly one rank (``ctx.eval_loader``: no padding), so the
-    sums over ranks are exact. ``loss_fn(logits, targets)`` must return the *mean* over the batch
-    (like ``F.cross_entropy``); it is re-weighted by batch size. The model is run unwrapped so that
-    ranks holding different numbers of batches never wait on DDP's collectives.
+    sums over ranks are exact. ``loss_fn(outputs, targets)`` must return the *mean* over the batch
+    (like ``F.cross_entropy``); it is re-weighted by batch size. ``metrics_fn(outputs, targets)``
+    returns per-batch *sums* by name (default ``{"accuracy": correct predictions}``); each is summed
+    over batches and ranks and divided by the sample count. ``metric_names``: the names it returns,
+    needed only when a rank may see no batch (a tiny set on many ranks). The model is run unwrapped
+    so that ranks holding different numbers of batches never wait on DDP's collectives.
+
+    Returns ``{"loss": ..., <metric>: ..., "samples": N}``.
     """
     loss_fn = loss_fn or F.cross_entropy
+    metrics_fn = metrics_fn or _accuracy
+    names = list(metric_names) if metric_names is not None else (["accuracy"] if metrics_fn is _accuracy else None)
     net = unwrap_model(model)
     was_training = net.training
     net.eval()
@@ -36,23 +45,32 @@ def evaluate(
         inputs, targets = batch[0], batch[1]
         if autocast is not None:
             with autocast():
-                logits = net(inputs)
+                outputs = net(inputs)
         else:
-            logits = net(inputs)
+            outputs = net(inputs)
+        outputs = outputs.float() if outputs.is_floating_point() else outputs
         n = targets.shape[0]
+        sums = metrics_fn(outputs, targets)
+        if names is None:
+            names = list(sums)
         batch_sums = torch.stack(
             [
-                loss_fn(logits.float(), targets).detach().double() * n,
-                (logits.argmax(dim=1) == targets).sum().double(),
+                loss_fn(outputs, targets).detach().double() * n,
+                *(torch.as_tensor(sums[name], device=targets.device).detach().double().sum() for name in names),
                 torch.tensor(float(n), dtype=torch.float64, device=targets.device),
             ]
         )
         totals = batch_sums if totals is None else totals + batch_sums
     if totals is None:  # this rank got no samples (tiny set, many ranks)
         device = next(net.parameters()).device
-        totals = torch.zeros(3, dtype=torch.float64, device=device)
+        totals = torch.zeros(2 + len(names or ()), dtype=torch.float64, device=device)
     net.train(was_training)
-    loss_sum, correct, count = all_reduce_sum(totals).tolist()
+    loss_sum, *metric_sums, count = all_reduce_sum(totals).tolist()
+    names = names or []
     if count == 0:
-        return {"loss": float("nan"), "accuracy": float("nan"), "samples": 0}
-    return {"loss": loss_sum / count, "accuracy": correct / count, "samples": int(count)}
+        return {"loss": float("nan"), **{name: float("nan") for name in names}, "samples": 0}
+    return {"loss": loss_sum / count, **{n: s / count for n, s in zip(names, metric_sums)}, "samples": int(count)}
+
+
+def _accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"accuracy": (outputs.argmax(dim=1) == targets).sum()}

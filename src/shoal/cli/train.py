@@ -1,4 +1,5 @@
-"""``shoal train [WORKLOAD]``: train a ready workload on 1..N processes, here or under a launcher.
+"""``shoal train [WORKLOAD]``: train a workload (bundled, or your own) on 1..N processes, here or
+under a launcher.
 
 The flags are generated from :class:`~shoal.train.config.TrainConfig` (what the run computes) and
 :class:`~shoal.launch.options.LaunchOptions` (how many processes, how nodes meet): one field, one
@@ -21,6 +22,8 @@ examples:
   shoal train mnist --data ~/data --download   # fetch MNIST first (needs internet)
   shoal train cifar10 --data ~/data --amp bf16 --lr-scaling linear
   shoal train synthetic --arch resnet50 --image-size 64 --samples 512
+  shoal train my_model.py:MyWorkload --nproc 2 # your own shoal.Workload (docs/WORKLOADS.md)
+  shoal train mypkg.workloads:MyWorkload --data ~/data
   torchrun --nproc-per-node 4 -m shoal train digits   # under any launcher: no --nproc
   srun -n 8 shoal train mnist --data /shared/data     # Slurm, one task per process
   shoal train cifar10 --data ~/data --out runs/c10 --checkpoint-every 500steps --keep 2
@@ -44,9 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser(
         "train",
-        help="train a ready workload (digits, mnist, cifar10, synthetic)",
-        description="Train a ready workload on one process, N local processes (--nproc), or as one "
-        "rank of a job started by torchrun, srun, mpirun or Kubernetes.",
+        help="train a workload (digits, mnist, cifar10, synthetic, or your own)",
+        description="Train a bundled workload or your own shoal.Workload on one process, N local processes "
+        "(--nproc), or as one rank of a job started by torchrun, srun, mpirun or Kubernetes.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -55,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="?",
         default="digits",
         metavar="WORKLOAD",
-        help=f"one of: {', '.join(WORKLOADS)} (default: digits)",
+        help=f"one of: {', '.join(WORKLOADS)} (default: digits), or your own shoal.Workload as "
+        "pkg.module:Name or path/to/file.py:Name (a class, an instance or a zero-argument factory)",
     )
     training = add_fields(p, TrainConfig, exclude=("workload", *_CHECKPOINTS))
     training += add_fields(p.add_argument_group("checkpoints and resume"), TrainConfig, only=_CHECKPOINTS)

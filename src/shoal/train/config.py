@@ -26,6 +26,8 @@ AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adamw")
 _FROM_WORKLOAD = ("epochs", "batch_size", "lr", "optimizer", "weight_decay", "warmup_epochs")
 """Fields that None leaves to the workload's defaults."""
+_FALLBACK = {"epochs": 10, "batch_size": 32, "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0, "warmup_epochs": 0.0}
+"""What a workload's defaults leave out."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +35,8 @@ class TrainConfig:
     """Everything a training run computes with; ``None`` means "the workload's default"."""
 
     workload: str = "digits"
-    """The ready workload: digits, mnist, cifar10 or synthetic."""
+    """What trains: a bundled workload (digits, mnist, cifar10, synthetic), pkg.module:Name or
+    path/to/file.py:Name (your own shoal.Workload; docs/WORKLOADS.md)."""
     epochs: int | None = None
     """Passes over the training set (workload default)."""
     batch_size: int | None = None
@@ -65,7 +68,8 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
     arch: str = field(default="resnet18", metadata={"metavar": "NAME"})
-    """synthetic: the model, a torchvision ResNet (resnet18 ... resnet152) or mlp."""
+    """synthetic: the model, a torchvision ResNet (resnet18 ... resnet152) or mlp; cifar10: the ResNet
+    (resnet18 ... resnet152, with the CIFAR stem)."""
     image_size: int = 32
     """synthetic: side of the square input images."""
     samples: int | None = None
@@ -149,13 +153,23 @@ class TrainConfig:
     def is_resolved(self) -> bool:
         return all(getattr(self, name) is not None for name in _FROM_WORKLOAD)
 
-    def resolved(self) -> TrainConfig:
-        """This config with every field left to the workload filled in (idempotent)."""
+    def resolved(self, workload: Any = None) -> TrainConfig:
+        """This config with every field left to the workload filled in (idempotent).
+
+        ``workload``: the instance being trained (``shoal.fit(MyWorkload(...))``), whose defaults
+        apply; default, the one ``self.workload`` names."""
         if self.is_resolved:
             return self
         from shoal.workloads import workload_defaults
 
-        defaults = {"warmup_epochs": 0.0, **workload_defaults(self.workload)}
+        given = workload_defaults(workload if workload is not None else self.workload)
+        unknown = sorted(set(given) - set(_FROM_WORKLOAD))
+        if unknown:
+            raise ShoalError(
+                f"workload {self.workload}: unknown key(s) in its defaults: {', '.join(unknown)}",
+                f"a Workload's defaults may set: {', '.join(_FROM_WORKLOAD)}",
+            )
+        defaults = {**_FALLBACK, **given}
         return self.replace(**{name: defaults[name] for name in _FROM_WORKLOAD if getattr(self, name) is None})
 
     def replace(self, **changes: Any) -> TrainConfig:

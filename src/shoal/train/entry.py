@@ -9,12 +9,18 @@ from shoal.console import write_line
 from shoal.errors import ShoalError, first_line
 from shoal.train.config import TrainConfig
 from shoal.train.trainer import TrainResult
+from shoal.workloads.spec import Parcel
 
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
 
 
-def run_worker(cfg: TrainConfig, started_by: str | None = None, launch: dict[str, Any] | None = None) -> TrainResult:
+def run_worker(
+    cfg: TrainConfig, started_by: str | None = None, launch: dict[str, Any] | None = None, workload: Any = None
+) -> TrainResult:
     """Train as one rank of the job; a ShoalError becomes its message and exit status.
+
+    ``workload``: the instance to train (forked workers), a :class:`~shoal.workloads.spec.Parcel`
+    holding it (spawned workers), or None (the spec ``cfg.workload`` is imported here).
 
     In a worker of a local launch the launcher reports the failure with this rank's output; in a
     rank started by another launcher (torchrun, srun, mpirun) the message is all there is. A rank
@@ -24,7 +30,9 @@ def run_worker(cfg: TrainConfig, started_by: str | None = None, launch: dict[str
     from shoal.train.trainer import train
 
     try:
-        return train(cfg, started_by=started_by, launch=launch)
+        if isinstance(workload, Parcel):
+            workload = workload.open()
+        return train(cfg, workload=workload, started_by=started_by, launch=launch)
     except ShoalError as err:
         if not getattr(err, "quiet", False):
             write_line(err.format())

@@ -28,7 +28,7 @@ import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
 from shoal.launch.local import launch_local, resolve_start_method, starts_workers
@@ -37,11 +37,20 @@ from shoal.train.config import TrainConfig
 from shoal.train.entry import run_worker
 from shoal.train.outputs import default_out_dir, prepare_out_dir
 from shoal.train.trainer import TrainResult, train
-from shoal.workloads import get_workload
+from shoal.workloads import get_workload, label, short_name
+from shoal.workloads.blame import blame
+from shoal.workloads.spec import Parcel
+
+if TYPE_CHECKING:
+    from shoal.workloads.base import Workload
 
 
-def fit(workload: str = "digits", **options: Any) -> TrainResult:
-    """Train a ready workload, as ``shoal train`` does; return its result.
+def fit(workload: str | Workload = "digits", **options: Any) -> TrainResult:
+    """Train a workload, as ``shoal train`` does; return its result.
+
+    ``workload``: a bundled name (``"digits"``), a spec (``"pkg.module:Name"``,
+    ``"path/to/file.py:Name"``), or an instance of your :class:`shoal.Workload` subclass (forked
+    workers inherit it; spawned ones, as on CUDA, get it pickled). docs/WORKLOADS.md.
 
     ``options`` are ``shoal train``'s flags as keyword arguments (``epochs=3``, ``nproc=2``,
     ``out="runs/x"``, ``nnodes=2``...). With ``nproc`` above 1 (or several nodes) this process
@@ -65,32 +74,40 @@ def fit(workload: str = "digits", **options: Any) -> TrainResult:
             f"shoal.fit got unknown option(s): {', '.join(unknown)}",
             "use shoal train's flags as keyword arguments, e.g. epochs=3, nproc=2 (see `shoal train --help`)",
         )
-    cfg = TrainConfig(workload=workload, **{k: v for k, v in options.items() if k in config_fields})
+    instance = None if isinstance(workload, str) else get_workload(workload)
+    spec = workload if instance is None else label(instance)
+    cfg = TrainConfig(workload=spec, **{k: v for k, v in options.items() if k in config_fields})
     pod = operator_defaults(os.environ)
     launch = LaunchOptions(**{**pod, **{k: v for k, v in options.items() if k in launch_fields}})
-    result = run_training(cfg, launch, pod=bool(pod))
+    result = run_training(cfg, launch, pod=bool(pod), workload=instance)
     if result is None:  # this node ran no rank 0 (another node of the job did)
         raise ShoalError("this node ran no rank 0 of the job: its result is on node 0", "read the run directory there")
     return result
 
 
-def run_training(cfg: TrainConfig, options: LaunchOptions, *, pod: bool = False) -> TrainResult | None:
+def run_training(
+    cfg: TrainConfig, options: LaunchOptions, *, pod: bool = False, workload: Workload | None = None
+) -> TrainResult | None:
     """Train with ``cfg`` here, or on this node's workers; rank 0's result when it runs on this node.
 
     ``pod``: ``options`` came from a Kubernetes operator's variables (see :mod:`shoal.launch.pods`).
+    ``workload``: the instance to train; default, the one ``cfg.workload`` names (imported here,
+    so a bad spec fails before any worker starts, and again in each spawned worker).
     Raises ShoalError for bad input before any worker starts, and for a failed run.
     """
-    cfg = cfg.resolved()
+    given = workload
+    workload = get_workload(workload if workload is not None else cfg.workload)
+    cfg = cfg.resolved(workload)
     if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
         raise ShoalError(
             f"--resume {cfg.resume}: no such checkpoint file", "pass --resume auto, never, or a ckpt-*.pt file"
         )
     if not starts_workers(options, pod=pod):
-        get_workload(cfg.workload).prepare(cfg)
-        return train(cfg)
+        _prepare(workload, cfg)
+        return train(cfg, workload=workload)
     # The data is present (or downloaded) before the workers start, which may be forked from here.
     with _fork_safe():
-        get_workload(cfg.workload).prepare(cfg)
+        _prepare(workload, cfg)
     device = _worker_device(cfg, options)
     method = resolve_start_method(options.start_method, device.type)
     if cfg.out is None:
@@ -101,11 +118,21 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, pod: bool = False)
                 "a multi-node shoal train needs --out",
                 "pass --out DIR on storage every node can see (checkpoints and resume live there)",
             )
-        cfg = cfg.replace(out=default_out_dir(cfg.workload))
+        cfg = cfg.replace(out=default_out_dir(short_name(cfg.workload)))
     prepare_out_dir(cfg.out)
     record = dataclasses.asdict(options)
-    results = launch_local(run_worker, (cfg, method, record), options=dataclasses.replace(options, start_method=method))
+    # Forked workers inherit the instance; spawned ones import the spec again, or unpickle the
+    # instance they were given after importing its class's file.
+    carried: Any = workload if method == "fork" else (Parcel.of(given, cfg.workload) if given is not None else None)
+    results = launch_local(
+        run_worker, (cfg, method, record, carried), options=dataclasses.replace(options, start_method=method)
+    )
     return results.get(0)
+
+
+def _prepare(workload: Workload, cfg: TrainConfig) -> None:
+    with blame(workload, "prepare()", "fix the error in your workload's prepare() at that line"):
+        workload.prepare(cfg)
 
 
 @contextlib.contextmanager

@@ -89,7 +89,7 @@ class RunOutputs:
         """On resume: keep the metrics of epochs up to ``last_epoch``; later ones will be redone."""
         records = [r for r in self.logged_epochs() if r.get("epoch", 0) <= last_epoch]
         atomic_write_text(self.directory / METRICS, "".join(json.dumps(r) + "\n" for r in records))
-        self.accuracies = [r["test_accuracy"] for r in records]
+        self.accuracies = [r.get("test_accuracy") for r in records]
         atomic_write_text(self.directory / ACCURACIES, json.dumps(self.accuracies) + "\n")
 
     def log_epoch(self, record: dict[str, Any]) -> None:
@@ -99,7 +99,7 @@ class RunOutputs:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.accuracies.append(record["test_accuracy"])
+        self.accuracies.append(record.get("test_accuracy"))
         atomic_write_text(self.directory / ACCURACIES, json.dumps(self.accuracies) + "\n")
 
     def save_model(self, state_dict: dict[str, Any]) -> Path:

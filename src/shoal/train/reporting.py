@@ -86,10 +86,12 @@ class Reports:
             return
         self.tracker.log_epoch(record, step=step)
         if self.predictions and self.tracker.enabled:
-            self.tracker.log_predictions(self._predictions(model, test, transform, workload), step=step)
+            table = self._predictions(model, test, transform, workload)
+            if table is not None:
+                self.tracker.log_predictions(table, step=step)
 
-    def _predictions(self, model: nn.Module, test: Any, transform: Any, workload: Any) -> Predictions:
-        inputs, targets = test[0][: self.predictions], test[1][: self.predictions]
+    def _predictions(self, model: nn.Module, test: Any, transform: Any, workload: Any) -> Predictions | None:
+        inputs, targets = _first_samples(test, self.predictions, self.device)
         net = unwrap_model(model)
         was_training = net.training
         net.eval()
@@ -97,6 +99,8 @@ class Reports:
             batch = (inputs, targets) if transform is None else transform((inputs, targets))
             logits = net(batch[0])
         net.train(was_training)
+        if logits.dim() != 2 or targets.dim() != 1 or targets.is_floating_point():
+            return None  # not a classifier's logits and class indices: no table of guesses
         return Predictions.from_logits(
             logits,
             targets,
@@ -120,3 +124,14 @@ class Reports:
 
     def close(self, *, failed: bool) -> None:
         self.tracker.close(failed=failed)
+
+
+def _first_samples(test: Any, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` test samples as ``(inputs, targets)`` on ``device``: sliced from tensors, or
+    collated from a map-style Dataset's items."""
+    if isinstance(test, (tuple, list)):
+        return test[0][:n], test[1][:n]
+    from torch.utils.data import default_collate
+
+    inputs, targets = default_collate([test[i] for i in range(min(n, len(test)))])[:2]
+    return inputs.to(device), targets.to(device)

@@ -25,14 +25,22 @@ from shoal.distributed.collectives import all_reduce_sum
 class Step:
     """One optimizer step over ``grad_accum`` micro-batches, with AMP and DDP's no_sync handled."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, amp: str, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        amp: str,
+        device: torch.device,
+        *,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    ) -> None:
         self.model, self.optimizer = model, optimizer
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
         self.autocast: Callable[[], Any] | None = (
             (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else None
         )
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-        self.loss_fn = F.cross_entropy
+        self.loss_fn = loss_fn  # the mean over the micro-batch
 
     def micro_batch(self, inputs: torch.Tensor, targets: torch.Tensor, *, weight: float, sync: bool) -> torch.Tensor:
         """Forward and backward one micro-batch; gradients are all-reduced only when ``sync``."""

@@ -33,7 +33,9 @@ from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
 from shoal.train.reporting import Reports
 from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
-from shoal.workloads import get_workload
+from shoal.workloads import get_workload, short_name
+from shoal.workloads.base import Workload
+from shoal.workloads.blame import blame, checked_loss
 
 
 @dataclass(frozen=True)
@@ -74,18 +76,26 @@ class TrainResult:
 
     @property
     def accuracies(self) -> list[float]:
-        """The test accuracy of every epoch, in order."""
-        return [record["test_accuracy"] for record in self.metrics]
+        """The test accuracy of every epoch, in order (None where the workload measures none)."""
+        return [record.get("test_accuracy") for record in self.metrics]
 
 
-def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, Any] | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    *,
+    workload: Workload | None = None,
+    started_by: str | None = None,
+    launch: dict[str, Any] | None = None,
+) -> TrainResult:
     """Run one training job in this process (one rank of it).
 
-    ``started_by``: how a local launcher started this worker (``fork``/``spawn``); ``launch``: the
-    launch options it was given. Both only go on the record (config.json).
+    ``workload``: the instance to train (``shoal.fit(MyWorkload(...))``); default, the one
+    ``cfg.workload`` names. ``started_by``: how a local launcher started this worker
+    (``fork``/``spawn``); ``launch``: the launch options it was given. Both only go on the record
+    (config.json).
     """
-    cfg = cfg.resolved()
-    workload = get_workload(cfg.workload)
+    workload = get_workload(workload if workload is not None else cfg.workload)
+    cfg = cfg.resolved(workload)
     ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
     reports: Reports | None = None
     failed = True
@@ -94,8 +104,16 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
         out, outputs, checkpoints = _open_run(cfg, ctx)
         reports = Reports(cfg, ctx, out)
-        data = workload.load(cfg, ctx.device, rank=ctx.rank)
-        model = workload.build_model(cfg, data.num_classes)
+        with blame(workload, "load()", "fix the error in your workload's load() or Dataset at that line"):
+            data = workload.load(cfg, ctx.device, rank=ctx.rank)
+        with blame(workload, "build_model()", "fix the error in your workload's build_model() at that line"):
+            model = workload.build_model(cfg, data.num_classes)
+        if not isinstance(model, nn.Module):
+            raise ShoalError(
+                f"{type(workload).__name__}.build_model() returned a {type(model).__name__}, not a torch.nn.Module",
+                "return the model (an nn.Module) from build_model()",
+            )
+        loss_fn = checked_loss(workload)
         channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -111,12 +129,13 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
         comm_hook = register_comm_hook(model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start)
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
         schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
-        step = Step(model, optimizer, cfg.amp, ctx.device)
+        step = Step(model, optimizer, cfg.amp, ctx.device, loss_fn=loss_fn)
         state = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader}
         state["tally"] = EpochTally(ctx.device)
         per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
         per_rank["comm_hook"] = comm_hook  # PowerSGD's error feedback and memories: exact resume
         run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
+        run.workload, run.loss_fn = workload, loss_fn
         run.resume()
         derived = {"channels_last": channels_last, "start_method": started_by}
         _announce(run, derived, launch)
@@ -124,8 +143,10 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
         with PreemptionWatch(grace_s=cfg.preempt_grace) as preemption:
             while run.epoch <= plan.epochs:
                 if not run.epoch_trained:
-                    _train_epoch(run, step, train_loader, schedule, preemption)
-                record = _finish_epoch(run, model, test_loader, step)
+                    with blame(workload, "training", _FIX_HINT):
+                        _train_epoch(run, step, train_loader, schedule, preemption)
+                with blame(workload, "evaluation", _FIX_HINT):
+                    record = _finish_epoch(run, model, test_loader, step)
                 reports.epoch(record, run.global_step, model, data.test, data.test_transform, workload)
                 run.next_epoch()
         model_path = None
@@ -148,6 +169,9 @@ def train(cfg: TrainConfig, *, started_by: str | None = None, launch: dict[str, 
         ctx.shutdown()
 
 
+_FIX_HINT = "fix your workload's code at that line (its Dataset, model or loss); the same command resumes"
+
+
 class _Run:
     """Where the run stands (epoch, step, whether the epoch's training part is done) and its I/O."""
 
@@ -160,6 +184,8 @@ class _Run:
         self.epoch_trained = False  # the epoch's training pass is done, its evaluation is not
         self.resumed_from: Path | None = None
         self.trained_now = False
+        self.workload: Workload | None = None
+        self.loss_fn: Any = None
 
     @property
     def tally(self) -> EpochTally:
@@ -274,14 +300,22 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
     """Evaluate, log the epoch's metrics, and checkpoint on the epoch cadence."""
     ctx, tally = run.ctx, run.tally
     started = time.perf_counter()
-    scores = evaluate(model, test_loader, autocast=step.autocast)
+    workload = run.workload
+    scores = evaluate(
+        model,
+        test_loader,
+        loss_fn=run.loss_fn,
+        metrics_fn=workload.metrics if workload else None,
+        autocast=step.autocast,
+    )
+    metrics = {f"test_{name}": value for name, value in scores.items() if name not in ("loss", "samples")}
     loss_total, count = all_reduce_sum(torch.stack([tally.loss_sum, tally.count])).tolist()
     train_s = tally.train_s
     record = {
         "epoch": run.epoch,
         "train_loss": loss_total / max(count, 1),
         "test_loss": scores["loss"],
-        "test_accuracy": scores["accuracy"],
+        **metrics,
         "samples_per_s": tally.samples / train_s if train_s > 0 else float("nan"),
         "epoch_s": train_s + time.perf_counter() - started,
         "samples_seen": tally.samples,
@@ -291,9 +325,10 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
     }
     if run.outputs:
         run.outputs.log_epoch(record)
+    shown = "".join(f"  {name.replace('accuracy', 'acc')} {value:.4f}" for name, value in metrics.items())
     ctx.print(
-        f"epoch {run.epoch}/{run.plan.epochs}  train_loss {record['train_loss']:.4f}  test_loss {scores['loss']:.4f}  "
-        f"test_acc {scores['accuracy']:.4f}  {record['samples_per_s']:,.0f} samples/s  {record['epoch_s']:.2f} s"
+        f"epoch {run.epoch}/{run.plan.epochs}  train_loss {record['train_loss']:.4f}  test_loss {scores['loss']:.4f}"
+        f"{shown}  {record['samples_per_s']:,.0f} samples/s  {record['epoch_s']:.2f} s"
     )
     run.save(epoch_end=True)
     return record
@@ -325,7 +360,7 @@ def _plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> Plan:
 def _open_run(cfg: TrainConfig, ctx: Context) -> tuple[Path, RunOutputs | None, CheckpointManager]:
     """The run directory (named on rank 0 and shared, so all ranks agree), rank 0's writer for it,
     and its checkpoints."""
-    out = Path(cfg.out or broadcast_object(default_out_dir(cfg.workload) if ctx.is_main else None))
+    out = Path(cfg.out or broadcast_object(default_out_dir(short_name(cfg.workload)) if ctx.is_main else None))
     outputs = RunOutputs(prepare_out_dir(out)) if ctx.is_main else None
     directory = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else out / "checkpoints"
     return out, outputs, CheckpointManager(directory, every=cfg.cadence, keep=cfg.keep)

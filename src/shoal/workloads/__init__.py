@@ -1,42 +1,43 @@
-"""Ready workloads for ``shoal train``: one module each, loaded only when asked for.
+"""Workloads: the public :class:`~shoal.workloads.base.Workload` contract and the bundled ones.
 
-This package's ``__init__`` imports no torch, so the command line can list the names.
+A workload is named by a spec (:mod:`shoal.workloads.spec`): a bundled name (``digits``, ``mnist``,
+``cifar10``, ``synthetic``), ``pkg.module:Name`` or ``path/to/file.py:Name``. The bundled ones are
+loaded only when asked for; this package's ``__init__`` imports no torch, so the command line can
+list their names.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from shoal.errors import ShoalError
+from shoal.workloads.spec import BUNDLED, label, resolve, short_name
 
 if TYPE_CHECKING:
     from shoal.workloads.base import Workload
 
-WORKLOADS: dict[str, str] = {
-    "digits": "shoal.workloads.digits:Digits",
-    "mnist": "shoal.workloads.mnist:MNIST",
-    "cifar10": "shoal.workloads.cifar10:CIFAR10",
-    "synthetic": "shoal.workloads.synthetic:Synthetic",
-}
+WORKLOADS: dict[str, str] = BUNDLED
+"""The bundled workloads: name -> ``module:Class``."""
 
 
-def get_workload(name: str) -> Workload:
-    """The workload called ``name``; an unknown name is a ShoalError listing the known ones."""
-    try:
-        target = WORKLOADS[name]
-    except KeyError:
+def get_workload(spec: str | Workload) -> Workload:
+    """The workload ``spec`` names (an instance is returned as it is); a bad spec is a ShoalError."""
+    if isinstance(spec, str):
+        return resolve(spec)
+    from shoal.workloads.base import Workload
+
+    if not isinstance(spec, Workload):
+        from shoal.errors import ShoalError
+
         raise ShoalError(
-            f"unknown workload {name!r}",
-            f"choose one of: {', '.join(WORKLOADS)} (e.g. `shoal train digits`)",
-        ) from None
-    module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+            f"a workload must be a spec string or a shoal.Workload, got a {type(spec).__name__}",
+            "pass 'digits', 'pkg.module:Name', 'path/to/file.py:Name' or an instance of your Workload subclass",
+        )
+    return spec
 
 
-def workload_defaults(name: str) -> dict[str, Any]:
-    """The training defaults of workload ``name`` (epochs, batch_size, lr, ...)."""
-    return dict(get_workload(name).defaults)
+def workload_defaults(spec: str | Workload) -> dict[str, Any]:
+    """The training defaults of a workload (epochs, batch_size, lr, ...)."""
+    return dict(get_workload(spec).defaults)
 
 
-__all__ = ["WORKLOADS", "get_workload", "workload_defaults"]
+__all__ = ["WORKLOADS", "get_workload", "label", "short_name", "workload_defaults"]

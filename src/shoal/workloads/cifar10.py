@@ -1,4 +1,5 @@
-"""cifar10: torchvision's CIFAR-10 from ``--data DIR``, in memory, and ResNet-18 with a 10-class head."""
+"""cifar10: torchvision's CIFAR-10 from ``--data DIR``, in memory, and a ResNet (``--arch``, default
+ResNet-18) with the CIFAR stem and a 10-class head."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from shoal.errors import ShoalError
 from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings, check_or_download, data_root
 
 BATCH_DIR = "cifar-10-batches-py"
@@ -14,11 +16,12 @@ FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 LAYOUT = "DIR/cifar-10-batches-py"
+RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
 
 class CIFAR10(Workload):
     name = "cifar10"
-    summary = "CIFAR-10 32x32 colour images from --data DIR (DIR/cifar-10-batches-py); ResNet-18"
+    summary = "CIFAR-10 32x32 colour images from --data DIR (DIR/cifar-10-batches-py); ResNet-18 (--arch)"
     defaults = {
         "epochs": 30,
         "batch_size": 128,
@@ -31,6 +34,7 @@ class CIFAR10(Workload):
     class_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
     def prepare(self, cfg: WorkloadSettings) -> None:
+        _check_arch(cfg.arch)
         root = data_root(cfg, LAYOUT)
         missing = [name for name in FILES if not (root / BATCH_DIR / name).is_file()]
 
@@ -73,18 +77,26 @@ class CIFAR10(Workload):
         )
 
     def build_model(self, cfg: WorkloadSettings, num_classes: int) -> nn.Module:
-        return cifar_resnet18(num_classes)
+        return cifar_resnet(cfg.arch, num_classes)
 
 
-def cifar_resnet18(num_classes: int = 10) -> nn.Module:
-    """torchvision's ResNet-18 with the usual CIFAR stem: a 3x3 stride-1 first conv, no max-pool.
+def _check_arch(arch: str) -> None:
+    if arch not in RESNETS:
+        raise ShoalError(
+            f"cifar10 trains a ResNet; --arch {arch!r} is not one", f"choose --arch from: {', '.join(RESNETS)}"
+        )
+
+
+def cifar_resnet(arch: str = "resnet18", num_classes: int = 10) -> nn.Module:
+    """torchvision's ResNet ``arch`` with the usual CIFAR stem: a 3x3 stride-1 first conv, no max-pool.
 
     The ImageNet stem shrinks a 32x32 image to 8x8 before the first block and costs about 10
     points of accuracy on CIFAR-10.
     """
-    from torchvision.models import resnet18
+    import torchvision.models
 
-    model = resnet18(num_classes=num_classes)
+    _check_arch(arch)
+    model = getattr(torchvision.models, arch)(num_classes=num_classes)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model

@@ -1,0 +1,123 @@
+"""Source of user workloads written into a test's tmp_path: a real file outside the package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+GOOD = '''
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import shoal
+
+
+class Blobs(Dataset):
+    """Three Gaussian blobs, one (features, label) per __getitem__: a Dataset, not tensors."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.y = torch.randint(0, 3, (n,), generator=g)
+        self.x = torch.randn(n, 4, generator=g) + self.y[:, None].float() * 2
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class Tiny(shoal.Workload):
+    defaults = {"epochs": 2, "batch_size": 8, "lr": 0.1}
+
+    def __init__(self, hidden=16):
+        self.hidden = hidden
+
+    def load(self, cfg, device, rank=0):
+        return shoal.WorkloadData(train=Blobs(96, 0), test=Blobs(30, 1), num_classes=3)
+
+    def build_model(self, cfg, num_classes):
+        return nn.Sequential(nn.Linear(4, self.hidden), nn.ReLU(), nn.Linear(self.hidden, num_classes))
+
+
+class Regression(Tiny):
+    """Its own loss and metric: mean squared error, and the sum of absolute errors per batch."""
+
+    defaults = {"epochs": 1, "batch_size": 8, "lr": 0.05}
+
+    def build_model(self, cfg, num_classes):
+        return nn.Sequential(nn.Linear(4, 1), nn.Flatten(0))
+
+    def loss(self, outputs, targets):
+        return nn.functional.mse_loss(outputs, targets.float())
+
+    def metrics(self, outputs, targets):
+        return {"abs_error": (outputs - targets.float()).abs().sum()}
+
+
+tiny = Tiny(hidden=8)
+
+
+def make_tiny():
+    return Tiny(hidden=12)
+'''
+
+BAD = """
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import shoal
+
+
+class Raising(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        raise ValueError(f"cannot read sample {i}")
+
+
+class Good(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.randn(4), i % 3
+
+
+class BadData(shoal.Workload):
+    defaults = {"epochs": 1, "batch_size": 4}
+
+    def load(self, cfg, device, rank=0):
+        return shoal.WorkloadData(train=Raising(), test=Raising(), num_classes=3)
+
+    def build_model(self, cfg, num_classes):
+        return nn.Linear(4, 3)
+
+
+class Misfit(BadData):
+    def load(self, cfg, device, rank=0):
+        return shoal.WorkloadData(train=Good(), test=Good(), num_classes=3)
+
+    def build_model(self, cfg, num_classes):
+        return nn.Linear(4, 1)  # one output, but the targets are class indices 0..2
+
+
+NOT_A_WORKLOAD = 3
+
+
+def not_a_factory():
+    return "a string"
+"""
+
+
+def line_of(source: str, text: str) -> int:
+    """The 1-based line of ``source`` holding ``text``."""
+    return next(i for i, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+def write(directory: Path, name: str, source: str) -> Path:
+    path = directory / name
+    path.write_text(source)
+    return path
