@@ -107,10 +107,14 @@ class Context:
         ``every``: ``N``/``Nepochs`` or ``Nsteps`` for :meth:`~CheckpointManager.maybe_save`;
         ``keep``: how many of the newest checkpoints stay. Saves are atomic; ``resume()`` loads the
         newest valid one, skipping corrupt files.
+
+        Epochs count from 0, as ``for epoch in range(epochs)`` numbers them: ``every="2epochs"``
+        saves after epochs 1, 3, 5... (the 2nd, 4th, 6th completed), and
+        ``maybe_save(..., epoch_end=True, final=epoch == epochs - 1)`` saves the last one too.
         """
         from shoal.checkpoint.manager import CheckpointManager
 
-        return CheckpointManager(directory, every=every, keep=keep)
+        return CheckpointManager(directory, every=every, keep=keep, first_epoch=0)
 
     def preemption(self, grace_s: float = 25.0):
         """A context manager whose ``requested()`` (call once per step on every rank) returns the

@@ -67,12 +67,19 @@ class CheckpointManager:
     """Save every ``every`` (a :class:`Cadence` or its text), keep the newest ``keep`` files.
 
     ``save`` and ``load_latest`` are collective: call them on every rank at the same point.
+
+    Epochs are numbered as the caller's loop numbers them, from ``first_epoch``: 0 for
+    ``for epoch in range(epochs)`` (what :meth:`shoal.Context.checkpointer` gives), 1 for a loop
+    that counts from 1 (``shoal train``'s). Either way ``every="2epochs"`` saves after the 2nd, 4th,
+    6th... completed epoch, and ``final=True`` at the last epoch's end saves it whatever the cadence.
     """
 
     directory: Path
     every: Cadence | str | int | None = None
     keep: int = 3
     warnings: list[str] = field(default_factory=list)
+    first_epoch: int = 1
+    """The number the caller's loop gives its first epoch (0 or 1)."""
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -80,17 +87,27 @@ class CheckpointManager:
             self.every = Cadence.parse(self.every)
         if self.keep < 1:
             raise ShoalError(f"--keep must be at least 1, got {self.keep}", "pass --keep 1 or more")
+        if self.first_epoch not in (0, 1):
+            raise ShoalError(
+                f"first_epoch must be 0 or 1, got {self.first_epoch}",
+                "pass 0 for `for epoch in range(epochs)`, 1 for a loop counting from 1",
+            )
 
     # -- saving ---------------------------------------------------------------------------------
 
     def due(self, *, epoch: int, step: int, epoch_end: bool, final: bool = False, force: bool = False) -> bool:
         """Whether to save now: the cadence says so, or it is the run's last epoch end (``final``,
-        unless checkpoints are off), or ``force`` (a preemption). The one place that decides."""
+        unless checkpoints are off), or ``force`` (a preemption). The one place that decides.
+
+        ``epoch``: the epoch in progress (or just ended, with ``epoch_end``), numbered from
+        :attr:`first_epoch`; ``step``: optimizer steps done so far in the whole run.
+        """
         if force:
             return True
         if final and epoch_end:
             return self.every.every > 0
-        return self.every.due(step=step, epoch=epoch, epoch_end=epoch_end)
+        epochs_done = epoch - self.first_epoch + 1
+        return self.every.due(step=step, epochs_done=epochs_done, epoch_end=epoch_end)
 
     def maybe_save(
         self,
@@ -103,7 +120,10 @@ class CheckpointManager:
         force: bool = False,
         **kwargs: Any,
     ) -> Path | None:
-        """Save if :meth:`due` says so (see :meth:`save` for the rest)."""
+        """Save if :meth:`due` says so (see :meth:`save` for the rest). Call it after every
+        optimizer step with ``epoch_end=False`` for a step cadence, and after every epoch with
+        ``epoch_end=True`` and ``final=`` whether that epoch was the run's last (which is saved
+        whatever the cadence, so a finished run always ends on a checkpoint)."""
         if self.due(epoch=epoch, step=step, epoch_end=epoch_end, final=final, force=force):
             return self.save(epoch=epoch, step=step, objects=objects, **kwargs)
         return None

@@ -41,4 +41,7 @@ with ctx.preemption() as preemption:
                 ckpt.save(epoch=epoch, step=step, objects=state, extra={"epoch": epoch})
                 ctx.print(f"preempted at step {step}")
                 raise SystemExit(143)
+        ckpt.maybe_save(
+            epoch=epoch, step=step, epoch_end=True, final=epoch == epochs - 1, objects=state, extra={"epoch": epoch + 1}
+        )
 ctx.shutdown()
