@@ -176,3 +176,13 @@ def test_an_allocation_the_job_fills_is_fine():
     check_allocation(LaunchOptions(), {**BATCH_SCRIPT, "SHOAL_ENV": "local"})  # said on purpose
     check_allocation(LaunchOptions(nnodes="2", master_addr="h"), BATCH_SCRIPT)  # its own rendezvous
     check_allocation(LaunchOptions(), {"SLURM_JOB_ID": "42"})  # no count: one task
+
+
+def test_an_srun_step_of_one_task_in_a_bigger_allocation_is_not_the_allocation():
+    """``srun -N1 -n1 shoal run --nproc 2`` in a 2-node sbatch job: the step is one task; the job's
+    node count is not this launcher's to fill."""
+    step = {**BATCH_SCRIPT, "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}
+    step.update(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="1")
+    step.update(SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="node1")
+    check_allocation(LaunchOptions(nproc=2), step)
+    assert starts_workers(LaunchOptions(nproc=2), environ=step) is True

@@ -20,6 +20,8 @@ from typing import Any
 
 from shoal.console import write_line
 from shoal.env import detect_environment
+from shoal.env.detect import detected_scheme
+from shoal.env.local import LocalEnvironment
 from shoal.errors import ShoalError
 from shoal.launch.core import Launch, WorkersFailed, run_workers
 from shoal.launch.options import START_METHODS, LaunchOptions
@@ -127,8 +129,7 @@ def starts_workers(options: LaunchOptions, *, pod: bool = False, environ: Mappin
                 "already starts one process per rank",
             )
         return False
-    if env.scheme == "local":
-        check_allocation(options, environ)
+    check_allocation(options, environ)
     return options.starts_workers
 
 
@@ -139,6 +140,8 @@ def check_allocation(options: LaunchOptions, environ: Mapping[str, str], prog: s
     would run on a part of what was allocated, silently. ``SHOAL_ENV=local`` says that is intended.
     """
     if options.several_nodes or "SLURM_JOB_ID" not in environ or environ.get("SHOAL_ENV", "").strip():
+        return
+    if detected_scheme(environ, argv=()) is not LocalEnvironment:  # an srun step counts its own tasks
         return
     nodes_name = next((n for n in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES") if n in environ), None)
     nodes = _count(environ, nodes_name)
