@@ -143,10 +143,9 @@ def agree(
             raise explain([mine])
         return [firsts]
     group = state.object_group()
-    vector = torch.zeros(2 + INLINE_FIRSTS, dtype=torch.int64)
-    vector[0], vector[1] = mine.digest(), len(tensors)
     inline = firsts[:INLINE_FIRSTS]
-    vector[2 : 2 + len(inline)] = torch.tensor(inline, dtype=torch.int64)
+    padding = [0] * (INLINE_FIRSTS - len(inline))
+    vector = torch.tensor([mine.digest(), len(tensors), *inline, *padding], dtype=torch.int64)
     everyone = torch.empty(world * vector.numel(), dtype=torch.int64)
     dist.all_gather_into_tensor(everyone, vector, group=group)
     rows = everyone.view(world, -1).tolist()
