@@ -1,0 +1,208 @@
+"""Sharded checkpoints in real processes (run by tests/checkpoint/test_sharded.py).
+
+Under torchrun (gloo) or as one plain process (no process group: a laptop):
+
+* ``save OUT``: trains a TinyGPT 3 steps under FSDP and under DDP and saves each (sync) as
+  ``OUT/<strategy>/ckpt-e00001-s000000003.dcp``; then 2 more steps and an async save as
+  ``...-s000000005.dcp``, after which the next optimizer step changes the weights at once (the
+  save must hold the weights of its call). Rank 0 writes the full model and optimizer state of each
+  as ``<name>.reference.pt``, and every rank its next RNG draw.
+* ``load RESULT STRATEGY=CKPT...``: loads each checkpoint into a fresh model wrapped with
+  STRATEGY (``fsdp``, ``ddp`` or ``none``) and writes the largest difference from the reference of
+  every parameter and optimizer value, the extras, and whether the per-rank state came back.
+* ``kill OUT``: a sync save, then an async save of a larger model during which rank 0 kills
+  itself with SIGKILL as soon as the first shard file appears (the files it saw: ``OUT/killing``).
+"""
+
+import copy
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from shoal.checkpoint.sharded import load_sharded, save_sharded, wait_pending
+from shoal.distributed.fsdp import apply_fsdp
+from shoal.distributed.wrap import apply_ddp, model_state_dict
+from shoal.workloads.language_model import TinyGPT, lm_loss
+
+if "RANK" in os.environ:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+else:
+    rank, world = 0, 1
+torch.set_num_threads(1)
+cpu = torch.device("cpu")
+
+
+class Position:
+    """Stands for the data position: the same on every rank."""
+
+    def __init__(self, value=0):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+class RankThing(Position):
+    """Stands for a per-rank object (an augmentation RNG): differs between ranks."""
+
+
+def build(strategy, preset="tiny"):
+    torch.manual_seed(0)
+    model = TinyGPT.preset(preset)
+    if strategy == "fsdp":
+        model = apply_fsdp(model, device=cpu)
+    elif strategy == "ddp":
+        model = apply_ddp(model, cpu, world)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def train(model, opt, steps, start=0):
+    seq = model.config.seq_len if hasattr(model, "config") else 32
+    for step in range(start, start + steps):
+        gen = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randint(0, 256, (2, seq), generator=gen)
+        lm_loss(model(x)[:, :-1], x[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def full_state(model, opt):
+    """The whole model and optimizer state, plain tensors, on rank 0 (collective)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = {"model": model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
+    return copy.deepcopy(state)  # a plain model's state dict holds its live parameters
+
+
+def flat(tree, prefix=""):
+    """{dotted name: value} of every leaf of nested dicts and lists."""
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flat(v, f"{prefix}{k}."))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(flat(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
+
+
+def save(out):
+    for strategy in ("fsdp", "ddp"):
+        model, opt = build(strategy)
+        train(model, opt, 3)
+        state = {"model": model, "optimizer": opt, "position": Position(3)}
+        per_rank = {"thing": RankThing(100 + rank)}
+        name = out / strategy / "ckpt-e00001-s000000003.dcp"
+        reference = full_state(model, opt)
+        torch.manual_seed(7 + rank)  # each rank its own RNG state, which the checkpoint keeps
+        save_sharded(name, state, per_rank=per_rank, extra={"epoch": 1, "step": 3})
+        draw = torch.rand(1).item()  # what a resumed run at this world size must draw next
+        if rank == 0:
+            torch.save(reference, f"{name}.reference.pt")
+        with open(out / strategy / f"draw-{rank}.json", "w") as f:
+            json.dump(draw, f)
+        train(model, opt, 2, start=3)
+        name = out / strategy / "ckpt-e00001-s000000005.dcp"
+        reference = full_state(model, opt)
+        state["position"] = Position(5)
+        pending = save_sharded(name, state, per_rank=per_rank, extra={"epoch": 1, "step": 5}, async_=True)
+        train(model, opt, 1, start=5)  # changes every weight while the save may still be writing
+        pending.wait()
+        if rank == 0:
+            torch.save(reference, f"{name}.reference.pt")
+            print(f"{strategy}: async save blocked {pending.blocked_s:.3f} s", flush=True)
+
+
+def load(result_path, pairs):
+    results = []
+    for pair in pairs:
+        strategy, ckpt = pair.split("=", 1)
+        model, opt = build(strategy)
+        position, thing = Position(), RankThing(-1)
+        found = load_sharded(ckpt, {"model": model, "optimizer": opt, "position": position}, per_rank={"thing": thing})
+        got = full_state(model, opt)
+        mine = (torch.rand(1).item(), thing.value)
+        draws = [None] * world
+        if world > 1:
+            dist.all_gather_object(draws, mine)
+        else:
+            draws = [mine]
+        train(model, opt, 1, start=10)  # the loaded optimizer steps
+        if rank == 0:
+            reference = flat(torch.load(f"{ckpt}.reference.pt", weights_only=True))
+            loaded = flat(got)
+            assert sorted(reference) == sorted(loaded), sorted(set(reference) ^ set(loaded))
+            diffs = {}
+            for key, ref in reference.items():
+                if isinstance(ref, torch.Tensor):
+                    diffs[key] = (loaded[key].float() - ref.float()).abs().max().item()
+                else:
+                    diffs[key] = 0.0 if loaded[key] == ref else float("inf")
+            saved_world = found.world_size
+            results.append(
+                {
+                    "checkpoint": str(ckpt),
+                    "strategy": strategy,
+                    "values": len(diffs),
+                    "tensors": sum(isinstance(v, torch.Tensor) for v in reference.values()),
+                    "max_diff": max(diffs.values()),
+                    "worst": max(diffs, key=diffs.get),
+                    "extra": found.extra,
+                    "position": position.value,
+                    "saved_world": saved_world,
+                    "per_rank_restored": found.per_rank_restored,
+                    "draws": draws,
+                }
+            )
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(results, f)
+
+
+def kill(out):
+    model, opt = build("fsdp", preset="small")
+    train(model, opt, 1)
+    state = {"model": model, "optimizer": opt, "position": Position(1)}
+    name = out / "ckpt-e00001-s000000001.dcp"
+    reference = full_state(model, opt)
+    save_sharded(name, state, extra={"step": 1})
+    if rank == 0:
+        torch.save(reference, f"{name}.reference.pt")
+    train(model, opt, 1, start=1)
+    state["position"] = Position(2)
+    save_sharded(out / "ckpt-e00001-s000000002.dcp", state, extra={"step": 2}, async_=True)
+    if rank == 0:
+        # Die while the shards are being written: once the first shard file appears (DCP writes it
+        # from its background thread, while the main thread goes on).
+        tmp = out / ".tmp-ckpt-e00001-s000000002.dcp"
+        deadline = time.monotonic() + 60
+        while not any(tmp.glob("*.distcp")) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        with open(out / "killing", "w") as f:
+            f.write(" ".join(sorted(p.name for p in tmp.iterdir())))
+        os.kill(os.getpid(), signal.SIGKILL)
+    wait_pending()  # rank 1: its peer is gone; torchrun stops it
+
+
+mode = sys.argv[1]
+if mode == "save":
+    save(Path(sys.argv[2]))
+elif mode == "load":
+    load(sys.argv[2], sys.argv[3:])
+elif mode == "kill":
+    kill(Path(sys.argv[2]))
+if world > 1:
+    dist.barrier()
+    dist.destroy_process_group()

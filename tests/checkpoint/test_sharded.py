@@ -1,0 +1,204 @@
+"""Sharded (DCP) checkpoints: resharding across world sizes, DDP <-> FSDP, async, kill -9, bad input.
+
+The multi-process tests run tests/checkpoint/scripts/sharded_job.py under torchrun (gloo) or as one
+plain process: it saves from 2 ranks (FSDP and DDP, sync and async) and loads at 1, 2 and 3 ranks,
+comparing every parameter and optimizer value with the full state the saver had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from shoal.checkpoint.sharded import FORMAT, META, is_sharded, load_sharded, read_meta, save_sharded
+from shoal.errors import ShoalError
+from shoal.workloads.language_model import TinyGPT
+
+SCRIPT = Path(__file__).parent / "scripts" / "sharded_job.py"
+S3, S5 = "ckpt-e00001-s000000003.dcp", "ckpt-e00001-s000000005.dcp"
+
+
+def _torchrun(nproc: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    proc = subprocess.run([*cmd, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _plain(*args: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """Checkpoints written by 2 ranks: ``fsdp/`` and ``ddp/``, each at step 3 (sync) and 5 (async)."""
+    out = tmp_path_factory.mktemp("sharded")
+    _torchrun(2, "save", str(out))
+    return out
+
+
+def _exact(result: dict, step: int) -> None:
+    assert result["values"] == 162 and result["tensors"] == 120  # 30 parameters; step, exp_avg, exp_avg_sq each
+    assert result["max_diff"] == 0.0, result["worst"]
+    assert result["extra"] == {"epoch": 1, "step": step} and result["position"] == step
+    assert result["saved_world"] == 2
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_to_one_plain_process(saved, tmp_path):
+    out = tmp_path / "r.json"
+    _plain("load", str(out), f"none={saved / 'fsdp' / S3}", f"none={saved / 'fsdp' / S5}", f"none={saved / 'ddp' / S3}")
+    results = json.loads(out.read_text())
+    for result, step in zip(results, (3, 5, 3)):
+        _exact(result, step)
+        # Another world size: the per-rank object keeps its own state.
+        assert not result["per_rank_restored"] and result["draws"][0][1] == -1
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_to_three_fsdp_ranks(saved, tmp_path):
+    out = tmp_path / "r.json"
+    _torchrun(3, "load", str(out), f"fsdp={saved / 'fsdp' / S3}", f"fsdp={saved / 'ddp' / S5}")
+    results = json.loads(out.read_text())
+    for result, step in zip(results, (3, 5)):
+        _exact(result, step)
+        assert not result["per_rank_restored"] and [thing for _, thing in result["draws"]] == [-1, -1, -1]
+
+
+@pytest.mark.multiprocess
+def test_ddp_and_fsdp_load_each_others_checkpoints_with_per_rank_state(saved, tmp_path):
+    out = tmp_path / "r.json"
+    _torchrun(
+        2, "load", str(out), f"ddp={saved / 'fsdp' / S3}", f"fsdp={saved / 'ddp' / S3}", f"ddp={saved / 'fsdp' / S5}"
+    )
+    results = json.loads(out.read_text())
+    assert [r["strategy"] for r in results] == ["ddp", "fsdp", "ddp"]
+    for result, step in zip(results, (3, 3, 5)):
+        _exact(result, step)
+        assert result["per_rank_restored"]
+        assert [thing for _, thing in result["draws"]] == [100, 101]
+    # Same world size: every rank's RNG comes back, so each draws what the saver drew next.
+    for result, kind in zip(results[:2], ("fsdp", "ddp")):
+        saver = [json.loads((saved / kind / f"draw-{r}.json").read_text()) for r in range(2)]
+        assert saver[0] != saver[1]
+        assert [draw for draw, _ in result["draws"]] == saver
+
+
+@pytest.mark.multiprocess
+def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
+    proc = _torchrun(2, "kill", str(tmp_path), check=False)
+    assert proc.returncode != 0
+    seen = (tmp_path / "killing").read_text().split()
+    assert any(name.endswith(".distcp") for name in seen)  # killed while shards were being written
+    first, second = tmp_path / "ckpt-e00001-s000000001.dcp", tmp_path / "ckpt-e00001-s000000002.dcp"
+    stale = tmp_path / f".tmp-{second.name}"
+    assert is_sharded(first) and not second.exists() and stale.is_dir()
+
+    # The previous checkpoint loads (one plain process), exactly as saved.
+    model = TinyGPT.preset("small")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    found = load_sharded(first, {"model": model, "optimizer": opt})
+    assert found.extra == {"step": 1} and found.world_size == 2
+    reference = torch.load(f"{first}.reference.pt", weights_only=True)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, reference["model"][name]), name
+    moments = opt.state_dict()["state"]
+    assert len(moments) == len(list(model.parameters()))
+    for index, name in enumerate(n for n, _ in model.named_parameters()):
+        assert torch.equal(moments[index]["exp_avg"], reference["optim"]["state"][name]["exp_avg"]), name
+
+    # The next save in that directory removes what the killed one left.
+    save_sharded(tmp_path / "ckpt-e00001-s000000003.dcp", {"model": model, "optimizer": opt})
+    assert not stale.exists() and is_sharded(tmp_path / "ckpt-e00001-s000000003.dcp")
+
+
+class Counter:
+    def __init__(self, value: int = 0) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+def test_one_process_round_trip_commit_callback_and_replace(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    committed = []
+    target = tmp_path / "ckpts" / "ckpt-e00000-s000000001.dcp"
+    pending = save_sharded(
+        target, {"model": model, "optimizer": opt, "count": Counter(7)}, extra={"step": 1}, on_commit=committed.append
+    )
+    assert pending.done() and pending.wait() == target and committed == [target]
+    assert read_meta(target)["format"] == FORMAT and read_meta(target)["world_size"] == 1
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no temporaries left
+
+    fresh, count = nn.Linear(4, 3), Counter()
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    found = load_sharded(target, {"model": fresh, "optimizer": fresh_opt, "count": count})
+    assert found.extra == {"step": 1} and found.per_rank_restored and count.value == 7
+    assert torch.equal(fresh.weight, model.weight)
+    assert torch.equal(
+        fresh_opt.state_dict()["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"]
+    )
+
+    # Saving the same name again replaces it (async this time), and nothing else is left behind.
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    save_sharded(target, {"model": model, "optimizer": opt, "count": Counter(8)}, async_=True).wait()
+    load_sharded(target, {"model": fresh, "optimizer": fresh_opt, "count": count})
+    assert torch.equal(fresh.weight, model.weight) and count.value == 8
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
+
+
+def test_bad_checkpoints_and_states_are_one_line_errors(tmp_path):
+    with pytest.raises(ShoalError, match="is not a shoal sharded checkpoint") as err:
+        load_sharded(tmp_path, {"model": nn.Linear(2, 2)})
+    assert "ckpt-*.dcp" in err.value.hint
+    (tmp_path / META).write_text(json.dumps({"format": "other", "format_version": 9}))
+    with pytest.raises(ShoalError, match="has format 'other' version 9"):
+        read_meta(tmp_path)
+    (tmp_path / META).write_text(json.dumps({"format": FORMAT, "format_version": 1}))
+    with pytest.raises(ShoalError, match=r"is incomplete \(no DCP .metadata\)"):
+        read_meta(tmp_path)
+
+    target = tmp_path / "ckpt-e00000-s000000001.dcp"
+    save_sharded(target, {"model": nn.Linear(2, 2), "count": Counter(1)})
+    with pytest.raises(ShoalError, match="does not fit this model or optimizer") as err:
+        load_sharded(target, {"model": nn.Linear(3, 3)})
+    assert "\n" not in str(err.value) and err.value.hint
+    with pytest.raises(ShoalError, match="has no state for steps"):
+        load_sharded(target, {"model": nn.Linear(2, 2), "steps": Counter()})
+    with pytest.raises(ShoalError, match="holds 0 optimizer state"):
+        model = nn.Linear(2, 2)
+        load_sharded(target, {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=1)})
+    with pytest.raises(ShoalError, match="holds one model, got 2"):
+        save_sharded(tmp_path / "x.dcp", {"a": nn.Linear(2, 2), "b": nn.Linear(2, 2)})
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("this would run when unpickled",))
+
+
+def test_a_checkpoint_cannot_run_code_when_loaded(tmp_path):
+    target = tmp_path / "ckpt-e00000-s000000001.dcp"
+    save_sharded(target, {"model": nn.Linear(2, 2)}, extra={"payload": Evil()})
+    with pytest.raises(ShoalError, match="does not load safely") as err:
+        load_sharded(target, {"model": nn.Linear(2, 2)})
+    assert err.value.hint
