@@ -1,0 +1,180 @@
+"""``shoal.run(fn, *args, nproc=N)``: a user's function on N real workers (gloo on CPU).
+
+Each case runs a small driver script in a process of its own (a launcher forked from pytest would
+inherit whatever torch thread pool earlier tests started). Every call of ``fn`` leaves a mark file
+named after its rank and process id, so the tests see which processes ran it and how often.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import shoal
+from conftest import shoal_cmd
+from procs import alive
+
+pytestmark = pytest.mark.multiprocess
+
+DRIVER = '''
+import json, os, sys
+
+import torch
+import torch.distributed as dist
+
+import shoal
+
+MARKS = sys.argv[2]
+
+
+def probe(tag, *, scale=1):
+    """Sum of (rank + 1) over the group, times scale; leaves a mark."""
+    rank = dist.get_rank()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    open(os.path.join(MARKS, f"ran-{rank}-{os.getpid()}"), "w").close()
+    return {"rank": rank, "world": dist.get_world_size(), "sum": total.item() * scale, "tag": tag}
+
+
+def fail_on_rank_1():
+    open(os.path.join(MARKS, f"ran-{dist.get_rank()}-{os.getpid()}"), "w").close()
+    if dist.get_rank() == 1:
+        raise ValueError("boom on rank 1")
+    dist.barrier()
+
+
+def main():
+    mode = sys.argv[1]
+    print(f"DRIVER {os.getpid()}", flush=True)
+    if mode == "value":
+        result = shoal.run(probe, "a", kwargs={"scale": 10}, nproc=2)
+    elif mode == "spawn-all":
+        result = shoal.run(probe, "b", nproc=2, start_method="spawn", all_ranks=True)
+    elif mode == "fail":
+        result = shoal.run(fail_on_rank_1, nproc=2)
+    elif mode == "lambda":
+        result = shoal.run(lambda: 1, nproc=2, start_method="spawn")
+    elif mode == "outer":  # started as one rank of a job: fn runs here, no workers of its own
+        result = shoal.run(probe, "d", nproc=2)
+        result["pid"] = os.getpid()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except shoal.ShoalError as err:
+        print(err.format(), file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
+'''
+
+
+def _environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
+
+
+def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """``cmd`` in its own session; on a timeout its whole group is killed (hung workers included)."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=_environ()
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout:.0f} s\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@pytest.fixture
+def driver(tmp_path):
+    """``driver(mode)``: (process, its RESULT values, the marks as (rank, pid) pairs)."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def run(mode: str, *, launcher: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, list, list]:
+        proc = _run([*launcher, *([] if launcher else [sys.executable]), str(script), mode, str(marks)])
+        results = [
+            json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")
+        ]
+        ran = sorted((int(rank), int(pid)) for _, rank, pid in (p.name.split("-") for p in marks.iterdir()))
+        return proc, results, ran
+
+    return run
+
+
+def test_fn_on_two_workers_returns_rank_0s_value_with_a_working_group(driver):
+    proc, results, ran = driver("value")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # rank 0's value; the all_reduce summed 1 + 2 across the two workers; args and kwargs arrived
+    assert results == [{"rank": 0, "world": 2, "sum": 30.0, "tag": "a"}]
+    assert [rank for rank, _ in ran] == [0, 1]  # fn ran once on each rank...
+    driver_pid = int(proc.stdout.split("DRIVER ")[1].split()[0])
+    assert driver_pid not in {pid for _, pid in ran} and len({pid for _, pid in ran}) == 2  # ...in two workers
+
+
+def test_spawned_workers_run_a_module_level_function_and_all_ranks_gives_every_value(driver):
+    proc, results, ran = driver("spawn-all")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert results == [[{"rank": r, "world": 2, "sum": 3.0, "tag": "b"} for r in (0, 1)]]  # in rank order
+    assert [rank for rank, _ in ran] == [0, 1]
+
+
+def test_a_failing_rank_is_named_with_its_traceback_and_no_worker_survives(driver):
+    proc, results, ran = driver("fail")
+    assert proc.returncode != 0 and not results
+    report = proc.stderr
+    assert "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:" in report, report
+    assert 'raise ValueError("boom on rank 1")' in report and "in fail_on_rank_1" in report  # the user's frame
+    assert report.rstrip().splitlines()[-1].startswith("shoal: error: rank 1 failed: ValueError: boom on rank 1")
+    assert [rank for rank, _ in ran] == [0, 1]
+    assert not [pid for _, pid in ran if alive(pid)]  # both workers are gone, the victim too
+
+
+def test_a_lambda_cannot_be_spawned_one_line_and_a_hint_before_any_worker(driver):
+    proc, results, ran = driver("lambda")
+    assert proc.returncode != 0 and not results and not ran
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("shoal: error: shoal.run cannot spawn workers for main.<locals>.<lambda>: ")
+    assert "it cannot be pickled" in lines[0]
+    assert lines[1].startswith("HINT: define the function at the top level of a .py module")
+    assert len(lines) == 2 and "Traceback" not in proc.stderr
+    assert "workers started" not in proc.stdout + proc.stderr
+
+
+def test_a_function_typed_into_a_repl_runs_on_forked_workers_and_is_refused_for_spawn():
+    code = (
+        "import shoal, torch.distributed as dist\n"
+        "def world():\n    return dist.get_world_size()\n"
+        "try:\n    shoal.run(world, nproc=2, start_method='spawn')\n"
+        "except shoal.ShoalError as err:\n    print(err.format())\n"
+        "print('WORLD', shoal.run(lambda: (dist.get_rank(), dist.get_world_size()), nproc=2))\n"
+    )
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "shoal.run cannot spawn workers for world: it was defined in a notebook or REPL" in proc.stdout
+    assert "WORLD (0, 2)" in proc.stdout  # fork (CPU's default) runs even a lambda
+
+
+def test_as_one_rank_of_an_outer_job_fn_runs_here_once_per_rank(driver):
+    proc, results, ran = driver("outer", launcher=tuple(shoal_cmd("run", "--nproc", "2")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted((r["rank"], r["world"], r["sum"]) for r in results) == [(0, 2, 3.0), (1, 2, 3.0)]
+    # fn ran once per rank, in the rank's own process: no workers of workers
+    assert ran == sorted((r["rank"], r["pid"]) for r in results)
+    assert "the launch options are ignored" in proc.stderr
+
+
+def test_an_unknown_option_is_one_line_naming_it():
+    with pytest.raises(shoal.ShoalError) as caught:
+        shoal.run(print, nproc=2, epochs=3)
+    assert caught.value.message == "shoal.run got unknown option(s): epochs"
+    assert "kwargs={...}" in caught.value.hint
