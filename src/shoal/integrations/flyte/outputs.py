@@ -26,4 +26,9 @@ class TrainOutputs(NamedTuple):
 def to_outputs(result: "TrainResult") -> TrainOutputs:
     """A :class:`~shoal.train.trainer.TrainResult` as the task's outputs (global rank 0 has the model)."""
     model = FlyteFile(str(result.model_path)) if result.model_path is not None else None
-    return TrainOutputs(epoch_accuracies=[float(a) for a in result.accuracies], model_state=model)
+    return TrainOutputs(epoch_accuracies=epoch_accuracies(result), model_state=model)
+
+
+def epoch_accuracies(result: "TrainResult") -> list[float]:
+    """The test accuracy of every epoch; NaN for a workload that measures none (its own metrics)."""
+    return [float("nan") if a is None else float(a) for a in result.accuracies]

@@ -34,7 +34,7 @@ from flytekit.exceptions.user import FlyteRecoverableException
 from shoal.env import EnvInfo, detect_environment
 from shoal.errors import ShoalError
 from shoal.integrations.flyte.mirror import CheckpointMirror
-from shoal.integrations.flyte.outputs import TrainOutputs, to_outputs
+from shoal.integrations.flyte.outputs import TrainOutputs, epoch_accuracies, to_outputs
 
 _TASK_NPROC: ContextVar[int | None] = ContextVar("shoal_flyte_task_nproc", default=None)
 """The worker count of the :func:`train_task` whose body runs now."""
@@ -80,8 +80,12 @@ def train_task(_function: Callable[..., Any] | None = None, *, nproc: int = 1, g
     return decorate(_function) if _function is not None else decorate
 
 
-def fit(workload: str = "digits", **options: Any) -> TrainOutputs:
+def fit(workload: Any = "digits", **options: Any) -> TrainOutputs:
     """``shoal.fit(workload, **options)`` as a Flyte task's body; the task's :class:`TrainOutputs`.
+
+    - ``workload``: a bundled name, your own ``shoal.Workload`` as a spec (``"pkg.module:Name"``,
+      ``"path/to/file.py:Name"``: a task input can be one) or an instance made in the body
+      (docs/WORKLOADS.md); every option below applies to it as to a bundled one.
 
     - ``nproc``: inside :func:`train_task`, its ``nproc`` (giving another is an error); inside a kfpytorch
       ``Elastic`` task, none (the plugin started this rank); else as given (default 1).
@@ -115,7 +119,7 @@ def fit(workload: str = "digits", **options: Any) -> TrainOutputs:
         raise
 
 
-def _fit_mirrored(workload: str, out: Path, options: dict[str, Any], checkpoint: Any) -> TrainOutputs:
+def _fit_mirrored(workload: Any, out: Path, options: dict[str, Any], checkpoint: Any) -> TrainOutputs:
     """Train into ``out`` with the Flyte checkpoint restored first and copied to while training."""
     from shoal.train.job import fit as shoal_fit
 
@@ -130,7 +134,7 @@ def _fit_mirrored(workload: str, out: Path, options: dict[str, Any], checkpoint:
     return to_outputs(result)
 
 
-def _fit_as_rank(workload: str, options: dict[str, Any], checkpoint: Any, env: EnvInfo) -> TrainOutputs:
+def _fit_as_rank(workload: Any, options: dict[str, Any], checkpoint: Any, env: EnvInfo) -> TrainOutputs:
     """One rank of a job another launcher started (the Elastic plugin's agent): global rank 0 owns
     the run directory, Flyte's checkpoint and the outputs; the others train into the same directory."""
     from shoal.train.job import fit as shoal_fit
@@ -141,7 +145,7 @@ def _fit_as_rank(workload: str, options: dict[str, Any], checkpoint: Any, env: E
         return _fit_mirrored(workload, out, options, checkpoint)
     out = given or _shared_run_dir(None)
     result = _recoverable(shoal_fit, workload, out=out, **options)
-    return TrainOutputs(epoch_accuracies=[float(a) for a in result.accuracies], model_state=None)
+    return TrainOutputs(epoch_accuracies=epoch_accuracies(result), model_state=None)
 
 
 def _shared_run_dir(propose: Callable[[], str] | None) -> str:
@@ -182,7 +186,7 @@ def _shared_run_dir(propose: Callable[[], str] | None) -> str:
         ) from None
 
 
-def _recoverable(shoal_fit: Callable[..., Any], workload: str, **options: Any) -> Any:
+def _recoverable(shoal_fit: Callable[..., Any], workload: Any, **options: Any) -> Any:
     """``shoal_fit(workload, **options)``; a failure a retry can fix as ``FlyteRecoverableException``."""
     from shoal.launch.core import WorkersFailed
     from shoal.preemption import Preempted
@@ -207,11 +211,14 @@ def _flyte_checkpoint() -> Any:
         return None
 
 
-def _new_run_dir(workload: str) -> Path:
+def _new_run_dir(workload: Any) -> Path:
     """A new directory for the run in the task's sandbox (a fresh one per attempt and per execution)."""
+    from shoal.workloads import label, short_name
+
     sandbox = Path(flytekit.current_context().working_directory)
     sandbox.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"shoal-{workload}-", dir=sandbox))
+    name = short_name(workload if isinstance(workload, str) else label(workload))
+    return Path(tempfile.mkdtemp(prefix=f"shoal-{name}-", dir=sandbox))
 
 
 def _request_gpus(task_options: dict[str, Any], nproc: int) -> None:
