@@ -360,3 +360,18 @@ def test_under_mpirun_every_copy_stops_instead_of_training_alone(tmp_path):
         assert f"shoal: error: openmpi started this process as rank {rank} of 2" in out, out
     assert out.count("HINT: mpirun starts every process itself") == 2 and "Traceback" not in out
     assert not (tmp_path / "train.py.ran").exists()
+
+
+RUNAI_POD = {"MASTER_ADDR": "dist-train1-master-0", "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "2"}
+
+
+def test_in_a_pod_with_only_the_classic_variables_they_are_the_flags_defaults():
+    _, options = launch_run.parse(["train.py"], environ=RUNAI_POD)
+    assert (options.nnodes, options.node_rank, options.rdzv_backend) == ("2", 1, "static")
+    assert (options.master_addr, options.master_port, options.nproc) == ("dist-train1-master-0", 23456, 1)
+    _, options = launch_run.parse(["--nproc", "3", "--master-port", "29999", "train.py"], environ=RUNAI_POD)
+    assert (options.nproc, options.master_port, options.nnodes) == (3, 29999, "2")  # flags given win
+    _, options = launch_run.parse(["--standalone", "train.py"], environ=RUNAI_POD)
+    assert not options.several_nodes
+    _, options = launch_run.parse(["train.py"], environ={})  # elsewhere: a standalone job, as before
+    assert not options.several_nodes and options.master_port is None

@@ -116,7 +116,7 @@ def starts_workers(options: LaunchOptions, *, pod: bool = False, environ: Mappin
     """
     environ = dict(os.environ if environ is None else environ)
     if pod:
-        if classic_pod(environ):
+        if classic_pod(environ) and options.several_nodes:
             write_line(classic_pod_line("shoal", environ))
         return True
     env = detect_environment(environ)

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from shoal.console import write_line
 from shoal.env.base import DEFAULT_MAIN_PORT
@@ -112,17 +112,11 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
         SystemExit: from torch's parser on unknown flags or ``--help`` (status 2 or 0).
     """
     started = process_started()
-    parser = parser or build_parser()
-    in_classic_pod = classic_pod(os.environ)
-    if in_classic_pod:  # the pod's variables as flag defaults, as torchrun reads PET_*: flags win
-        parser.set_defaults(**_torchrun_defaults(classic_defaults(os.environ)))
-    args = parser.parse_args(argv)
-    _apply_nproc_alias(args, argv)
-    options = options_from_args(args)
+    args, options = parse(argv, parser)
     _check_script(args)
-    if in_classic_pod:
+    if classic_pod(os.environ) and options.several_nodes:
         write_line(classic_pod_line("shoal run", os.environ))
-    elif _standalone(args, options):
+    elif not classic_pod(os.environ) and _standalone(args, options):
         refuse_rank_launching_alone("shoal run", os.environ)
         check_allocation(options, os.environ, "shoal run")
     plan = plan_for(options, started=started)
@@ -141,6 +135,21 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     finally:
         if not user_log_dir:
             shutil.rmtree(args.log_dir, ignore_errors=True)
+
+
+def parse(
+    argv: list[str], parser: argparse.ArgumentParser | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[argparse.Namespace, LaunchOptions]:
+    """torchrun's arguments and the LaunchOptions they give. In a pod with only the classic variables
+    (:func:`~shoal.launch.pods.classic_pod`) those are the flags' defaults, as PET_* are torchrun's:
+    flags given win."""
+    parser = parser or build_parser()
+    environ = os.environ if environ is None else environ
+    if classic_pod(environ):
+        parser.set_defaults(**_torchrun_defaults(classic_defaults(environ)))
+    args = parser.parse_args(argv)
+    _apply_nproc_alias(args, argv)
+    return args, options_from_args(args)
 
 
 def _torchrun_defaults(defaults: dict) -> dict:
@@ -183,6 +192,7 @@ def _torch_config(args: argparse.Namespace, options: LaunchOptions):
     args.nproc_per_node = str(options.nproc)
     if not options.several_nodes:  # replaced by the plan; valid values for torch's checks
         args.standalone, args.rdzv_backend, args.rdzv_endpoint = False, "c10d", "127.0.0.1:0"
+        args.node_rank = 0  # a pod's RANK default means nothing here (and torch would warn of it)
         args.rdzv_id = str(uuid.uuid4())
     elif args.rdzv_backend == "static" and args.master_port is None:
         args.master_port = DEFAULT_MAIN_PORT
