@@ -41,18 +41,30 @@ class Tiny(shoal.Workload):
 
 
 class Regression(Tiny):
-    """Its own loss and metric: mean squared error, and the sum of absolute errors per batch."""
+    """Its own loss and metric (mean squared error; the sum of absolute errors per batch) and its
+    own collate_fn, which makes the targets floats."""
 
     defaults = {"epochs": 1, "batch_size": 8, "lr": 0.05}
+
+    def load(self, cfg, device, rank=0):
+        data = super().load(cfg, device, rank)
+        data.loader_options = {"collate_fn": collate_as_floats}
+        return data
 
     def build_model(self, cfg, num_classes):
         return nn.Sequential(nn.Linear(4, 1), nn.Flatten(0))
 
     def loss(self, outputs, targets):
-        return nn.functional.mse_loss(outputs, targets.float())
+        assert targets.dtype == torch.float32, "collate_fn was not used"
+        return nn.functional.mse_loss(outputs, targets)
 
     def metrics(self, outputs, targets):
-        return {"abs_error": (outputs - targets.float()).abs().sum()}
+        return {"abs_error": (outputs - targets).abs().sum()}
+
+
+def collate_as_floats(items):
+    inputs, targets = torch.utils.data.default_collate(items)
+    return inputs, targets.float()
 
 
 tiny = Tiny(hidden=8)

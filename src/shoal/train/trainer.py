@@ -120,9 +120,10 @@ def train(
             data.train_transform = in_channels_last(data.train_transform)
             data.test_transform = in_channels_last(data.test_transform)
         model = ctx.wrap(model)
-        train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform)
+        options = data.loader_options
+        train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform, **options)
         eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
-        test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform)
+        test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform, **options)
         plan = _plan(cfg, ctx, len(train_loader))
         # A no-op without DDP (one process); PowerSGD starts after 10% of the run, as torch advises.
         start = powersgd_start(plan.steps_per_epoch * plan.epochs)

@@ -9,7 +9,7 @@ are subclasses like a user's own; docs/WORKLOADS.md shows a complete example.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -64,6 +64,9 @@ class WorkloadData:
     test_transform: BatchTransform | None = None
     generator: torch.Generator | None = None
     """The RNG the transforms draw from (e.g. augmentation), checkpointed per rank."""
+    loader_options: dict[str, Any] = field(default_factory=dict)
+    """For a Dataset: ``torch.utils.data.DataLoader`` options of both loaders (``num_workers``,
+    ``collate_fn``, ``persistent_workers``, ...); shoal chooses the sampler (tensors ignore them)."""
 
 
 class Workload:
