@@ -25,6 +25,7 @@ examples:
   mpirun -np 2 shoal env                      # each rank prints what it sees
   srun -N2 --ntasks-per-node=4 shoal env      # inside a Slurm allocation
   torchrun --nproc-per-node 2 -m shoal env    # under torch's elastic agent
+  kubectl exec dist-train1-worker-0 -- shoal env   # in a pod: the job a launcher there would join
   SHOAL_ENV=slurm shoal env                   # force a scheme; says which variables are missing
 """
 

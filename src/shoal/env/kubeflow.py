@@ -3,7 +3,10 @@
 Kubeflow's training operator gives every pod of a PyTorchJob MASTER_ADDR, MASTER_PORT, RANK (the
 pod's index, master first) and WORLD_SIZE, but no LOCAL_RANK; Run:ai's distributed PyTorch jobs do
 the same. Matches when those four are set and LOCAL_RANK is not (with LOCAL_RANK it is torchrun's).
-Every pod then runs one process: local rank 0 of 1, node rank = rank, nodes = world size.
+Every pod then runs one process: local rank 0 of 1, node rank = rank, nodes = world size. That is
+this process's place when the pod's command is the training script itself; a launcher in such a pod
+(``shoal run``, ``shoal train``) reads the same variables as node RANK of WORLD_SIZE nodes and starts
+the pod's workers (:func:`shoal.launch.pods.classic_pod`), which then match the torchrun scheme.
 
 Newer operators and Kubeflow Trainer also export torchrun's own settings as PET_* variables
 (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NPROC_PER_NODE), which torchrun
