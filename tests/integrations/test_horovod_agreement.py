@@ -88,6 +88,16 @@ def test_grouped_calls_name_the_tensor_and_the_first_rank_that_differs():
     assert error.message == "hvd.grouped_allreduce: tensor 1: rank 2 has dtype float64, rank 0 float32"
 
 
+def test_bad_input_one_rank_found_is_raised_on_every_rank_naming_that_rank():
+    problem = ("splits=[3, 3] do not divide the tensor's 4 rows among 2 ranks", "pass 2 non-negative counts")
+    rank1 = agreement.describe("alltoall", [torch.zeros(4)], None, ragged=True, problem=problem)
+    rank0 = agreement.describe("alltoall", [torch.zeros(4)], None, ragged=True)
+    assert rank0.digest() != rank1.digest()
+    error = agreement.explain([rank0, rank1])
+    assert isinstance(error, ValueError) and error.hint == "pass 2 non-negative counts"
+    assert error.message == "hvd.alltoall: rank 1: splits=[3, 3] do not divide the tensor's 4 rows among 2 ranks"
+
+
 def test_a_pending_name_is_a_duplicate_until_released():
     holder = type("Holder", (), {})()
     agreement.hold("grad.w", holder)

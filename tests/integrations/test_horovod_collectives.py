@@ -37,7 +37,8 @@ EXPECTED_CHECKS = (
 )
 
 MISMATCH = "HorovodMismatchError,ShoalError,HorovodInternalError,RuntimeError,Exception: "
-DUPLICATE = "HorovodUsageError,ShoalError,ValueError,Exception: "
+
+USAGE = "HorovodUsageError,ShoalError,ValueError,Exception: "
 ERRORS = {  # the same line on every rank, in Horovod's exception types
     "shape": MISMATCH + "hvd.allreduce 'grad.w': rank 1 has shape [3, 4], rank 0 has [4, 3]",
     "dtype": MISMATCH + "hvd.allreduce: rank 1 has dtype float64, rank 0 float32",
@@ -46,9 +47,11 @@ ERRORS = {  # the same line on every rank, in Horovod's exception types
     "root": MISMATCH + "hvd.broadcast: rank 1 has root_rank=1, rank 0 root_rank=0",
     "count": MISMATCH + "hvd.grouped_allreduce: rank 1 passed 2 tensors, rank 0 1",
     "gather_dims": MISMATCH + "hvd.grouped_allgather: tensor 1: rank 1 has shape [1, 2], rank 0 has [1, 1]",
-    "duplicate": DUPLICATE + "hvd.allreduce 'twice': rank 0 submitted it while an earlier op named 'twice' "
+    "splits": USAGE + "hvd.alltoall: rank 1: splits=[3, 3] do not divide the tensor's 4 rows among 2 ranks",
+    "not_contiguous": USAGE + "hvd.allreduce: rank 1: a tensor is not contiguous",
+    "duplicate": USAGE + "hvd.allreduce 'twice': rank 0 submitted it while an earlier op named 'twice' "
     "was still pending (Horovod's DUPLICATE_NAME_ERROR)",
-    "duplicate_on_some_ranks": DUPLICATE + "hvd.allreduce 'once': rank 1 submitted it while an earlier op named "
+    "duplicate_on_some_ranks": USAGE + "hvd.allreduce 'once': rank 1 submitted it while an earlier op named "
     "'once' was still pending (Horovod's DUPLICATE_NAME_ERROR)",
 }
 
@@ -58,8 +61,9 @@ def _check(ranks: list[dict], n: int) -> None:
         assert set(seen["checks"]) == EXPECTED_CHECKS, set(seen["checks"]) ^ EXPECTED_CHECKS
         failed = {name: outcome for name, outcome in seen["checks"].items() if outcome != "ok"}
         assert not failed, f"rank {seen['rank']}: {failed}"
-        if n > 1:
-            assert seen["errors"] == ERRORS
+        if n > 1:  # bad input one rank found in its own arguments is raised on every rank too
+            splits = f"splits={[3] * n} do not divide the tensor's {2 * n} rows among {n} ranks"
+            assert seen["errors"] == {**ERRORS, "splits": USAGE + f"hvd.alltoall: rank 1: {splits}"}
         else:  # one process has no peer to disagree with; a duplicate name is still refused
             assert seen["errors"] == {k: ERRORS[k] if k == "duplicate" else "no error" for k in ERRORS}
 

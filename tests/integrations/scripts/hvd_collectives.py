@@ -233,6 +233,9 @@ errors["op"] = caught(lambda: hvd.allreduce(torch.zeros(2), op=hvd.Sum if r == 0
 errors["root"] = caught(lambda: hvd.broadcast(torch.zeros(2), root_rank=r))
 errors["count"] = caught(lambda: hvd.grouped_allreduce([torch.zeros(1)] * (r + 1)))
 errors["gather_dims"] = caught(lambda: hvd.grouped_allgather([torch.zeros(2), torch.zeros(1, 1 + r)]))
+bad_splits = [3] * n if r == 1 else [2] * n  # only rank 1 knows its splits are wrong
+errors["splits"] = caught(lambda: hvd.alltoall(torch.zeros(2 * n), splits=bad_splits))
+errors["not_contiguous"] = caught(lambda: hvd.allreduce_(torch.zeros(3, 2).t() if r == 1 else torch.zeros(2, 3)))
 pending = hvd.allreduce_async(torch.ones(1), name="twice")
 errors["duplicate"] = caught(lambda: hvd.allreduce_async(torch.ones(1), name="twice"))
 hvd.synchronize(pending)

@@ -56,6 +56,8 @@ class Submission:
     ragged: bool
     """The first dimensions may differ between ranks (allgather, alltoall)."""
     duplicate: bool
+    problem: tuple[str, str] | None = None
+    """(message, hint) of bad input this rank found in its own arguments (e.g. alltoall's splits)."""
 
     def compared_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (len(shape), *shape[1:]) if self.ragged else shape
@@ -68,6 +70,7 @@ class Submission:
             self.settings,
             tuple((self.compared_shape(shape), dtype, device) for shape, dtype, device in self.tensors),
             self.duplicate,
+            self.problem,
         )
         raw = hashlib.blake2b(repr(compared).encode(), digest_size=8).digest()
         return int.from_bytes(raw, "little", signed=True)
@@ -110,6 +113,7 @@ def describe(
     settings: Mapping[str, Any] | None = None,
     *,
     ragged: bool = False,
+    problem: tuple[str, str] | None = None,
 ) -> Submission:
     """This rank's :class:`Submission`."""
     return Submission(
@@ -119,6 +123,7 @@ def describe(
         tensors=tuple((tuple(t.shape), str(t.dtype).replace("torch.", ""), t.device.type) for t in tensors),
         ragged=ragged,
         duplicate=is_pending(name),
+        problem=problem,
     )
 
 
@@ -129,17 +134,20 @@ def agree(
     settings: Mapping[str, Any] | None = None,
     *,
     ragged: bool = False,
+    problem: tuple[str, str] | None = None,
 ) -> list[list[int]]:
     """Check that every rank submits the same collective; every rank's first dimensions, per tensor.
 
-    Raises the same error on every rank when they disagree (see the module docstring). With one
-    process only the duplicate-name check runs. ``ragged`` tensors must have a first dimension.
+    Raises the same error on every rank when they disagree (see the module docstring), or when a
+    rank passes a ``problem`` (bad input only it can see, such as its own alltoall splits: raising
+    it on that rank alone would leave the others waiting in the next collective). With one process
+    only the duplicate-name and ``problem`` checks run. ``ragged`` tensors must have a first dimension.
     """
-    mine = describe(call, tensors, name, settings, ragged=ragged)
+    mine = describe(call, tensors, name, settings, ragged=ragged, problem=problem)
     firsts = [t.shape[0] if t.dim() else 1 for t in tensors]
     world = state.size()
     if world == 1:
-        if mine.duplicate:
+        if mine.duplicate or mine.problem:
             raise explain([mine])
         return [firsts]
     group = state.object_group()
@@ -153,7 +161,7 @@ def agree(
         submissions: list[Any] = [None] * world
         dist.all_gather_object(submissions, mine, group=group)
         raise explain(submissions)
-    if mine.duplicate:  # equal digests: every rank has the flag
+    if mine.duplicate or mine.problem:  # equal digests: every rank has the same flag
         raise explain([mine] * world)
     count = len(tensors)
     if count <= INLINE_FIRSTS:
@@ -178,6 +186,10 @@ def explain(submissions: Sequence[Submission]) -> ShoalError:
     """The error every rank raises for these submissions (rank r's at index r): the same text on each."""
     ref = submissions[0]
     head = f"hvd.{ref.call}" + (f" {ref.name!r}" if ref.name else "")
+    for rank, sub in enumerate(submissions):
+        if sub.problem:
+            message, hint = sub.problem
+            return HorovodUsageError(f"{head}: " + (f"rank {rank}: " if len(submissions) > 1 else "") + message, hint)
     for rank, sub in enumerate(submissions):
         if sub.duplicate:
             return HorovodUsageError(

@@ -32,13 +32,14 @@ def start_gather(call: str, tensors: list[torch.Tensor], name: str | None) -> Ha
     all_gather moves equal sizes, so each tensor is padded to the longest and trimmed after.
     """
     job = check_ready(f"{call}()")
+    problem = None
     for tensor in tensors:
         if tensor.dim() == 0 or tensor.dim() > _MAX_DIMS:
-            raise HorovodUsageError(
-                f"hvd.{call}: a tensor with {tensor.dim()} dimensions cannot be gathered",
+            problem = (
+                f"a tensor with {tensor.dim()} dimensions cannot be gathered",
                 f"pass a tensor with 1 to {_MAX_DIMS} dimensions (tensor.reshape(1) for a scalar)",
             )
-    firsts = agreement.agree(call, tensors, name, ragged=True)
+    firsts = agreement.agree(call, tensors, name, ragged=True, problem=problem)
     if job.context.world_size == 1:
         copies = [tensor.detach().clone(memory_format=torch.contiguous_format) for tensor in tensors]
         return Handle(None, lambda: copies, name)
@@ -175,16 +176,17 @@ def _even_splits(rows: int, world: int) -> list[int]:
     return [rows // world + (1 if r < rows % world else 0) for r in range(world)]
 
 
-def _check_splits(splits: Any, rows: int, world: int) -> list[int]:
+def _check_splits(splits: Any, rows: int, world: int) -> tuple[list[int], tuple[str, str] | None]:
+    """The rows to send to each rank, and the problem with ``splits`` (message, hint) or None."""
     if splits is None:
-        return _even_splits(rows, world)
+        return _even_splits(rows, world), None
     values = [int(v) for v in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     if len(values) != world or any(v < 0 for v in values) or sum(values) != rows:
-        raise HorovodUsageError(
-            f"hvd.alltoall: splits={values} do not divide the tensor's {rows} rows among {world} ranks",
+        return values, (
+            f"splits={values} do not divide the tensor's {rows} rows among {world} ranks",
             f"pass {world} non-negative counts that add up to tensor.shape[0] ({rows}), one per destination rank",
         )
-    return values
+    return values, None
 
 
 def alltoall_async(
@@ -201,8 +203,8 @@ def alltoall_async(
             "hvd.alltoall: a 0-d tensor has no rows to send", "pass a tensor with a first dimension"
         )
     world = job.context.world_size
-    send = _check_splits(splits, tensor.shape[0], world)
-    agreement.agree("alltoall", [tensor], name, ragged=True)
+    send, problem = _check_splits(splits, tensor.shape[0], world)
+    agreement.agree("alltoall", [tensor], name, ragged=True, problem=problem)  # bad splits: every rank raises
     if world == 1:
         output = tensor.detach().clone(memory_format=torch.contiguous_format)
         return Handle(None, lambda: (output, torch.tensor(send, dtype=torch.int32)), name)

@@ -171,11 +171,11 @@ def start_reduce(
     one flat buffer (Horovod's fusion); a dtype the backend lacks travels wider (:mod:`.dtypes`).
     """
     job = check_ready(f"{call}()")
-    for tensor in tensors:
-        if not tensor.is_contiguous():
-            raise HorovodUsageError(f"hvd.{call}: a tensor is not contiguous", "pass tensor.contiguous()")
+    problem = None
+    if not all(tensor.is_contiguous() for tensor in tensors):
+        problem = ("a tensor is not contiguous", "pass tensor.contiguous()")
     settings = {"op": reduce_op, "prescale_factor": prescale_factor, "postscale_factor": postscale_factor}
-    agreement.agree(call, tensors, name, settings)
+    agreement.agree(call, tensors, name, settings, problem=problem)
     world = job.context.world_size
     kinds: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for tensor in tensors:
