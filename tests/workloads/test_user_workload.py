@@ -176,3 +176,22 @@ def test_cifar10_honours_arch_and_refuses_a_non_resnet(tmp_path):
     with pytest.raises(ShoalError, match="^cifar10 trains a ResNet; --arch 'mlp' is not one$") as info:
         shoal.fit("cifar10", arch="mlp", data=str(tmp_path), out=str(tmp_path / "r"))
     assert info.value.hint == "choose --arch from: resnet18, resnet34, resnet50, resnet101, resnet152"
+
+
+def test_trackers_get_the_users_metrics_and_predictions_from_a_dataset(user_dir):
+    """The predictions table is collated from the user's Dataset items (pictures: a display_images
+    that shapes the 4 features as 2x2); a regression's own metric is logged and, its outputs being
+    no class scores, no table is made."""
+    from tracking.readers import tb_series, tensorboard
+
+    options = {"tracker": "tensorboard", "log_predictions": 4, "progress": False, "epochs": 1}
+    shoal.fit("my_workload.py:Tiny", out=str(user_dir / "features"), **options)  # no pictures: no table
+    assert not any("predictions" in tag for tag in tensorboard(user_dir / "features" / "tensorboard").Tags()["images"])
+    shoal.fit("my_workload.py:Pictures", out=str(user_dir / "c"), **options)
+    board = tensorboard(user_dir / "c" / "tensorboard")
+    assert any("predictions" in tag for tag in board.Tags()["images"])
+    assert list(tb_series(board, "epoch/test_accuracy")) == [12]  # 96 samples / batch 8
+    shoal.fit("my_workload.py:Regression", out=str(user_dir / "r"), **options)
+    board = tensorboard(user_dir / "r" / "tensorboard")
+    assert not any("predictions" in tag for tag in board.Tags()["images"])
+    assert list(tb_series(board, "epoch/test_abs_error")) == [12]

@@ -101,10 +101,13 @@ class Reports:
         net.train(was_training)
         if logits.dim() != 2 or targets.dim() != 1 or targets.is_floating_point():
             return None  # not a classifier's logits and class indices: no table of guesses
+        images = workload.display_images(inputs)
+        if images.dim() < 3:
+            return None  # not pictures (e.g. feature vectors): the table's image column needs them
         return Predictions.from_logits(
             logits,
             targets,
-            workload.display_images(inputs),
+            images,
             ids=range(len(targets)),
             class_names=workload.class_names,
         )

@@ -114,7 +114,7 @@ class Workload:
 
     def display_images(self, inputs: torch.Tensor) -> torch.Tensor:
         """Test inputs as pictures (``N x H x W`` or ``N x C x H x W``) for the trackers' table of
-        predictions (made when the outputs are ``N x classes`` logits)."""
+        predictions (made when the outputs are ``N x classes`` logits and this gives pictures)."""
         return inputs
 
 
