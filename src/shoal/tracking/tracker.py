@@ -132,8 +132,11 @@ class Tracker:
         ``torch.load(weights_only=True)``; save it with the checkpoint taken at that step.
 
         It first flushes (waiting at most ``state_timeout``), so what was logged up to the
-        checkpoint is on disk (or sent) before the checkpoint is: call it once everything of that
-        step is logged."""
+        checkpoint is on disk (or sent) before the checkpoint is, and a job killed right after
+        the checkpoint loses none of it: TensorBoard's event file flushed, W&B's transaction log
+        read back until it holds the last step, MLflow's requests returned. Call it once
+        everything of that step is logged: what is logged later is not in the checkpoint's state,
+        and a resumed job does not log it again."""
         self.flush(self.state_timeout)
         trackers = dict(self._resumed)
         for sink in self._sinks or []:

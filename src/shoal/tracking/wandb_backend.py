@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import secrets
 import string
+import struct
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,9 +32,13 @@ from shoal.tracking.backend import Backend
 from shoal.tracking.predictions import Predictions
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits  # what wandb's own generate_id draws from
-TRANSACTION_LOG_FLUSH_S = 1.0
+TRANSACTION_LOG_FLUSH_S = 0.2
 """How often wandb writes the run's transaction log (``x_transaction_log_flush_interval``, where the
-installed wandb has it): a killed job loses at most this much of its W&B data."""
+installed wandb has it): a killed job loses at most this much of its W&B data, and a flush waits
+about this long for it."""
+SETTLE_LIMIT_S = 10.0
+"""The most :meth:`WandbBackend.flush` waits for the transaction log (a stalled wandb-core must not
+stall the job; the tracker's own timeouts bound it too)."""
 
 
 class WandbBackend(Backend):
@@ -51,6 +57,8 @@ class WandbBackend(Backend):
         self.row: dict[str, Any] = {}
         self.row_step: int | None = None
         self.committed: int | None = None
+        self.committed_at: float | None = None  # wall clock of the last commit not yet known written
+        self.log_tail: TransactionLogTail | None = None
         self.dropped = False
 
     @property
@@ -115,7 +123,7 @@ class WandbBackend(Backend):
 
     def _add(self, values: Mapping[str, Any], step: int) -> None:
         if self.row_step is not None and step > self.row_step:
-            self.flush()
+            self._commit()
         if (self.committed is not None and step <= self.committed) or (self.row_step or 0) > step:
             if not self.dropped:
                 self.say(
@@ -127,9 +135,34 @@ class WandbBackend(Backend):
         self.row_step = step
 
     def flush(self) -> None:
+        """Commit the open row, then wait until wandb-core has written it to the run's transaction
+        log: that file is an offline run's only copy, and a job killed right after a checkpoint
+        must find there every step the checkpoint counts as logged.
+
+        wandb-core writes the log in the background (every :data:`TRANSACTION_LOG_FLUSH_S`) and
+        offers no call that waits for it, so the log is read back (:class:`TransactionLogTail`)
+        until it holds the committed step, at most :data:`SETTLE_LIMIT_S`."""
+        self._commit()
+        if self.committed_at is None:
+            return
+        settings = self.run.settings
+        path = getattr(settings, "sync_file", None)
+        if not path or settings.mode == "disabled" or getattr(settings, "x_skip_transaction_log", False):
+            self.committed_at = None
+            return
+        if self.log_tail is None or self.log_tail.path != path:
+            self.log_tail = TransactionLogTail(path)
+        deadline = time.monotonic() + SETTLE_LIMIT_S
+        while self.log_tail.last_step() < (self.committed or 0) and time.monotonic() < deadline:
+            time.sleep(TRANSACTION_LOG_FLUSH_S / 4)
+        self.committed_at = None
+
+    def _commit(self) -> None:
+        """Hand the open row to wandb (which writes it in the background)."""
         if self.row_step is not None:
             self.run.log(self.row, step=self.row_step, commit=True)
             self.committed, self.row, self.row_step = self.row_step, {}, None
+            self.committed_at = time.time()
 
     def log_predictions(self, name: str, predictions: Predictions, step: int) -> None:
         import wandb
@@ -143,11 +176,76 @@ class WandbBackend(Backend):
         return {"run_id": self.run_id, "project": self.options.project}
 
     def close(self, failed: bool) -> None:
-        self.flush()
+        self._commit()  # finish() writes everything before it returns
         self.run.finish(exit_code=1 if failed else 0)
 
     def unfinished_hint(self) -> str:
         return f"; its data is in {self.wandb_dir}: upload it with: wandb sync {self.wandb_dir}"
+
+
+class TransactionLogTail:
+    """The highest history step in a run's ``.wandb`` transaction log, read incrementally.
+
+    The file is wandb's LevelDB-style log (wandb/sdk/internal/datastore.py in wandb < 0.20,
+    core/pkg/leveldb in wandb-core): a 7-byte header, then 32 KiB blocks of records, each with a
+    7-byte header (CRC, length, type: FULL, or FIRST/MIDDLE/LAST fragments of a longer record),
+    a block's last bytes zero-padded when fewer than 7 remain. Each read resumes after the last
+    complete record; a record cut short at the end of the file (still being written) waits for
+    the next read.
+    """
+
+    HEADER = 7
+    BLOCK = 32768
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = self.HEADER
+        self.step = -1
+
+    def last_step(self) -> int:
+        from wandb.proto import wandb_internal_pb2
+
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:  # not created yet
+            return self.step
+        for raw, end in self._records(data):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            if record.HasField("history"):
+                self.step = max(self.step, record.history.step.num)
+            self.offset = end
+        return self.step
+
+    def _records(self, data: bytes):
+        """``(record bytes, file offset after it)`` for each complete record in ``data`` (the file
+        from ``self.offset`` on)."""
+        base, pos, pending = self.offset, 0, b""
+        while True:
+            left = self.BLOCK - (base + pos) % self.BLOCK
+            if left < self.HEADER:
+                pos += left
+                continue
+            if pos + self.HEADER > len(data):
+                return
+            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + self.HEADER])
+            if kind == 0:  # zero padding up to the block's end
+                pos += left
+                continue
+            if pos + self.HEADER + length > len(data):
+                return
+            chunk = data[pos + self.HEADER : pos + self.HEADER + length]
+            pos += self.HEADER + length
+            if kind == 1:  # FULL
+                yield chunk, base + pos
+            elif kind == 2:  # FIRST
+                pending = chunk
+            elif kind == 3:  # MIDDLE
+                pending += chunk
+            elif kind == 4:  # LAST
+                yield pending + chunk, base + pos
 
 
 def _credentials_configured() -> bool:

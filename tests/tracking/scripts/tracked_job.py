@@ -4,7 +4,7 @@ Every rank: per-rank numbers reduced exactly (``reduce_metrics``), then the trac
 except on rank 0) logs the train loss every step, an epoch record every ``epoch_steps`` steps and a
 predictions table with it. Optional: save the tracker's state with a real shoal checkpoint at
 ``save_at``, resume from it, log a metric name MLflow refuses at ``bad_metric_at``, SIGKILL itself
-after ``kill_after``, or count connections to a loopback "W&B server" (``listen``).
+after ``kill_after`` (or right after the checkpoint: ``kill_after_save``), or count connections to a loopback "W&B server" (``listen``).
 
 The expected values are functions of the step, so the tests recompute them (see ``expected_*``).
 """
@@ -79,7 +79,6 @@ def main() -> None:
 
     from shoal.checkpoint.manager import CheckpointManager
     from shoal.tracking import create_tracker, reduce_metrics
-    from shoal.tracking.wandb_backend import TRANSACTION_LOG_FLUSH_S
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
@@ -119,13 +118,14 @@ def main() -> None:
         if step % plan["epoch_steps"] == 0:
             epoch = step // plan["epoch_steps"]
             tracker.log_epoch(expected_epoch(epoch), step=step)
-            tracker.log_predictions(expected_predictions(step), step=step)
+            if plan.get("predictions", True):
+                tracker.log_predictions(expected_predictions(step), step=step)
         if checkpoints is not None and step == save_at:  # state_dict() flushes first
             checkpoints.save(epoch=1, step=step, objects={"tracker": tracker})
+            if plan.get("kill_after_save"):  # no flush, no grace: what the checkpoint holds must be written
+                os.kill(os.getpid(), signal.SIGKILL)
         if step == plan.get("kill_after"):
-            tracker.flush()
-            # wandb-core writes its log every TRANSACTION_LOG_FLUSH_S: a kill loses what came later.
-            time.sleep(3 * TRANSACTION_LOG_FLUSH_S)
+            tracker.flush()  # what was logged is written now: no grace before the kill
             os.kill(os.getpid(), signal.SIGKILL)
     print("loop finished", flush=True)
     if plan.get("wait_for"):  # the test's signal that a tracker is now stuck on its server
