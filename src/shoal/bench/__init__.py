@@ -15,7 +15,9 @@ dataclass (the command-line flags are generated from its fields), its workers, i
   and raw slicing;
 * :mod:`shoal.bench.startup`: time from the command to the first step, against torchrun (the probe it
   times is :mod:`shoal.bench.probes.startup_probe`);
-* :mod:`shoal.bench.checkpoint`: save/load MB/s of shoal's atomic, durable writer against ``torch.save``.
+* :mod:`shoal.bench.checkpoint`: save/load MB/s of shoal's atomic, durable writer against ``torch.save``;
+* :mod:`shoal.bench.memory`: per-rank bytes of parameters, gradients and optimizer state under FSDP
+  against DDP, with peak RSS and step time.
 
 Shared: :mod:`shoal.bench.report` (machine facts, tables, JSON, plots, numbers) and
 :mod:`shoal.bench.timing`. ``docs/BENCHMARKS.md`` holds measured numbers with the commands that
@@ -37,6 +39,7 @@ BENCHMARKS = {
     "data": "samples/s of shoal's loader vs the tutorials' per-sample MNIST pipeline",
     "startup": "time from the command to the first step on every rank, vs torchrun",
     "checkpoint": "save/load MB/s of shoal's atomic, durable checkpoint writer vs plain torch.save",
+    "memory": "per-rank bytes of parameters, gradients and optimizer state, DDP vs FSDP, with step time",
 }
 """Every benchmark (a module of this package) with its one-line summary, in the order ``shoal bench --help``
 lists them: the table of contents, readable without importing any benchmark."""

@@ -1,4 +1,4 @@
-"""``shoal bench scaling|allreduce|overhead|data|startup|checkpoint``: measured numbers, as a table, JSON and a plot.
+"""``shoal bench scaling|allreduce|overhead|data|startup|checkpoint|memory``: measured numbers, as a table, JSON and a plot.
 
 Each benchmark's flags are generated from its config dataclass (:mod:`shoal.cli.fields`: a field is a
 flag, its docstring the help); the description and examples come from the benchmark's ``BENCHMARK``
@@ -26,6 +26,7 @@ examples:
   shoal bench data --data ~/data               # shoal's loader vs the tutorials' MNIST pipeline
   shoal bench startup                          # time to the first step vs torchrun
   shoal bench checkpoint                       # atomic, durable save/load MB/s vs torch.save
+  shoal bench memory                           # per-rank bytes and step time, FSDP vs DDP at 1, 2, 4 ranks
   shoal bench scaling --smoke --json out.json  # seconds; also writes out.png when matplotlib is installed
 """
 
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: scaling, allreduce, overhead, data, startup, checkpoint (tables, JSON, plots)",
+        help="benchmarks: scaling, allreduce, overhead, data, startup, checkpoint, memory (tables, JSON, plots)",
         description="Measure how fast a job runs, how well it scales over processes and why not better. "
         "Every figure is measured in the same run as its baseline.",
         epilog=EXAMPLES,
