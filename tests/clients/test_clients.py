@@ -111,6 +111,26 @@ def test_shoal_run_nproc_2(name, clients, tmp_path):
     _assert_two_ranks_finished(results, name, output)
 
 
+def test_lightning_devices_auto_is_refused_with_its_own_message(clients, tmp_path):
+    """The caveat of docs/CLIENTS.md: devices="auto" on CPU is 1, and Lightning refuses a world of 2;
+    shoal exits with the rank's status and names the failing rank with Lightning's own message."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal", "run", "--nproc", "2", _script("lightning_devices_auto")],
+        env=_env(PYTHONPATH=str(clients)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    message = (
+        "You set `devices=1` and `num_nodes=1` in Lightning, but the product (1 * 1) does not match the world size (2)."
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"shoal: error: rank 0 failed: ValueError: {message}" in proc.stderr or (
+        f"shoal: error: rank 1 failed: ValueError: {message}" in proc.stderr
+    ), proc.stderr[-6000:]
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """node0 (the head: a key pair in /root/.ssh and known_hosts) and node1 (sshd accepting the key)."""
