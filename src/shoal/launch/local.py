@@ -156,7 +156,8 @@ def check_allocation(options: LaunchOptions, environ: Mapping[str, str], prog: s
         f"{found}: this Slurm allocation asks for more than the {options.nproc} process(es) {prog} would "
         "start on this node alone (this is the batch script or an salloc shell, not an srun step)",
         "start the ranks with srun (`srun shoal train ...`: each task is a rank), or one launcher per node "
-        "(`shoal launch slurm` renders it), or ask for what you start (--nproc N with --ntasks N), or SHOAL_ENV=local to run on this node only",
+        "(`shoal launch slurm` renders it), or ask for what you start (--nproc N with --ntasks N), "
+        "or SHOAL_ENV=local to run on this node only",
     )
 
 
