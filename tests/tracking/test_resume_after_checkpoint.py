@@ -91,3 +91,20 @@ def test_wandb_alone_has_written_what_its_checkpoint_counts(tmp_path):
     (killed,) = wandb_runs(tmp_path / "run", env)
     assert sorted(killed.history()) == list(range(1, SAVED_AT + 1)), proc.stderr[-2000:]
     assert killed.series("epoch/test_accuracy") == pytest.approx({s: a for s, a in ACCURACY.items() if s <= SAVED_AT})
+
+
+def test_the_transaction_log_reader_agrees_with_wandb_across_blocks(tmp_path):
+    from shoal.tracking.wandb_backend import TransactionLogTail
+
+    env = tool_environment(tmp_path / "home")
+    last = 1500  # about 400 KiB: records cross many 32 KiB blocks
+    plan = {"spec": "wandb", "run_dir": str(tmp_path / "run"), "epoch_steps": 500, "predictions": False}
+    proc, _ = run_job({**plan, "first_step": 1, "last_step": last}, tmp_path / "results", env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = wandb_runs(tmp_path / "run", env)
+    (log,) = run.directory.glob("run-*.wandb")
+    assert log.stat().st_size > 10 * TransactionLogTail.BLOCK
+    tail = TransactionLogTail(str(log))
+    assert tail.last_step() == max(run.history()) == last
+    assert tail.offset == log.stat().st_size  # every record read, none cut
+    assert tail.last_step() == last  # read again from where it stopped: nothing new, same answer
