@@ -83,6 +83,7 @@ def test_the_line_names_every_variable_read():
         (OMPI_RANK_3_OF_4, "an MPI rank"),
         (SRUN_TASK_1_OF_2, "a Slurm task"),
         ({"WORLD_SIZE": "1", "RANK": "0"}, "a single pod: a standalone job is right"),
+        ({"SHOAL_ENV": "kubeflow"}, "forced: this process is the pod's one rank"),
     ],
 )
 def test_not_a_classic_pod(extra, why):
@@ -125,6 +126,7 @@ def test_starts_workers_in_a_classic_pod_says_which_variables(capfd):
 def test_a_rank_of_mpirun_or_srun_joins_as_that_rank():
     assert starts_workers(LaunchOptions(), environ=OMPI_RANK_3_OF_4) is False
     assert starts_workers(LaunchOptions(), environ=SRUN_TASK_1_OF_2) is False
+    assert starts_workers(LaunchOptions(), environ={**RUNAI_WORKER, "SHOAL_ENV": "kubeflow"}) is False  # forced
 
 
 @pytest.mark.parametrize(

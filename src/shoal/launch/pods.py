@@ -49,8 +49,11 @@ def classic_pod(environ: Mapping[str, str]) -> bool:
     MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (WORLD_SIZE not 1), no PET_* variables, and no
     sign of another launcher (torchrun's LOCAL_RANK or TORCHELASTIC_RUN_ID, Slurm, MPI) that would
     make this process a rank itself. A WORLD_SIZE that is not a number counts: the defaults then
-    name it."""
+    name it. ``SHOAL_ENV`` forcing a scheme turns it off (``SHOAL_ENV=kubeflow``: this process is
+    the pod's one rank, as a plain ``python train.py`` there is)."""
     if started_by_operator(environ) or "PET_NNODES" in environ or not has_all(environ, *CLASSIC_VARS):
+        return False
+    if environ.get("SHOAL_ENV", "").strip().lower() not in ("", "auto"):
         return False
     if detected_scheme(environ, argv=()) is not KubeflowEnvironment:
         return False
