@@ -1,5 +1,7 @@
 """FSDP2 against DDP on 2 gloo ranks (run under torchrun by tests/distributed/test_fsdp.py).
 
+``fsdp_vs_ddp.py RESULT MODEL_PT [STEPS [losses]]``; with ``losses`` it only prints how far
+the two runs' losses and weights are apart (docs/SHARDING.md's figure, e.g. 50 steps at 4 ranks).
 Writes a JSON of what rank 0 saw: the losses of the same TinyGPT trained from the same seed on the
 same batches by DDP and by FSDP, the largest difference of their final weights, what model.pt
 holds, a ResNet-18 and a bf16 TinyGPT trained under FSDP, and the blocks found.
@@ -21,7 +23,8 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.set_num_threads(1)
 cpu = torch.device("cpu")
-STEPS, BATCH = 20, 4
+STEPS, BATCH = (int(sys.argv[3]) if len(sys.argv) > 3 else 20), 4
+ONLY_LOSSES = len(sys.argv) > 4 and sys.argv[4] == "losses"  # the docs' figure: skip bf16 and ResNet
 train, _ = text_datasets(seq_len=32, n_bytes=20_000)
 
 
@@ -76,6 +79,17 @@ if rank == 0:
     result["state_types"] = sorted({type(v).__name__ for v in fsdp_state.values()})
     result["max_weight_diff"] = max((ddp_state[k] - fsdp_state[k]).abs().max().item() for k in ddp_state)
     torch.save(fsdp_state, model_path)
+
+if ONLY_LOSSES:
+    if rank == 0:
+        diffs = [abs(a - b) / b for a, b in zip(ddp_losses, fsdp_losses)]
+        print(
+            f"{world} ranks, {STEPS} steps: loss {ddp_losses[0]:.4f} -> {ddp_losses[-1]:.4f}; FSDP vs DDP largest "
+            f"relative difference {max(diffs):.2e}, weights {result['max_weight_diff']:.2e}",
+            flush=True,
+        )
+    dist.destroy_process_group()
+    sys.exit(0)
 
 # bf16 mixed precision on CPU: bf16 compute, float32 shards and reduction.
 bf16, bf16_losses, bf16_dtypes = train_gpt("fsdp", mixed_precision="bf16")
