@@ -133,3 +133,12 @@ def test_in_a_pod_with_only_the_classic_variables(capsys):
     assert "but no PET_* (Run:ai, or a training-operator before 1.7)" in out
     assert "nnodes=2, node_rank=1, master_addr=127.0.0.1, master_port=29555" in out
     assert "1 worker(s) here (2 node(s) in all)" in out
+
+
+def test_in_a_batch_script_of_more_tasks_a_job_here_cannot_be_planned(capsys):
+    batch = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_PROCID": "0"}
+    assert run_env(["--device", "cpu"], batch) == 0
+    out = capsys.readouterr().out
+    assert "a job here:   cannot be planned: SLURM_NTASKS=2: this Slurm allocation asks for more" in out
+    assert run_env(["--device", "cpu", "--nproc", "2"], batch) == 0
+    assert "2 worker(s) here (1 node(s) in all)" in capsys.readouterr().out

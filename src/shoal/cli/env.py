@@ -97,10 +97,13 @@ def run(args: argparse.Namespace) -> int:
 
 def job_report(options: LaunchOptions, pod: dict) -> dict:
     """The launch options a `shoal run`/`shoal train` here would use, and where its job listens."""
+    from shoal.launch.local import check_allocation
     from shoal.launch.rendezvous import plan_for
 
     report: dict = {"from_pod": dict(pod), "options": dataclasses.asdict(options)}
     try:  # a short look only: a master that does not resolve yet is reported, not waited for
+        if not pod:
+            check_allocation(options, os.environ)  # a Slurm allocation asking for more than this
         plan = plan_for(dataclasses.replace(options, join_timeout=min(options.join_timeout, 2.0)))
     except ShoalError as err:
         report["listen"], report["problem"] = None, f"{err.message} (HINT: {err.hint})"
