@@ -122,3 +122,17 @@ def test_mpijob_runs_a_horovod_style_script(tmp_path, can_make_pods):
     assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"]  # broadcast + averaged gradients: one model
     state = torch.load(shared / "hvd-checkpoint.pt", weights_only=True)
     assert set(state) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+def test_an_mpijob_gives_a_torchrun_script_torchruns_contract(tmp_path, can_make_pods):
+    """The launcher's mpirun runs each rank through the shim: one rank in each worker pod."""
+    from contract.torchrun import SCRIPT, check_report, report_from_file
+
+    status, output, shared, job = _run_mpijob(tmp_path, "contract", ("python", str(SCRIPT), f"{SHARED}/contract.json"))
+    assert status == 0, output
+    ranks = check_report(report_from_file(shared / "contract.json"), world=2, nodes=2)
+    assert [(v["GROUP_RANK"], v["LOCAL_RANK"], v["LOCAL_WORLD_SIZE"]) for v in ranks] == [
+        ("0", "0", "1"),
+        ("1", "0", "1"),
+    ]
+    assert {v["MASTER_ADDR"] for v in ranks} == {f"{job.workers[0].hostname}.contract.{NAMESPACE}.svc"}  # worker 0

@@ -233,3 +233,26 @@ def test_the_launch_script_pitfall_that_shoals_pod_command_avoids(tmp_path):
     codes, outputs, _, _ = _run(tmp_path, sim, timeout=240)
     assert all(code != 0 for code in codes.values()), outputs
     assert any("RendezvousTimeoutError" in text or "timed out" in text.lower() for text in outputs.values()), outputs
+
+
+# ---- the torchrun contract (docs/LAUNCHERS.md): an unchanged torchrun-style script as the pod command ----
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_a_torchrun_script_sees_torchruns_contract_in_operator_pods(tmp_path, kind):
+    """The pod command shoal renders for a user's script (`shoal run SCRIPT`) in 2 pods x 2 processes."""
+    from contract.torchrun import SCRIPT, check_report, report_from_file
+
+    spec = _spec(f"contract-{kind}", 2, 2, (str(SCRIPT), f"{SHARED}/contract.json"))
+    if kind == "pytorchjob":
+        manifest = render_pytorchjob(spec)
+        sim = sim_pytorchjob.simulate(manifest)
+    else:
+        manifest = render_trainjob(spec)
+        sim = sim_trainjob.simulate(manifest, RUNTIME)
+    assert_valid(manifest)
+    codes, outputs, shared, _ = _run(tmp_path, sim)
+    assert set(codes.values()) == {0}, _show(outputs)
+    ranks = check_report(report_from_file(shared / "contract.json"), world=4, nodes=2)
+    assert [(v["GROUP_RANK"], v["LOCAL_RANK"]) for v in ranks] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert {v["LOCAL_WORLD_SIZE"] for v in ranks} == {"2"}
