@@ -111,6 +111,27 @@ def test_shoal_run_nproc_2(name, clients, tmp_path):
     _assert_two_ranks_finished(results, name, output)
 
 
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_shoal_launch_localhost_2_via_mpirun(name, clients, tmp_path):
+    """Two ranks on one host through mpirun (each through shoal's torchrun shim: LOCAL_WORLD_SIZE 2),
+    the shape the two-pod tests below do not have. (``--via ssh`` to localhost is a plain local
+    ``shoal run``, no SSH: test_shoal_run_nproc_2.)"""
+    results = tmp_path / "results.jsonl"
+    args = ["--hosts", "localhost:2", "--via", "mpirun", "--env", f"PYTHONPATH={clients}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal", "launch", *args, "--", _script(name), str(results), str(tmp_path / "out")],
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert "shoal launch: mpirun, 2 processes on localhost:2" in proc.stderr, output
+    _assert_two_ranks_finished(results, name, output)
+
+
 def test_lightning_devices_auto_is_refused_with_its_own_message(clients, tmp_path):
     """The caveat of docs/CLIENTS.md: devices="auto" on CPU is 1, and Lightning refuses a world of 2;
     shoal exits with the rank's status and names the failing rank with Lightning's own message."""
