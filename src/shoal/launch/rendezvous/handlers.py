@@ -33,7 +33,13 @@ from shoal.env.base import DEFAULT_C10D_PORT, DEFAULT_MAIN_PORT
 from shoal.errors import first_line
 from shoal.launch.options import parse_endpoint
 from shoal.launch.rendezvous.plan import C10D_BACKEND, STATIC_BACKEND
-from shoal.launch.rendezvous.stores import connect_store, serve_or_connect, serve_store, wait_for_store
+from shoal.launch.rendezvous.stores import (
+    answer_within,
+    connect_store,
+    serve_or_connect,
+    serve_store,
+    wait_for_store,
+)
 
 SHARED_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """Set to 1 in the launcher: torch's c10d handler then leaves serving the workers' store to shoal
@@ -44,6 +50,10 @@ launch core for its restart line)."""
 _CLOSED_KEY = "shoal/closed"
 _WORKERS_ADDR, _WORKERS_PORT = "shoal/workers_addr", "shoal/workers_port"
 _CHECK_EVERY_S = 1.0
+STORE_ANSWER_S = 30.0
+"""A store request the agent makes while the workers run, unanswered this long: its host is gone."""
+SHUTDOWN_ANSWER_S = 5.0
+"""Closing the rendezvous at the end waits this long at most for the store (gone: nothing to close)."""
 
 
 class JoinFailed(Exception):
@@ -107,6 +117,7 @@ class _WorkerStores:
 
 
 def _handler_base() -> type:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 
     class Delegating(RendezvousHandler):
@@ -132,12 +143,12 @@ def _handler_base() -> type:
             self.inner.set_closed()
 
         def num_nodes_waiting(self) -> int:
+            # Bounded, and waited for in Python (see answer_within): a vanished store host must not
+            # hold this node, nor its SIGTERM, for as long as TCP takes to give up.
             try:
-                waiting = self.inner.num_nodes_waiting()
-                closed = False
-                if time.monotonic() >= self.next_check:
-                    self.next_check = time.monotonic() + _CHECK_EVERY_S
-                    closed = self.job_ended()
+                waiting, closed = answer_within(self._poll, STORE_ANSWER_S)
+            except SignalException:  # SIGTERM while waiting: the agent stops the workers
+                raise
             except Exception as err:
                 raise NodeLeft(
                     f"lost the rendezvous store at {self.endpoint} ({first_line(err)}): the node hosting it stopped"
@@ -149,6 +160,14 @@ def _handler_base() -> type:
                 )
             return waiting
 
+        def _poll(self) -> tuple[int, bool]:
+            waiting = self.inner.num_nodes_waiting()
+            closed = False
+            if time.monotonic() >= self.next_check:
+                self.next_check = time.monotonic() + _CHECK_EVERY_S
+                closed = self.job_ended()
+            return waiting, closed
+
         def job_ended(self) -> bool:
             return self.inner.is_closed()
 
@@ -156,6 +175,12 @@ def _handler_base() -> type:
             return self.inner.get_run_id()
 
         def shutdown(self) -> bool:
+            try:
+                return answer_within(self.close_rendezvous, SHUTDOWN_ANSWER_S)
+            except Exception:  # the store is gone or silent: nobody is left to tell
+                return False
+
+        def close_rendezvous(self) -> bool:
             return self.inner.shutdown()
 
         def __getattr__(self, name: str) -> Any:  # anything newer torch versions add
@@ -315,7 +340,7 @@ def _create_static_handler(params: Any) -> Any:
         def get_run_id(self) -> str:
             return params.run_id
 
-        def shutdown(self) -> bool:
+        def close_rendezvous(self) -> bool:
             if self.store is not None:
                 try:
                     self.store.set(_CLOSED_KEY, "1")
