@@ -18,6 +18,7 @@ import pytest
 import shoal
 from conftest import shoal_cmd
 from procs import alive
+from tracking.harness import free_port
 
 pytestmark = pytest.mark.multiprocess
 
@@ -59,6 +60,9 @@ def main():
         result = shoal.run(fail_on_rank_1, nproc=2)
     elif mode == "lambda":
         result = shoal.run(lambda: 1, nproc=2, start_method="spawn")
+    elif mode == "node":  # one node of two, on this machine: node rank and port in argv
+        node_rank, port = int(sys.argv[3]), int(sys.argv[4])
+        result = shoal.run(probe, "n", nnodes=2, node_rank=node_rank, master_addr="127.0.0.1", master_port=port)
     elif mode == "outer":  # started as one rank of a job: fn runs here, no workers of its own
         result = shoal.run(probe, "d", nproc=2)
         result["pid"] = os.getpid()
@@ -162,6 +166,38 @@ def test_a_function_typed_into_a_repl_runs_on_forked_workers_and_is_refused_for_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "shoal.run cannot spawn workers for world: it was defined in a notebook or REPL" in proc.stdout
     assert "WORLD (0, 2)" in proc.stdout  # fork (CPU's default) runs even a lambda
+
+
+def test_as_one_node_of_two_the_node_with_rank_0_gets_its_value_and_the_other_none(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, str(script), "node", str(marks), str(rank), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=_environ(),
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    for node, (stdout, stderr) in zip(nodes, outputs):
+        assert node.returncode == 0, stdout + stderr
+    results = [
+        [line[len("RESULT ") :] for line in stdout.splitlines() if line.startswith("RESULT ")] for stdout, _ in outputs
+    ]
+    assert results == [['{"rank": 0, "world": 2, "sum": 3.0, "tag": "n"}'], ["null"]]
+    assert sorted(int(p.name.split("-")[1]) for p in marks.iterdir()) == [0, 1]  # one worker per node
 
 
 def test_as_one_rank_of_an_outer_job_fn_runs_here_once_per_rank(driver):
