@@ -17,7 +17,16 @@ import pytest
 import torch
 from torch import nn
 
-from shoal.checkpoint.sharded import FORMAT, META, is_sharded, load_sharded, read_meta, save_sharded
+from shoal.checkpoint.sharded import (
+    FORMAT,
+    META,
+    checkpoint_name,
+    is_sharded,
+    load_sharded,
+    read_meta,
+    save_sharded,
+    sharded_checkpoints,
+)
 from shoal.errors import ShoalError
 from shoal.workloads.language_model import TinyGPT
 
@@ -184,7 +193,7 @@ def test_bad_checkpoints_and_states_are_one_line_errors(tmp_path):
     assert "\n" not in str(err.value) and err.value.hint
     with pytest.raises(ShoalError, match="has no state for steps"):
         load_sharded(target, {"model": nn.Linear(2, 2), "steps": Counter()})
-    with pytest.raises(ShoalError, match="holds 0 optimizer state"):
+    with pytest.raises(ShoalError, match="holds 0 optimizer\\(s\\), 1 given"):
         model = nn.Linear(2, 2)
         load_sharded(target, {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=1)})
     with pytest.raises(ShoalError, match="holds one model, got 2"):
@@ -202,3 +211,29 @@ def test_a_checkpoint_cannot_run_code_when_loaded(tmp_path):
     with pytest.raises(ShoalError, match="does not load safely") as err:
         load_sharded(target, {"model": nn.Linear(2, 2)})
     assert err.value.hint
+
+
+def test_an_optimizer_that_has_not_stepped_stays_fresh(tmp_path):
+    # DCP's get_state_dict would step it once with zero gradients to make its state, moving Adam's
+    # step counter: a run resumed from a checkpoint taken before the first step would not be exact.
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    target = tmp_path / checkpoint_name(0, 0)
+    save_sharded(target, {"model": model, "optimizer": opt})
+    assert opt.state_dict()["state"] == {} and read_meta(target)["stepped_optimizers"] == []
+    fresh = nn.Linear(3, 2)
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    load_sharded(target, {"model": fresh, "optimizer": fresh_opt})
+    assert fresh_opt.state_dict()["state"] == {} and torch.equal(fresh.weight, model.weight)
+
+
+def test_names_and_listing_follow_the_managers_order(tmp_path):
+    assert checkpoint_name(1, 100) == "ckpt-e00001-s000000100.dcp"
+    model = nn.Linear(2, 2)
+    for epoch, step in ((2, 5), (1, 30), (10, 1)):
+        save_sharded(tmp_path / checkpoint_name(epoch, step), {"model": model})
+    (tmp_path / ".tmp-ckpt-e00011-s000000001.dcp").mkdir()  # a killed save: not listed
+    (tmp_path / "ckpt-e00012-s000000001.dcp").mkdir()  # no metadata: not listed
+    names = [p.name for p in sharded_checkpoints(tmp_path)]
+    assert names == [checkpoint_name(1, 30), checkpoint_name(2, 5), checkpoint_name(10, 1)]
+    assert sharded_checkpoints(tmp_path / "missing") == []

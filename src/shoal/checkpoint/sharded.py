@@ -4,7 +4,8 @@ A sharded checkpoint is a directory (``ckpt-e<epoch>-s<step>.dcp`` when the chec
 names it) holding DCP's files (``__<rank>_0.distcp`` per rank and ``.metadata``) and ``shoal.json``
 (format version, world size, versions). What it holds:
 
-* the model and its optimizers, through DCP's ``get_state_dict`` / ``set_state_dict``: keys are the
+* the model and its optimizers (those that have stepped: a fresh one has no state and stays fresh),
+  through DCP's ``get_state_dict`` / ``set_state_dict``: keys are the
   parameters' plain names (no ``module.``, no FSDP wrapper), the optimizer state is keyed by them,
   and DCP reads whatever slice each rank needs. So a DDP checkpoint loads into an FSDP model and the
   other way round, and a checkpoint written by N ranks loads on M ranks (resharding);
@@ -37,6 +38,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import time
 import warnings
@@ -62,6 +64,7 @@ FORMAT_VERSION = 1
 META = "shoal.json"
 SUFFIX = ".dcp"
 """The suffix the checkpoint manager gives a sharded checkpoint's directory (``ckpt-e00001-s000000100.dcp``)."""
+_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.dcp$")
 
 
 @dataclass
@@ -138,6 +141,10 @@ def save_sharded(
     final = Path(directory)
     tmp = final.parent / f"{TMP_PREFIX}{final.name}"
     model, optimizers, objects = _split(state)
+    # An optimizer that has not stepped yet has no state. DCP's get_state_dict would make some by
+    # stepping it once with zero gradients (torch's _init_optim_state), which moves Adam's step
+    # counter: resuming would not be exact. Such optimizers are left out and stay fresh on load.
+    stepped = [i for i, opt in enumerate(optimizers) if opt.state]
     rank, world = collectives.rank(), collectives.world_size()
     if rank == 0:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -150,13 +157,14 @@ def save_sharded(
             "torch_version": str(torch.__version__),
             "has_model": model is not None,
             "optimizers": len(optimizers),
+            "stepped_optimizers": stepped,
         }
         with open(tmp / META, "w") as f:
             json.dump(meta, f)
             f.flush()
             os.fsync(f.fileno())
     group = _checkpoint_group()
-    to_save = _dcp_state(model, optimizers)
+    to_save = _dcp_state(model, [optimizers[i] for i in stepped])
     to_save["shoal"] = _shoal_blob(objects, per_rank, extra)
     collectives.barrier()  # the temporary directory exists before anyone writes into it
 
@@ -216,11 +224,12 @@ def load_sharded(
         raise ShoalError("load_sharded got optimizers without their model", "pass the model in the same state dict")
     if model is not None and not meta.get("has_model"):
         raise ShoalError(f"checkpoint {path} holds no model", "resume with the kind of run that wrote it")
-    if len(optimizers) > meta.get("optimizers", 0):
+    if optimizers and len(optimizers) != meta.get("optimizers", 0):
         raise ShoalError(
-            f"checkpoint {path} holds {meta.get('optimizers', 0)} optimizer state(s), {len(optimizers)} asked for",
+            f"checkpoint {path} holds {meta.get('optimizers', 0)} optimizer(s), {len(optimizers)} given",
             "resume with the same configuration that wrote it, or start a new --out",
         )
+    optimizers = [optimizers[i] for i in meta.get("stepped_optimizers", [])] if optimizers else []
     to_load = _dcp_state(model, optimizers)
     to_load["shoal"] = b""
 
@@ -292,6 +301,22 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     if not (Path(path) / ".metadata").is_file():
         raise ShoalError(f"{path} is incomplete (no DCP .metadata)", "delete it and resume from an older checkpoint")
     return meta
+
+
+def checkpoint_name(epoch: int, step: int) -> str:
+    """The directory name the checkpoint manager's files would have: ``ckpt-e00001-s000000100.dcp``."""
+    return f"ckpt-e{int(epoch):05d}-s{int(step):09d}{SUFFIX}"
+
+
+def sharded_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The committed sharded checkpoints in ``directory``, oldest first (by epoch, then step);
+    temporaries (``.tmp-``) and incomplete directories are not listed."""
+    found = []
+    for path in Path(directory).glob(f"ckpt-*{SUFFIX}") if Path(directory).is_dir() else []:
+        match = _NAME.match(path.name)
+        if match and is_sharded(path):
+            found.append(((int(match.group(1)), int(match.group(2))), path))
+    return [path for _, path in sorted(found)]
 
 
 def is_sharded(path: str | os.PathLike) -> bool:
