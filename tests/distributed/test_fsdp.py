@@ -173,3 +173,22 @@ def test_bf16_on_cuda_computes_in_bf16_and_reduces_in_fp32():
         assert all(v.device.type == "cpu" and v.dtype == torch.float32 for v in state.values())
     finally:
         dist.destroy_process_group()
+
+
+def test_wrap_model_chooses_by_strategy_and_refuses_mismatched_options():
+    from shoal.distributed.wrap import wrap_model
+
+    cpu = torch.device("cpu")
+    model = nn.Linear(2, 2)
+    # One process, no process group: either strategy leaves the model as it is.
+    assert wrap_model(model, strategy="ddp", device=cpu, world_size=1) is model
+    assert wrap_model(model, strategy="fsdp", device=cpu, world_size=1) is model
+    with pytest.raises(ShoalError, match="unknown strategy 'zero'"):
+        wrap_model(model, strategy="zero", device=cpu, world_size=1)
+    with pytest.raises(ShoalError, match="--comm-hook powersgd works only with --strategy ddp"):
+        wrap_model(model, strategy="fsdp", device=cpu, world_size=1, comm_hook="powersgd")
+    with pytest.raises(ShoalError, match=r"DDP options \(find_unused_parameters\) do not apply"):
+        wrap_model(model, strategy="fsdp", device=cpu, world_size=1, find_unused_parameters=True)
+    with pytest.raises(ShoalError, match="are FSDP options") as err:
+        wrap_model(model, strategy="ddp", device=cpu, world_size=1, mixed_precision="bf16")
+    assert "strategy fsdp" in err.value.hint

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from shoal.errors import ShoalError
+
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -39,6 +41,40 @@ def apply_ddp(model: nn.Module, device: torch.device, world_size: int, **ddp_kwa
         options.setdefault("device_ids", [device.index])
         options.setdefault("output_device", device.index)
     return DistributedDataParallel(model, **options)
+
+
+def wrap_model(
+    model: nn.Module,
+    *,
+    strategy: str = "ddp",
+    device: torch.device,
+    world_size: int,
+    mixed_precision: str = "off",
+    cpu_offload: bool = False,
+    comm_hook: str | None = None,
+    **ddp_kwargs: Any,
+) -> nn.Module:
+    """The model wrapped for ``strategy``: :func:`apply_ddp` (the default) or
+    :func:`~shoal.distributed.fsdp.apply_fsdp`; what ``ctx.wrap(model, strategy=...)`` and the
+    trainer's ``--strategy`` call. Unknown strategies, DDP options or a comm hook with FSDP, and
+    FSDP options with DDP are refused with one line and a HINT."""
+    from shoal.distributed.fsdp import apply_fsdp, check_strategy, refuse_comm_hook_with_fsdp
+
+    check_strategy(strategy)
+    refuse_comm_hook_with_fsdp(comm_hook, strategy)
+    if strategy == "fsdp":
+        if ddp_kwargs:
+            raise ShoalError(
+                f"DDP options ({', '.join(sorted(ddp_kwargs))}) do not apply to strategy fsdp",
+                "drop them, or use strategy ddp",
+            )
+        return apply_fsdp(model, device=device, mixed_precision=mixed_precision, cpu_offload=cpu_offload)
+    if mixed_precision != "off" or cpu_offload:
+        raise ShoalError(
+            "mixed_precision and cpu_offload are FSDP options",
+            "use strategy fsdp, or autocast (--amp) with ddp",
+        )
+    return apply_ddp(model, device, world_size, **ddp_kwargs)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torchvision
 
 from shoal.distributed.fsdp import apply_fsdp, find_blocks, is_fsdp
-from shoal.distributed.wrap import apply_ddp, model_state_dict
+from shoal.distributed.wrap import model_state_dict, wrap_model
 from shoal.workloads.language_model import TinyGPT, lm_loss, text_datasets
 
 out_path, model_path = sys.argv[1], sys.argv[2]
@@ -38,10 +38,7 @@ def batch(step):
 def train_gpt(strategy, **fsdp_options):
     torch.manual_seed(0)
     model = TinyGPT.preset("tiny")
-    if strategy == "ddp":
-        model = apply_ddp(model, cpu, world)
-    else:
-        model = apply_fsdp(model, device=cpu, **fsdp_options)
+    model = wrap_model(model, strategy=strategy, device=cpu, world_size=world, **fsdp_options)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses, dtypes = [], set()
     for step in range(STEPS):
