@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.distributed.collectives import all_reduce_sum
+from shoal.distributed.collectives import all_reduce_sum, broadcast_object
 from shoal.distributed.wrap import unwrap_model
 
 
@@ -28,8 +28,8 @@ def evaluate(
     sums over ranks are exact. ``loss_fn(outputs, targets)`` must return the *mean* over the batch
     (like ``F.cross_entropy``); it is re-weighted by batch size. ``metrics_fn(outputs, targets)``
     returns per-batch *sums* by name (default ``{"accuracy": correct predictions}``); each is summed
-    over batches and ranks and divided by the sample count. ``metric_names``: the names it returns,
-    needed only when a rank may see no batch (a tiny set on many ranks). The model is run unwrapped
+    over batches and ranks and divided by the sample count. ``metric_names``: the names it returns
+    (else rank 0 tells the others, one small broadcast: a rank may see no batch). The model is run unwrapped
     so that ranks holding different numbers of batches never wait on DDP's collectives.
 
     Returns ``{"loss": ..., <metric>: ..., "samples": N}``.
@@ -61,6 +61,10 @@ def evaluate(
             ]
         )
         totals = batch_sums if totals is None else totals + batch_sums
+    if metric_names is None and metrics_fn is not _accuracy:
+        # A rank without a single test sample (a tiny set on many ranks) cannot know the names of
+        # custom metrics; rank 0 has a sample whenever anyone has, and tells them.
+        names = broadcast_object(names)
     if totals is None:  # this rank got no samples (tiny set, many ranks)
         device = next(net.parameters()).device
         totals = torch.zeros(2 + len(names or ()), dtype=torch.float64, device=device)

@@ -85,3 +85,14 @@ def test_fit_an_instance_on_forked_and_spawned_workers(tmp_path):
     for method in ("fork", "spawn"):  # hidden=8, not the class's default 16: the instance trained
         state = torch.load(tmp_path / f"run-{method}" / "model.pt", weights_only=True)
         assert state["0.weight"].shape == (8, 4)
+
+
+def test_own_metrics_when_a_rank_has_no_test_sample(tmp_path):
+    write(tmp_path, "my_workload.py", GOOD)
+    result = run_shoal(
+        "train", "my_workload.py:OneTestSample", "--nproc", "2", "--out", "run", "--no-progress", "--device", "cpu",
+        cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (record,) = _metrics(tmp_path / "run")
+    assert record["world_size"] == 2 and record["test_abs_error"] >= 0 and "test_accuracy" not in record

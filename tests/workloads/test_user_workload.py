@@ -75,7 +75,7 @@ def test_its_own_loss_and_metric(user_dir):
     (record,) = result.metrics
     assert "test_accuracy" not in record and record["test_abs_error"] > 0
     assert result.accuracies == [None]
-    assert result.config.workload == "my_workload.py:Regression" and result.config.lr == 0.05
+    assert result.config.workload == "my_workload.py:Regression" and result.config.lr == 0.01
 
 
 def _fails(*args, cwd, nproc=None):

@@ -302,11 +302,13 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
     ctx, tally = run.ctx, run.tally
     started = time.perf_counter()
     workload = run.workload
+    # The default metric (accuracy) has known names: no broadcast of them per evaluation.
+    own_metrics = workload is not None and type(workload).metrics is not Workload.metrics
     scores = evaluate(
         model,
         test_loader,
         loss_fn=run.loss_fn,
-        metrics_fn=workload.metrics if workload else None,
+        metrics_fn=workload.metrics if own_metrics else None,
         autocast=step.autocast,
     )
     metrics = {f"test_{name}": value for name, value in scores.items() if name not in ("loss", "samples")}
