@@ -115,10 +115,24 @@ def host_identity() -> str:
     return f"{socket.gethostname()} {namespace}".strip()
 
 
-def main() -> int:
+def rank_view() -> dict:
+    """This rank's variables, its host and the rules they break on their own."""
     view, problems = own_view()
     view["host"] = host_identity()
     view["problems"] = problems
+    return view
+
+
+def report(views: list[dict]) -> dict:
+    """Every rank's view (by rank) and the rules broken, on a rank or across ranks."""
+    problems = [f"rank {v['RANK']}: {p}" for v in views for p in v["problems"]]
+    if not problems:
+        problems = across_ranks(views)
+    return {"ranks": sorted(views, key=lambda v: int(v["RANK"])), "problems": problems}
+
+
+def main() -> int:
+    view = rank_view()
     import torch.distributed as dist
 
     dist.init_process_group(backend="gloo")  # env://, as a torchrun script does
@@ -126,18 +140,15 @@ def main() -> int:
     dist.all_gather_object(views, view)
     status = 0
     if dist.get_rank() == 0:
-        all_problems = [f"rank {v['RANK']}: {p}" for v in views for p in v["problems"]]
-        if not all_problems:
-            all_problems = across_ranks(views)
-        report = {"ranks": sorted(views, key=lambda v: int(v["RANK"])), "problems": all_problems}
-        text = json.dumps(report, sort_keys=True)
+        result = report(views)
+        text = json.dumps(result, sort_keys=True)
         if len(sys.argv) > 1:
             with open(sys.argv[1] + ".tmp", "w") as out:
                 out.write(text + "\n")
             os.replace(sys.argv[1] + ".tmp", sys.argv[1])
         else:
             print(f"torchrun-contract: {text}", flush=True)
-        status = 1 if all_problems else 0
+        status = 1 if result["problems"] else 0
     dist.destroy_process_group()
     return status
 
