@@ -114,6 +114,11 @@ class _Call:
         # Left only after a success: a rank that raised keeps its connections open until it exits,
         # so that the others fail after it, and the report names it rather than a peer that lost it.
         if joined:
+            if ctx.world_size > 1:
+                # Nobody closes its connections before every rank is done: init_process_group can
+                # return on one rank while a slower one is still connecting its gloo pairs, and an fn
+                # with no collective would leave at once ("Connection closed by peer" there).
+                ctx.barrier()
             ctx.shutdown()
         return ctx.rank, value
 
