@@ -61,6 +61,15 @@ def _exact(result: dict, step: int) -> None:
     assert result["max_diff"] == 0.0, result["worst"]
     assert result["extra"] == {"epoch": 1, "step": step} and result["position"] == step
     assert result["saved_world"] == 2
+    # The data position came back from rank 0's state: the rest of the epoch, re-split over this
+    # world size, holds every sample the saver's ranks had not seen, and no seen one but as padding.
+    before = [i for rank in result["seen_before"] for i in rank]
+    rest = [i for rank in result["rest"] for i in rank]
+    assert len(before) == len(set(before)) == 2 * 4 * step
+    assert set(before) | set(rest) == set(range(50))
+    world = len(result["rest"])
+    assert len(rest) == -(-(50 - len(before)) // world) * world  # padded to a multiple of the world size
+    assert len(set(rest) & set(before)) <= world - 1  # only padding repeats
 
 
 @pytest.mark.multiprocess

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 from shoal.checkpoint.sharded import load_sharded, save_sharded, wait_pending
+from shoal.data.sampler import ShardedSampler
 from shoal.distributed.fsdp import apply_fsdp
 from shoal.distributed.wrap import apply_ddp, model_state_dict
 from shoal.workloads.language_model import TinyGPT, lm_loss
@@ -38,6 +39,7 @@ else:
     rank, world = 0, 1
 torch.set_num_threads(1)
 cpu = torch.device("cpu")
+SAMPLES, BATCH = 50, 4
 
 
 class Position:
@@ -98,30 +100,52 @@ def flat(tree, prefix=""):
     return out
 
 
+def seen_by_all(mine):
+    everyone = [None] * world
+    if world > 1:
+        dist.all_gather_object(everyone, mine)
+    else:
+        everyone = [mine]
+    return everyone
+
+
 def save(out):
     for strategy in ("fsdp", "ddp"):
         model, opt = build(strategy)
+        # The data position: 50 samples, 4 per rank per step; its state is rank 0's, in the checkpoint.
+        sampler = ShardedSampler(SAMPLES, rank=rank, world_size=world, seed=0, batch_size=BATCH)
+        order, seen = sampler.indices().tolist(), []
         train(model, opt, 3)
-        state = {"model": model, "optimizer": opt, "position": Position(3)}
+        seen += order[: 3 * BATCH]
+        sampler.advance(3 * BATCH * world)
+        state = {"model": model, "optimizer": opt, "position": Position(3), "sampler": sampler}
         per_rank = {"thing": RankThing(100 + rank)}
         name = out / strategy / "ckpt-e00001-s000000003.dcp"
         reference = full_state(model, opt)
         torch.manual_seed(7 + rank)  # each rank its own RNG state, which the checkpoint keeps
         save_sharded(name, state, per_rank=per_rank, extra={"epoch": 1, "step": 3})
         draw = torch.rand(1).item()  # what a resumed run at this world size must draw next
+        everyone = seen_by_all(seen)
         if rank == 0:
             torch.save(reference, f"{name}.reference.pt")
+            with open(f"{name}.seen.json", "w") as f:
+                json.dump(everyone, f)
         with open(out / strategy / f"draw-{rank}.json", "w") as f:
             json.dump(draw, f)
         train(model, opt, 2, start=3)
+        seen += order[3 * BATCH : 5 * BATCH]
+        sampler.advance(2 * BATCH * world)
         name = out / strategy / "ckpt-e00001-s000000005.dcp"
         reference = full_state(model, opt)
         state["position"] = Position(5)
         pending = save_sharded(name, state, per_rank=per_rank, extra={"epoch": 1, "step": 5}, async_=True)
         train(model, opt, 1, start=5)  # changes every weight while the save may still be writing
         pending.wait()
+        everyone = seen_by_all(seen)
         if rank == 0:
             torch.save(reference, f"{name}.reference.pt")
+            with open(f"{name}.seen.json", "w") as f:
+                json.dump(everyone, f)
             print(f"{strategy}: async save blocked {pending.blocked_s:.3f} s", flush=True)
 
 
@@ -131,7 +155,10 @@ def load(result_path, pairs):
         strategy, ckpt = pair.split("=", 1)
         model, opt = build(strategy)
         position, thing = Position(), RankThing(-1)
-        found = load_sharded(ckpt, {"model": model, "optimizer": opt, "position": position}, per_rank={"thing": thing})
+        sampler = ShardedSampler(SAMPLES, rank=rank, world_size=world, seed=0, batch_size=BATCH)
+        state = {"model": model, "optimizer": opt, "position": position, "sampler": sampler}
+        found = load_sharded(ckpt, state, per_rank={"thing": thing})
+        rest = seen_by_all(sampler.indices().tolist())  # the rest of the epoch, re-split over these ranks
         got = full_state(model, opt)
         mine = (torch.rand(1).item(), thing.value)
         draws = [None] * world
@@ -164,6 +191,8 @@ def load(result_path, pairs):
                     "saved_world": saved_world,
                     "per_rank_restored": found.per_rank_restored,
                     "draws": draws,
+                    "seen_before": json.loads(Path(f"{ckpt}.seen.json").read_text()),
+                    "rest": rest,
                 }
             )
     if rank == 0:
