@@ -142,6 +142,16 @@ def test_a_model_that_does_not_fit_the_loss_names_build_model(user_dir):
     assert "make build_model's model return what loss() takes" in info.value.hint
 
 
+def test_a_model_of_torch_layers_that_cannot_take_the_inputs_names_build_model(user_dir):
+    at = line_of(BAD, "nn.Linear(5, 8)") - 1  # WrongInput's build_model
+    with pytest.raises(ShoalError) as info:
+        shoal.fit("bad_workload.py:WrongInput", out=str(user_dir / "run"), progress=False)
+    expected = f"bad_workload.py:{at}: the model of WrongInput failed on a batch: RuntimeError: "
+    assert info.value.message.startswith(expected), info.value.message
+    assert "(4x4 and 5x8)" in info.value.message  # torch's own words on the shapes
+    assert "take the inputs your data gives" in info.value.hint
+
+
 @pytest.mark.multiprocess
 def test_user_errors_on_two_workers_are_the_users_line_and_no_orphan(user_dir):
     """Both ranks fail in the user's code: their one line, the HINT, exit 2, no worker left behind."""

@@ -135,6 +135,11 @@ class Misfit(BadData):
         return nn.Linear(4, 1)  # one output, but the targets are class indices 0..2
 
 
+class WrongInput(Misfit):
+    def build_model(self, cfg, num_classes):
+        return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))  # the data has 4 features
+
+
 NOT_A_WORKLOAD = 3
 
 

@@ -170,7 +170,7 @@ def train(
         ctx.shutdown()
 
 
-_FIX_HINT = "fix your workload's code at that line (its Dataset, model or loss); the same command resumes"
+_FIX_HINT = "fix your workload's code at that line (its Dataset, model or loss), then run the same command again"
 
 
 class _Run:

@@ -74,19 +74,40 @@ def innermost_frame(err: BaseException, files: Iterable[str] = ()) -> tuple[str,
 @contextlib.contextmanager
 def blame(workload: Any, what: str, hint: str, *, files: Iterable[str] = ()) -> Iterator[None]:
     """Inside: an exception (not a ShoalError) raised through workload code becomes
-    ``FILE:LINE: WHAT failed: Type: message`` with ``hint``; any other exception passes unchanged."""
+    ``FILE:LINE: WHAT failed: Type: message`` with ``hint``. One raised inside torch's layers with
+    no workload code on the way (a model built from ``nn`` modules given inputs it cannot take)
+    names the workload's ``build_model``. Any other exception passes unchanged."""
     try:
         yield
     except ShoalError:
         raise
     except Exception as err:
         found = innermost_frame(err, files)
+        name = f" of {type(workload).__name__}" if workload is not None else ""
+        if found is None and workload is not None and _inside_torch_layers(err):
+            where = defined_at(type(workload).build_model)
+            if where is not None:
+                raise ShoalError(
+                    f"{where[0]}:{where[1]}: the model{name} failed on a batch: {type(err).__name__}: "
+                    f"{first_line(err)}",
+                    "make build_model's model take the inputs your data gives (their shape and dtype)",
+                ) from None
         if found is None:
             raise
-        name = f" of {type(workload).__name__}" if workload is not None else ""
         raise ShoalError(
             f"{found[0]}:{found[1]}: {what}{name} failed: {type(err).__name__}: {first_line(err)}", hint
         ) from None
+
+
+def _inside_torch_layers(err: BaseException) -> bool:
+    """``err`` was raised in a ``torch.nn`` module's forward (torch/nn/modules/...)."""
+    marker = os.sep.join(("torch", "nn", "modules", ""))
+    tb: TracebackType | None = err.__traceback__
+    while tb is not None:
+        if marker in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def defined_at(obj: Any) -> tuple[str, int] | None:
