@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     from shoal.cli import env as env_cmd
     from shoal.cli import launch as launch_cmd
     from shoal.cli import run as run_cmd
+    from shoal.cli import status as status_cmd
     from shoal.cli import train as train_cmd
 
     parser = ArgumentParser(
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"shoal {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (train_cmd, run_cmd, launch_cmd, env_cmd, demo_cmd, doctor_cmd, bench_cmd):
+    for module in (train_cmd, run_cmd, launch_cmd, env_cmd, demo_cmd, doctor_cmd, bench_cmd, status_cmd):
         module.register(subparsers)
     return parser
 

@@ -1,0 +1,151 @@
+"""``shoal status RUN_DIR``: where every rank of a run is, from another terminal, even on a hung job.
+
+Reads the workers' progress files (``RUN_DIR/progress/rank-N.progress``, see :mod:`shoal.progress`)
+without touching the job: no store, no collective, no signal unless ``--stacks`` asks for them. No
+torch import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import time
+from pathlib import Path
+
+from shoal.errors import ShoalError
+from shoal.launch.watchdog import HangDetector, StragglerJudge, dump_stacks, format_ranks
+from shoal.progress import RankProgress, read_progress
+
+EXAMPLES = """\
+examples:
+  shoal status runs/digits              # one row per rank, and the verdict
+  shoal status runs/digits --stacks     # also every live rank's Python stack (all threads)
+  shoal status runs/digits --json       # the same as one JSON object
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "status",
+        help="show each rank's step, phase and speed of a running job, and whether it hangs",
+        description=(
+            "Show where every rank of a run on this node is (step, phase, time in it, step time, "
+            "samples/s), the last checkpoint, and the verdict: running, hung, a straggler, finished."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (or its progress/ directory)")
+    parser.add_argument("--stacks", action="store_true", help="dump every live rank's stack (all threads)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (machine-readable)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def progress_dir(run_dir: Path) -> Path:
+    """``RUN_DIR/progress``, or ``RUN_DIR`` itself when it holds the progress files."""
+    if any(run_dir.glob("rank-*.progress")):
+        return run_dir
+    return run_dir / "progress"
+
+
+def last_checkpoint(run_dir: Path) -> str | None:
+    directory = run_dir / "checkpoints"
+    names = sorted(p.name for p in directory.glob("ckpt-*") if ".tmp" not in p.name) if directory.is_dir() else []
+    return names[-1] if names else None
+
+
+def in_phase_s(record: RankProgress, now_wall: float) -> float:
+    # On this node the monotonic clock is exact; another node's record only has its wall clock.
+    if record.host == socket.gethostname():
+        return max(0.0, time.monotonic() - record.phase_since_mono)
+    return max(0.0, now_wall - record.phase_since_wall)
+
+
+def verdict(ranks: list[RankProgress], run_dir: Path) -> dict:
+    """``{"state": finished|exited|hung|straggler|running, "text": one line, ...}``."""
+    now = time.time()
+    live = [r for r in ranks if r.phase != "done"]
+    if not live:
+        return {"state": "finished", "text": "finished"}
+    gone = [r for r in live if not r.alive]
+    if gone:
+        return {
+            "state": "exited",
+            "text": f"{'rank' if len(gone) == 1 else 'ranks'} {format_ranks(r.rank for r in gone)} exited before finishing",
+            "ranks": [r.rank for r in gone],
+        }
+    stalled = min(in_phase_s(r, now) for r in live)
+    timeout = HangDetector().timeout(live)
+    if stalled >= timeout:
+        reports = sorted(run_dir.glob("hang-*/report.txt"))
+        text = f"hung: no rank made progress for {stalled:.0f} s (hang timeout {timeout:.0f} s)"
+        if reports:
+            text += f"; report: {reports[-1]}"
+        return {"state": "hung", "text": text, "stalled_s": stalled, "timeout_s": timeout}
+    compute = {r.rank: r.total_compute_s / r.steps_timed for r in live if r.steps_timed}
+    slow = StragglerJudge(persistence=1).window(compute)
+    if slow:
+        others = {rank: statistics.median(v for r, v in compute.items() if r != rank) for rank in slow}
+        parts = [f"rank {rank} straggles ({compute[rank] / others[rank]:.2f}x the others' compute)" for rank in slow]
+        return {"state": "straggler", "text": "; ".join(parts), "ranks": slow}
+    return {"state": "running", "text": "running"}
+
+
+def row(record: RankProgress, now_wall: float) -> dict:
+    phase = f"collective #{record.collectives}" if record.phase == "collective" else record.phase
+    return {
+        "rank": record.rank,
+        "pid": record.pid,
+        "node": record.host,
+        "step": record.step,
+        "phase": phase,
+        "in_phase_s": round(in_phase_s(record, now_wall), 3),
+        "step_s": round(record.step_s, 6),
+        "samples_per_s": round(record.samples_per_s, 1),
+        "alive": record.alive,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise ShoalError(f"no run directory {run_dir}", "pass the run directory of a job (its --run-dir)")
+    ranks = read_progress(progress_dir(run_dir))
+    if not ranks:
+        raise ShoalError(
+            f"no progress files in {run_dir} (looked for {progress_dir(run_dir)}/rank-N.progress)",
+            "pass the run directory of a job started by shoal train or shoal run; a `shoal run` script "
+            "reports once it opens shoal.progress.ProgressWriter.from_env() (see docs/WATCHDOG.md)",
+        )
+    now = time.time()
+    state = verdict(ranks, run_dir)
+    rows = [row(r, now) for r in ranks]
+    stacks = {r.rank: dump_stacks(r) for r in ranks if r.alive and r.phase != "done"} if args.stacks else {}
+    if args.json:
+        payload = {
+            "run_dir": str(run_dir),
+            "ranks": rows,
+            "last_checkpoint": last_checkpoint(run_dir),
+            "verdict": state,
+        }
+        if args.stacks:
+            payload["stacks"] = {str(rank): text for rank, text in stacks.items()}
+        print(json.dumps(payload, indent=2))
+        return 0
+    header = f"{'rank':>4} {'pid':>8} {'node':<12} {'step':>8} {'phase':<22} {'in phase':>9} {'step time':>10} {'samples/s':>10}"
+    print(header)
+    for r in rows:
+        phase = r["phase"] if r["alive"] or r["phase"] == "done" else f"{r['phase']} (gone)"
+        print(
+            f"{r['rank']:>4} {r['pid']:>8} {r['node'][:12]:<12} {r['step']:>8} {phase:<22} "
+            f"{r['in_phase_s']:>8.1f}s {r['step_s'] * 1e3:>8.1f}ms {r['samples_per_s']:>10.1f}"
+        )
+    print(f"last checkpoint: {last_checkpoint(run_dir) or 'none'}")
+    print(f"verdict: {state['text']}")
+    for rank, text in stacks.items():
+        print(f"\n--- rank {rank} stack ---")
+        print(text.rstrip() or "(no stack: the rank did not register the stacks signal)")
+    return 0

@@ -1,0 +1,421 @@
+"""The launcher's watch over its workers' progress: hangs, stragglers, stacks, and stopping for good.
+
+Pure parts (testable over data): :class:`HangDetector` decides from successive snapshots of the
+progress channel (:mod:`shoal.progress`) that no rank made progress for the hang timeout, and
+:func:`hang_report` names the odd rank(s) out with the source line from their stacks;
+:class:`StragglerJudge` names a rank whose compute time per step stays above the others' by a margin
+for several windows in a row.
+
+With processes: :func:`dump_stacks` has a rank's faulthandler write every thread's stack (works
+while the rank is blocked in a collective); :func:`stop_processes` sends SIGTERM, then SIGKILL after
+the grace (a rank blocked in a gloo collective runs no Python signal handler, so SIGTERM alone may
+never stop it); :class:`Monitor` is the thread that polls the channel every second beside torch's
+agent and, on a hang, saves the stacks under ``RUN_DIR/hang-<time>/`` and calls ``on_hang``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import statistics
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shoal.progress import RankProgress, read_progress
+
+HANG_FLOOR_S = 30.0
+"""The shortest hang timeout. With a 1 s poll and a stack dump of about a second, a hang is reported
+well within 60 s of its start. Long enough for a slow step of a small job; a job whose steps take
+longer gets ``HANG_FACTOR`` times its step time."""
+HANG_FACTOR = 10.0
+WARMUP_STEPS = 3
+"""Steps before the observed step time counts (the first ones include compiling, caches, loaders)."""
+SLOW_PHASES = frozenset({"start", "checkpoint", "evaluation"})
+"""Phases that may legitimately take much longer than a step: when every rank is in one of them the
+timeout is ``SLOW_FACTOR`` times longer."""
+SLOW_FACTOR = 4.0
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    ranks = sorted(ranks)
+    spans: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        spans.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(spans)
+
+
+# -- hangs -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hang:
+    """No rank progressed for ``stalled_s`` (at least the timeout ``timeout_s``)."""
+
+    stalled_s: float
+    timeout_s: float
+    ranks: list[RankProgress]
+
+
+@dataclass
+class HangDetector:
+    """Feed it snapshots (:meth:`observe`); it says when no rank made progress for the timeout.
+
+    Progress is any change of a rank's record (a phase entered, a step done), on the detector's own
+    clock, so records from other nodes' clocks compare fine. The timeout is ``timeout_s`` when given,
+    else ``max(floor_s, factor x the median step time)`` once every rank has done ``warmup_steps``
+    steps, else ``floor_s``; ``SLOW_FACTOR`` times that when every rank is in a slow phase.
+    """
+
+    timeout_s: float | None = None
+    floor_s: float = HANG_FLOOR_S
+    factor: float = HANG_FACTOR
+    warmup_steps: int = WARMUP_STEPS
+    _seen: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # rank -> (pid, seq, since)
+    _reported: bool = False
+
+    def timeout(self, ranks: Sequence[RankProgress]) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        timeout = self.floor_s
+        warm = [r for r in ranks if r.steps_timed >= self.warmup_steps]
+        if warm and len(warm) == len(ranks):
+            timeout = max(timeout, self.factor * statistics.median(r.step_s for r in warm))
+        if ranks and all(r.phase in SLOW_PHASES for r in ranks):
+            timeout *= SLOW_FACTOR
+        return timeout
+
+    def observe(self, now: float, ranks: Sequence[RankProgress]) -> Hang | None:
+        """The hang, the first time the job is seen stalled past the timeout; None otherwise (and
+        again None while the same hang lasts: a new report needs progress in between)."""
+        live = [r for r in ranks if r.phase != "done"]
+        progressed = False
+        for r in live:
+            seen = self._seen.get(r.rank)
+            if seen is None or seen[:2] != (r.pid, r.seq):
+                self._seen[r.rank] = (r.pid, r.seq, now)
+                progressed = True
+        if progressed:
+            self._reported = False
+        if not live or self._reported:
+            return None
+        stalled = now - max(self._seen[r.rank][2] for r in live)
+        timeout = self.timeout(live)
+        if stalled < timeout:
+            return None
+        self._reported = True
+        return Hang(stalled, timeout, list(live))
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+_LIBRARY_DIRS = tuple(
+    {
+        sysconfig.get_paths()[key]
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if key in sysconfig.get_paths()
+    }
+)
+
+
+def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
+    """Threads of one faulthandler dump, each a list of ``(file, line, function)``, innermost first."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in text.splitlines():
+        if _THREAD.match(line):
+            threads.append([])
+        elif (match := _FRAME.match(line)) and threads:
+            threads[-1].append((match["file"], int(match["line"]), match["func"]))
+    return threads
+
+
+def _is_own(path: str) -> bool:
+    """The user's code or shoal's: not torch, not the standard library, not another package."""
+    if f"{os.sep}shoal{os.sep}" in path:
+        return True
+    return not (path.startswith(_LIBRARY_DIRS) or "site-packages" in path or path.startswith("<"))
+
+
+def where(text: str) -> str:
+    """``train.py:88 in load_batch``: the innermost frame of the user's or shoal's code on the main
+    thread (the one running ``<module>`` at its bottom, else the first dumped), or "" when unknown."""
+    threads = [t for t in parse_stacks(text) if t]
+    if not threads:
+        return ""
+    main = next((t for t in threads if t[-1][2] == "<module>"), threads[0])
+    for path, line, func in main:
+        if _is_own(path):
+            return f"{Path(path).name}:{line} in {func}"
+    path, line, func = main[0]
+    return f"{Path(path).name}:{line} in {func}"
+
+
+def _activity(r: RankProgress) -> str:
+    if r.phase == "collective":
+        return f"collective #{r.collectives}"
+    return r.phase
+
+
+def hang_report(hang: Hang, stacks: dict[int, str], saved_in: str | os.PathLike | None = None) -> str:
+    """A few lines: who is where. The odd ranks out (whose phase or step differs from the largest
+    group's) are named one by one with their node and source line; the others as one group."""
+    groups: dict[tuple[str, int], list[RankProgress]] = {}
+    for r in hang.ranks:
+        groups.setdefault((_activity(r), r.step), []).append(r)
+    # The largest group is the norm; on a tie, the ranks waiting in a collective (waiting for the
+    # odd one out) are.
+    ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0].phase != "collective", g[0].rank))
+    majority, odd = ordered[0], [r for g in ordered[1:] for r in g]
+    lines = [f"shoal: no rank made progress for {hang.stalled_s:.0f} s (hang timeout {hang.timeout_s:.0f} s)"]
+
+    def at(r: RankProgress) -> str:
+        place = where(stacks.get(r.rank, ""))
+        return f" at {place}" if place else ""
+
+    parts = []
+    for r in sorted(odd, key=lambda r: r.rank):
+        parts.append(f"rank {r.rank} (node {r.host}) is in {_activity(r)} at step {r.step}{at(r)}")
+    ranks = [r.rank for r in majority]
+    waiting = majority[0].phase == "collective"
+    if len(ranks) == 1:
+        who = f"rank {ranks[0]} {'waits' if waiting else 'is'} in"
+    else:
+        who = f"ranks {format_ranks(ranks)} {'wait' if waiting else 'are'} in"
+    parts.append(f"{who} {_activity(majority[0])} at step {majority[0].step}{at(majority[0])}")
+    lines.append("; ".join(parts))
+    if saved_in is not None:
+        lines.append(f"full stacks: {saved_in}")
+    return "\n".join(lines)
+
+
+# -- stragglers ------------------------------------------------------------------------------------
+
+
+@dataclass
+class StragglerJudge:
+    """A rank straggles when its mean compute time per step, over a window, exceeds ``margin`` x the
+    median of the other ranks' for ``persistence`` windows in a row (so a blip is not named)."""
+
+    margin: float = 1.3
+    persistence: int = 3
+    _streak: dict[int, int] = field(default_factory=dict)
+
+    def window(self, compute_per_step: dict[int, float]) -> list[int]:
+        """Feed one window's per-rank mean compute times; returns the ranks judged stragglers now."""
+        slow = set()
+        if len(compute_per_step) >= 2:
+            for rank, mean in compute_per_step.items():
+                others = statistics.median(v for r, v in compute_per_step.items() if r != rank)
+                if others > 0 and mean > self.margin * others:
+                    slow.add(rank)
+        for rank in compute_per_step:
+            self._streak[rank] = self._streak.get(rank, 0) + 1 if rank in slow else 0
+        return sorted(r for r in slow if self._streak[r] >= self.persistence)
+
+
+def straggler_line(rank: int, ranks: Sequence[RankProgress], compute: dict[int, float]) -> str:
+    others = statistics.median(v for r, v in compute.items() if r != rank)
+    host = next((r.host for r in ranks if r.rank == rank), "?")
+    return (
+        f"shoal: rank {rank} (node {host}) straggles: {compute[rank] * 1e3:.1f} ms of compute per step "
+        f"vs {others * 1e3:.1f} ms for the others ({compute[rank] / others:.2f}x)"
+    )
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+def dump_stacks(record: RankProgress, timeout_s: float = 5.0) -> str:
+    """Every thread's stack of the rank behind ``record``, as faulthandler writes it; "" when the rank
+    did not register the signal, is gone, or wrote nothing within ``timeout_s``."""
+    if not record.stacks_signal:
+        return ""
+    path = record.stacks_file
+    start = path.stat().st_size if path.exists() else 0
+    try:
+        os.kill(record.pid, record.stacks_signal)
+    except (ProcessLookupError, PermissionError):
+        return ""
+    deadline = time.monotonic() + timeout_s
+    size, quiet_since = start, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now_size = path.stat().st_size if path.exists() else 0
+        if now_size != size:
+            size, quiet_since = now_size, time.monotonic()
+        elif size > start and time.monotonic() - quiet_since > 0.1:
+            break  # the dump is written in one go from the handler; quiet for 100 ms means done
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(size - start).decode(errors="replace")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone; reap it.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def stop_processes(pids: Iterable[int], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM to each of ``pids``; SIGKILL to those still there after ``grace_s``; wait until all are
+    gone. Returns the PIDs that needed SIGKILL (for example a rank blocked in a collective)."""
+    pids = [pid for pid in pids if _alive(pid)]
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    killed = [pid for pid in pids if _alive(pid)]
+    for pid in killed:
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and any(_alive(pid) for pid in killed):
+        time.sleep(0.02)
+    return killed
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- the monitor -----------------------------------------------------------------------------------
+
+
+@dataclass
+class HangEvent:
+    """What :class:`Monitor` hands ``on_hang``: the report's text and where the stacks lie."""
+
+    report: str
+    directory: Path
+    hang: Hang
+
+
+class Monitor:
+    """A daemon thread polling ``progress_dir`` every ``interval_s``: on a hang it dumps every live
+    rank's stack into ``run_dir/hang-<UTC time>/rank-N.txt``, writes ``report.txt`` there, prints the
+    report to stderr and calls ``on_hang(event)`` (the caller decides: report, stop or restart).
+    Every ``window_s`` it judges stragglers from the ranks' running totals and prints one line per
+    newly named straggler (``on_straggler(line)`` instead when given)."""
+
+    def __init__(
+        self,
+        progress_dir: str | os.PathLike,
+        run_dir: str | os.PathLike,
+        *,
+        detector: HangDetector | None = None,
+        judge: StragglerJudge | None = None,
+        on_hang: Callable[[HangEvent], None] | None = None,
+        on_straggler: Callable[[str], None] | None = None,
+        interval_s: float = 1.0,
+        window_s: float = 10.0,
+    ) -> None:
+        self.progress_dir = Path(progress_dir)
+        self.run_dir = Path(run_dir)
+        self.detector = detector or HangDetector()
+        self.judge = judge or StragglerJudge()
+        self.on_hang = on_hang
+        self.on_straggler = on_straggler
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self.events: list[HangEvent] = []
+        self.stragglers: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shoal-watchdog", daemon=True)
+        self._window_start: dict[int, tuple[int, float]] = {}
+        self._window_at = 0.0
+
+    def start(self) -> Monitor:
+        self._window_at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll()
+            except Exception as err:  # the watchdog never takes the job down
+                print(f"shoal: watchdog: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+
+    def poll(self, now: float | None = None) -> HangEvent | None:
+        """One look at the channel (the thread calls this every ``interval_s``)."""
+        now = time.monotonic() if now is None else now
+        ranks = read_progress(self.progress_dir)
+        hang = self.detector.observe(now, ranks)
+        if now - self._window_at >= self.window_s:
+            self._judge(ranks)
+            self._window_at = now
+        if hang is None:
+            return None
+        event = self._report(hang)
+        self.events.append(event)
+        if self.on_hang is not None:
+            self.on_hang(event)
+        return event
+
+    def _report(self, hang: Hang) -> HangEvent:
+        directory = self.run_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+        directory.mkdir(parents=True, exist_ok=True)
+        stacks = {}
+        for r in hang.ranks:
+            stacks[r.rank] = dump_stacks(r) if r.alive else ""
+            text = stacks[r.rank] or "(no stack: the rank did not register the stacks signal, or is gone)\n"
+            head = f"rank {r.rank} pid {r.pid} node {r.host} step {r.step} phase {_activity(r)}\n\n"
+            (directory / f"rank-{r.rank}.txt").write_text(head + text)
+        report = hang_report(hang, stacks, saved_in=directory)
+        (directory / "report.txt").write_text(report + "\n")
+        print(report, file=sys.stderr, flush=True)
+        return HangEvent(report, directory, hang)
+
+    def _judge(self, ranks: Sequence[RankProgress]) -> None:
+        compute: dict[int, float] = {}
+        for r in ranks:
+            steps, total = self._window_start.get(r.rank, (0, 0.0))
+            if r.steps_timed < steps:  # a restarted worker: its totals began again
+                steps, total = 0, 0.0
+            if r.steps_timed > steps:
+                compute[r.rank] = (r.total_compute_s - total) / (r.steps_timed - steps)
+            self._window_start[r.rank] = (r.steps_timed, r.total_compute_s)
+        for rank in self.judge.window(compute):
+            if rank not in self.stragglers:
+                self.stragglers.add(rank)
+                line = straggler_line(rank, ranks, compute)
+                if self.on_straggler is not None:
+                    self.on_straggler(line)
+                else:
+                    print(line, file=sys.stderr, flush=True)
