@@ -42,6 +42,9 @@ class Backend:
     name: ClassVar[str] = ""
     modules: ClassVar[tuple[str, ...]] = ()
     """What the backend imports; :meth:`load` imports it on the caller's thread (see there)."""
+    optional_modules: ClassVar[tuple[str, ...]] = ()
+    """What the backend's library imports lazily for some calls (PIL for images), imported by
+    :meth:`load` too when installed (see there)."""
     state_needs_open: ClassVar[bool] = False
     """Whether :meth:`state` knows the run only once ``open`` has returned (an id the server picks)."""
 
@@ -54,9 +57,19 @@ class Backend:
     def load(cls) -> None:
         """Import the library now, on the caller's thread: import errors surface at once, and a
         script that ends right after logging does not leave the import to a thread racing the
-        interpreter's shutdown (imports that register exit hooks fail then)."""
+        interpreter's shutdown (imports that register exit hooks fail then).
+
+        The optional modules too: two backends' threads importing PIL at once (W&B's and
+        TensorBoard's first image) can meet in importlib's deadlock detection, which hands one of
+        them the partly initialised module ("partially initialized module 'PIL.Image' has no
+        attribute 'Image'"), and that backend is switched off."""
         for module in cls.modules:
             importlib.import_module(module)
+        for module in cls.optional_modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:  # the calls that need it fail on the backend's thread, reported there
+                pass
 
     def open(self) -> None:
         """Open (or reopen, when resuming) the run."""

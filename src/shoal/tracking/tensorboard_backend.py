@@ -19,6 +19,7 @@ SUBDIR = "tensorboard"
 class TensorBoardBackend(Backend):
     name = "tensorboard"
     modules = ("torch.utils.tensorboard", "torch.utils.tensorboard.summary")
+    optional_modules = ("PIL.Image",)  # add_image's
 
     def open(self) -> None:
         from torch.utils.tensorboard import SummaryWriter

@@ -44,6 +44,7 @@ stall the job; the tracker's own timeouts bound it too)."""
 class WandbBackend(Backend):
     name = "wandb"
     modules = ("wandb", "wandb.sdk.wandb_setup")
+    optional_modules = ("PIL.Image", "wandb.sdk.data_types.image")  # wandb.Image's
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -57,7 +58,7 @@ class WandbBackend(Backend):
         self.row: dict[str, Any] = {}
         self.row_step: int | None = None
         self.committed: int | None = None
-        self.committed_at: float | None = None  # wall clock of the last commit not yet known written
+        self.unwritten = False  # committed rows not yet seen in the transaction log
         self.log_tail: TransactionLogTail | None = None
         self.dropped = False
 
@@ -143,26 +144,28 @@ class WandbBackend(Backend):
         offers no call that waits for it, so the log is read back (:class:`TransactionLogTail`)
         until it holds the committed step, at most :data:`SETTLE_LIMIT_S`."""
         self._commit()
-        if self.committed_at is None:
+        if not self.unwritten:
             return
+        self.unwritten = False
         settings = self.run.settings
         path = getattr(settings, "sync_file", None)
         if not path or settings.mode == "disabled" or getattr(settings, "x_skip_transaction_log", False):
-            self.committed_at = None
             return
         if self.log_tail is None or self.log_tail.path != path:
             self.log_tail = TransactionLogTail(path)
         deadline = time.monotonic() + SETTLE_LIMIT_S
-        while self.log_tail.last_step() < (self.committed or 0) and time.monotonic() < deadline:
+        while self.log_tail.last_step() < (self.committed or 0):
+            if time.monotonic() > deadline:
+                self.say(f"step {self.committed} was not in {path} after {SETTLE_LIMIT_S:.0f} s; going on")
+                return
             time.sleep(TRANSACTION_LOG_FLUSH_S / 4)
-        self.committed_at = None
 
     def _commit(self) -> None:
         """Hand the open row to wandb (which writes it in the background)."""
         if self.row_step is not None:
             self.run.log(self.row, step=self.row_step, commit=True)
             self.committed, self.row, self.row_step = self.row_step, {}, None
-            self.committed_at = time.time()
+            self.unwritten = True
 
     def log_predictions(self, name: str, predictions: Predictions, step: int) -> None:
         import wandb
