@@ -215,3 +215,22 @@ def test_a_backend_that_falls_behind_is_switched_off_and_close_is_bounded(capsys
     release.set()
     assert sink.join(time.monotonic() + 30) is True
     assert len(lines) == 1
+
+
+def test_what_the_backends_threads_would_import_lazily_is_imported_before_they_start(tool_env, tmp_path):
+    # W&B's and TensorBoard's threads importing PIL at once for their first images could hand one
+    # of them a partly initialised PIL.Image (importlib's deadlock detection), switching it off.
+    code = f"""
+        import json, sys, threading
+        from shoal.tracking import create_tracker
+
+        tracker = create_tracker("wandb,tensorboard", run_dir={str(tmp_path / "run")!r}, rank=0)
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("shoal-tracker")]
+        loaded = sorted(m for m in ("PIL.Image", "wandb.sdk.data_types.image") if m in sys.modules)
+        tracker.close()
+        print(json.dumps([threads, loaded]))
+    """
+    proc = run_python(code, tool_env)
+    assert proc.returncode == 0, proc.stderr
+    threads, loaded = json.loads(proc.stdout)
+    assert threads == [] and loaded == ["PIL.Image", "wandb.sdk.data_types.image"]
