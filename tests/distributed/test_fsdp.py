@@ -67,6 +67,8 @@ def test_model_pt_of_an_fsdp_model_is_a_plain_state_dict(two_ranks):
     assert sorted(state) == sorted(plain.state_dict())  # no prefixes
     plain.load_state_dict(state)  # strict: every key, every shape
     assert all(type(v) is torch.Tensor for v in state.values())
+    # And back: a plain full state dict (DDP's) loads into a fresh FSDP model, each rank its slice.
+    assert result["reloaded_max_diff"] == 0.0
 
 
 @pytest.mark.multiprocess

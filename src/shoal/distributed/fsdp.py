@@ -172,6 +172,19 @@ def full_model_state_dict(model: nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def load_full_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
+    """Load a plain, full state dict (``model.pt``, a ``.pt`` checkpoint's model) into ``model``,
+    sharded by FSDP2 or not: each rank keeps its own slice. Every rank passes the full dict
+    (strict: every key, every shape)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if is_fsdp(model):
+        # A copy: set_model_state_dict replaces the dict's values with DTensor shards in place.
+        set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True, strict=True))
+    else:
+        model.load_state_dict(state)
+
+
 def local_bytes(tensors: Any) -> int:
     """Bytes this rank holds for ``tensors`` (an iterable of tensors): a DTensor counts its local shard."""
     from torch.distributed.tensor import DTensor

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torchvision
 
-from shoal.distributed.fsdp import apply_fsdp, find_blocks, is_fsdp
+from shoal.distributed.fsdp import apply_fsdp, find_blocks, is_fsdp, load_full_state_dict
 from shoal.distributed.wrap import model_state_dict, wrap_model
 from shoal.workloads.language_model import TinyGPT, lm_loss, text_datasets
 
@@ -70,7 +70,13 @@ result = {
     "head_local_shape": local_shapes["head.weight"],
     "rank_state_keys": len(fsdp_state),
 }
+# model.pt (a plain full state dict, here DDP's, on every rank) into a fresh FSDP model.
+torch.manual_seed(5)
+reloaded = wrap_model(TinyGPT.preset("tiny"), strategy="fsdp", device=cpu, world_size=world)
+load_full_state_dict(reloaded, ddp_state)
+reloaded_state = model_state_dict(reloaded)
 if rank == 0:
+    result["reloaded_max_diff"] = max((ddp_state[k] - reloaded_state[k]).abs().max().item() for k in ddp_state)
     assert sorted(ddp_state) == sorted(fsdp_state), (sorted(ddp_state), sorted(fsdp_state))
     result["state_keys"] = sorted(fsdp_state)
     result["state_types"] = sorted({type(v).__name__ for v in fsdp_state.values()})
