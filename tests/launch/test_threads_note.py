@@ -74,3 +74,21 @@ def test_shoal_train_restart_line_says_yours_only_for_the_users_value(omp, tmp_p
     assert "restarting the workers (restart 1 of 1)" in err, err
     expected = (_shoals_threads(), "") if omp is None else ("1", " (yours)")
     assert _notes(err) == [expected], err
+
+
+@pytest.mark.parametrize(
+    "environ, note",
+    [
+        ({}, f", OMP_NUM_THREADS={_shoals_threads()}"),
+        ({"OMP_NUM_THREADS": "4"}, ", OMP_NUM_THREADS=4 (yours)"),
+        # Inside a torchrun worker: torchrun sets 1 unless its caller had set a value.
+        ({"OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "x"}, ", OMP_NUM_THREADS=1 (inherited through torchrun)"),
+    ],
+    ids=["unset", "users", "torchrun"],
+)
+def test_who_set_the_threads_is_read_from_the_environment_the_launch_began_in(environ, note):
+    from types import SimpleNamespace
+
+    from shoal.launch.core import _threads_note
+
+    assert _threads_note(SimpleNamespace(nproc_per_node=2), environ) == note
