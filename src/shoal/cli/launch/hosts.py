@@ -1,6 +1,7 @@
 """``shoal launch [--hosts ...]``, ``shoal launch mpirun`` and ``shoal launch manual``: a list of hosts.
 
-From the head node, through Open MPI's mpirun when it is installed (one process per slot), else
+From the head node, through Open MPI's mpirun when it is installed (one process per slot, each run
+through :mod:`shoal.launch.as_torchrun`, so a torchrun-style script sees torchrun's variables), else
 through SSH (one ``shoal run`` per host); the mpirun command line alone; or the ``shoal run`` line
 to type on each node.
 """
@@ -62,8 +63,8 @@ def hosts_parser() -> argparse.ArgumentParser:
     p = parser(
         "shoal launch",
         "Start COMMAND on every slot of the given hosts from this node: through "
-        "Open MPI's mpirun when it is installed (one process per slot; each finds its rank in "
-        "mpirun's variables), else through SSH (one `shoal run` launcher per host). Other forms: "
+        "Open MPI's mpirun when it is installed (one process per slot, each given torchrun's "
+        "variables from mpirun's), else through SSH (one `shoal run` launcher per host). Other forms: "
         "`shoal launch mpirun|slurm|manual|k8s|runai|image --help`.",
     )
     _add_hosts(p)
