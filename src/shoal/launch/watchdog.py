@@ -268,12 +268,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child of ours counts as gone; reap it.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return not _zombie(pid)
+    # A zombie (exited, not yet reaped by its parent, the agent) is gone; reaping is the parent's.
+    return not _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:

@@ -1,0 +1,234 @@
+"""The watchdog: hang and straggler judgements over snapshots, and against real gloo jobs the stacks of
+a rank blocked in all_reduce, a real hang reported with the odd rank's source line, and a blocked
+rank that SIGTERM cannot stop stopped by SIGKILL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from procs import wait_for
+from progress_job import start_job, stop_job
+from shoal.launch.watchdog import (
+    HangDetector,
+    Monitor,
+    StragglerJudge,
+    dump_stacks,
+    format_ranks,
+    hang_report,
+    stop_processes,
+    where,
+)
+from shoal.progress import RankProgress, read_progress
+
+
+def rec(
+    rank: int, *, step: int = 57, phase: str = "collective", seq: int = 2, step_s: float = 0.1, **kw
+) -> RankProgress:
+    fields = dict(
+        rank=rank, pid=1000 + rank, local_rank=rank, world_size=4, host=f"n{rank // 2}", started_wall=0.0,
+        stacks_signal=12, seq=seq, step=step, phase=phase, collectives=1204, phase_since_mono=0.0,
+        phase_since_wall=0.0, step_s=step_s, compute_s=step_s, wait_s=0.0, samples=32, steps_timed=step,
+        total_samples=32 * step, total_compute_s=step_s * step, total_wait_s=0.0,
+    )  # fmt: skip
+    fields.update(kw)
+    return RankProgress(**fields)
+
+
+STACK = """\
+Thread 0x00007f00aaaa (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f00bbbb (most recent call first):
+  File "/x/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1200 in _next_data
+  File "/home/me/project/train.py", line 88 in load_batch
+  File "/home/me/project/train.py", line 120 in <module>
+"""
+WAITING = """\
+Current thread 0x00007f00cccc (most recent call first):
+  File "/x/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 4181 in all_reduce
+  File "/x/.venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/home/me/project/train.py", line 40 in <module>
+"""
+
+
+def test_format_ranks():
+    assert format_ranks([5, 0, 2, 1]) == "0-2, 5"
+    assert format_ranks([3]) == "3"
+
+
+def test_no_hang_while_any_rank_progresses():
+    detector = HangDetector()
+    for t in range(0, 200, 5):
+        assert detector.observe(float(t), [rec(0, seq=2 * t + 2), rec(1, phase="data")]) is None
+
+
+def test_a_stall_past_the_timeout_is_reported_once_per_hang():
+    detector = HangDetector()
+    ranks = [rec(0), rec(1, phase="data")]
+    assert detector.observe(0.0, ranks) is None
+    assert detector.observe(29.0, ranks) is None
+    hang = detector.observe(30.0, ranks)
+    assert hang is not None and (hang.stalled_s, hang.timeout_s) == (30.0, 30.0)
+    assert detector.observe(31.0, ranks) is None  # the same hang
+    moved = [rec(0, seq=4), rec(1, phase="data")]
+    assert detector.observe(40.0, moved) is None
+    assert detector.observe(70.0, moved) is not None  # a new one
+
+
+def test_finished_ranks_do_not_count_as_hung():
+    detector = HangDetector()
+    done = [rec(0, phase="done"), rec(1, phase="done")]
+    assert detector.observe(0.0, done) is None
+    assert detector.observe(1000.0, done) is None
+
+
+def test_the_timeout_follows_the_step_time_after_warm_up():
+    detector = HangDetector()
+    assert detector.timeout([rec(0, step_s=0.01), rec(1, step_s=0.01)]) == 30.0  # the floor
+    assert detector.timeout([rec(0, step_s=5.0), rec(1, step_s=5.0)]) == 50.0  # 10 x the step time
+    assert detector.timeout([rec(0, step_s=5.0, steps_timed=1), rec(1, step_s=5.0)]) == 30.0  # warming up
+    assert detector.timeout([rec(0, phase="checkpoint"), rec(1, phase="start")]) == 120.0  # slow phases
+    assert HangDetector(timeout_s=7).timeout([rec(0, step_s=5.0)]) == 7
+
+
+def test_the_report_names_the_odd_rank_out_and_its_source_line():
+    detector = HangDetector(timeout_s=30)
+    ranks = [rec(0), rec(1, phase="data"), rec(2), rec(3)]
+    detector.observe(0.0, ranks)
+    hang = detector.observe(31.0, ranks)
+    report = hang_report(hang, {0: WAITING, 1: STACK, 2: WAITING, 3: WAITING}, saved_in="RUN/hang-1")
+    assert report.splitlines() == [
+        "shoal: no rank made progress for 31 s (hang timeout 30 s)",
+        "rank 1 (node n0) is in data at step 57 at train.py:88 in load_batch; "
+        "ranks 0, 2-3 wait in collective #1204 at step 57 at train.py:40 in <module>",
+        "full stacks: RUN/hang-1",
+    ]
+
+
+def test_with_two_ranks_the_one_not_waiting_is_the_odd_one():
+    hang = HangDetector(timeout_s=1)
+    ranks = [rec(0, phase="data"), rec(1)]
+    hang.observe(0.0, ranks)
+    report = hang_report(hang.observe(2.0, ranks), {})
+    assert "rank 0 (node n0) is in data at step 57; rank 1 waits in collective #1204 at step 57" in report
+
+
+def test_where_skips_library_frames_and_other_threads():
+    assert where(STACK) == "train.py:88 in load_batch"
+    assert where(WAITING) == "train.py:40 in <module>"
+    assert where("") == ""
+
+
+def test_a_persistent_straggler_is_named_and_a_blip_is_not():
+    judge = StragglerJudge(margin=1.3, persistence=3)
+    normal = {0: 0.010, 1: 0.011, 2: 0.010, 3: 0.0105}
+    assert judge.window({**normal, 2: 0.05}) == []  # a blip
+    assert judge.window(normal) == []
+    assert judge.window({**normal, 3: 0.02}) == []
+    assert judge.window({**normal, 3: 0.02}) == []
+    assert judge.window({**normal, 3: 0.02}) == [3]
+    assert judge.window({**normal, 3: 0.012}) == []  # within the margin again
+
+
+# -- real processes --------------------------------------------------------------------------------
+
+
+def _ranks(directory, n=2):
+    ranks = read_progress(directory)
+    return ranks if len(ranks) == n else []
+
+
+def _blocked(directory, hang_step):
+    """Rank 1 stuck in data loading at ``hang_step`` while rank 0 entered the all_reduce."""
+    ranks = _ranks(directory)
+    return bool(ranks) and (ranks[0].phase, ranks[0].step, ranks[1].phase, ranks[1].step) == (
+        "collective", hang_step, "data", hang_step
+    )  # fmt: skip
+
+
+@pytest.mark.multiprocess
+def test_the_stack_of_a_rank_blocked_in_a_gloo_all_reduce_is_dumped(tmp_path):
+    procs = start_job(tmp_path, HANG_RANK="1", HANG_STEP="3")
+    try:
+        wait_for(lambda: _blocked(tmp_path, 3), timeout=120)
+        time.sleep(0.5)  # from the phase store into the C++ all_reduce
+        waiting, sleeping = read_progress(tmp_path)
+        text = dump_stacks(waiting)
+        assert "in all_reduce" in text and "progress_worker.py" in text, text
+        assert where(text).startswith("progress_worker.py:") and where(text).endswith("in <module>")
+        assert where(dump_stacks(sleeping)).endswith("in load_batch")
+        assert waiting.alive and sleeping.alive  # a dump does not stop anyone
+        assert procs[0].poll() is None
+    finally:
+        stop_job(procs)
+
+
+@pytest.mark.multiprocess
+def test_the_monitor_reports_a_real_hang_within_its_timeout(tmp_path):
+    progress, events = tmp_path / "progress", []
+    procs = start_job(progress, HANG_RANK="1", HANG_STEP="10")
+    monitor = Monitor(progress, tmp_path, detector=HangDetector(timeout_s=3.0), on_hang=events.append, interval_s=0.25)
+    monitor.start()
+    try:
+        wait_for(lambda: events, timeout=180)
+        (event,) = events
+        hang_started = max(r.phase_since_wall for r in read_progress(progress))
+        took = time.time() - hang_started
+        assert took < 3.0 + 5.0, took  # timeout + polls + stack dumps
+        lines = event.report.splitlines()
+        assert lines[1].startswith("rank 1 (node ") and " is in data at step 10 at progress_worker.py:" in lines[1]
+        assert "in load_batch; rank 0 waits in collective #11 at step 10 at progress_worker.py:" in lines[1]
+        assert lines[2] == f"full stacks: {event.directory}"
+        assert {p.name for p in event.directory.iterdir()} == {"rank-0.txt", "rank-1.txt", "report.txt"}
+        assert "in all_reduce" in (event.directory / "rank-0.txt").read_text()
+        assert (
+            "time.sleep" in (event.directory / "rank-1.txt").read_text()
+            or "load_batch" in (event.directory / "rank-1.txt").read_text()
+        )
+        print("\n" + event.report)
+    finally:
+        monitor.stop()
+        stop_job(procs)
+
+
+@pytest.mark.multiprocess
+def test_the_monitor_names_a_persistent_straggler(tmp_path):
+    progress, lines = tmp_path / "progress", []
+    procs = start_job(progress, SLOW_RANK="1")
+    monitor = Monitor(progress, tmp_path, on_straggler=lines.append, interval_s=0.25, window_s=1.0)
+    try:
+        wait_for(lambda: all(r.steps_timed >= 3 for r in _ranks(progress)), timeout=120)
+        monitor.start()
+        wait_for(lambda: lines, timeout=30)
+        assert lines[0].startswith("shoal: rank 1 (node ") and " straggles: " in lines[0], lines
+        assert monitor.stragglers == {1}
+        assert not monitor.events
+    finally:
+        monitor.stop()
+        stop_job(procs)
+
+
+@pytest.mark.multiprocess
+def test_stop_processes_kills_a_rank_that_sigterm_cannot_stop(tmp_path):
+    # Rank 0 waits in all_reduce with a Python SIGTERM handler (as shoal.preemption installs): the
+    # handler does not run inside the collective, so only SIGKILL stops it.
+    procs = start_job(tmp_path, HANG_RANK="1", HANG_STEP="2", TERM_HANDLER="1")
+    try:
+        wait_for(lambda: _blocked(tmp_path, 2), timeout=120)
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert stop_processes([procs[0].pid], grace_s=2.0) == [procs[0].pid]
+        assert 2.0 <= time.monotonic() - started < 10
+        assert procs[0].wait(timeout=5) == -9
+        # The sleeping rank runs its handler: SIGTERM is enough.
+        assert stop_processes([procs[1].pid], grace_s=10.0) == []
+        assert procs[1].wait(timeout=5) == 143
+    finally:
+        stop_job(procs)
+
+
+def test_stop_processes_on_nothing_left():
+    assert stop_processes([], grace_s=1.0) == []
