@@ -18,6 +18,9 @@ from shoal.errors import ShoalError
 from shoal.launch.watchdog import HangDetector, StragglerJudge, dump_stacks, format_ranks
 from shoal.progress import RankProgress, read_progress
 
+STRAGGLER_MIN_STEPS = 20
+"""Steps every rank must have done before ``shoal status`` names a straggler from the running means."""
+
 EXAMPLES = """\
 examples:
   shoal status runs/digits              # one row per rank, and the verdict
@@ -85,8 +88,11 @@ def verdict(ranks: list[RankProgress], run_dir: Path) -> dict:
         if reports:
             text += f"; report: {reports[-1]}"
         return {"state": "hung", "text": text, "stalled_s": stalled, "timeout_s": timeout}
+    # One look at the running means (the monitor judges windows instead): enough steps that a blip
+    # is diluted.
     compute = {r.rank: r.total_compute_s / r.steps_timed for r in live if r.steps_timed}
-    slow = StragglerJudge(persistence=1).window(compute)
+    enough = all(r.steps_timed >= STRAGGLER_MIN_STEPS for r in live)
+    slow = StragglerJudge(persistence=1).window(compute) if enough else []
     if slow:
         others = {rank: statistics.median(v for r, v in compute.items() if r != rank) for rank in slow}
         parts = [f"rank {rank} straggles ({compute[rank] / others[rank]:.2f}x the others' compute)" for rank in slow]
