@@ -246,3 +246,11 @@ def test_names_and_listing_follow_the_managers_order(tmp_path):
     names = [p.name for p in sharded_checkpoints(tmp_path)]
     assert names == [checkpoint_name(1, 30), checkpoint_name(2, 5), checkpoint_name(10, 1)]
     assert sharded_checkpoints(tmp_path / "missing") == []
+
+
+def test_an_unwritable_directory_is_one_line_with_a_hint(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ShoalError, match=r"cannot write the checkpoint .*ckpt-e00000-s000000001.dcp") as err:
+        save_sharded(blocker / checkpoint_name(0, 1), {"model": nn.Linear(2, 2)})
+    assert "permissions" in err.value.hint

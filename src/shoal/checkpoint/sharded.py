@@ -146,10 +146,8 @@ def save_sharded(
     # counter: resuming would not be exact. Such optimizers are left out and stay fresh on load.
     stepped = [i for i, opt in enumerate(optimizers) if opt.state]
     rank, world = collectives.rank(), collectives.world_size()
+    problem = None
     if rank == 0:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale(final.parent)
-        tmp.mkdir()
         meta = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -159,10 +157,14 @@ def save_sharded(
             "optimizers": len(optimizers),
             "stepped_optimizers": stepped,
         }
-        with open(tmp / META, "w") as f:
-            json.dump(meta, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            _prepare(tmp, meta)
+        except OSError as err:
+            problem = f"cannot write the checkpoint {final}: {err.strerror or err} ({err.filename or tmp.parent})"
+    # Every rank learns of rank 0's failure here, instead of waiting for it in a collective.
+    problem = collectives.broadcast_object(problem)
+    if problem:
+        raise ShoalError(problem, "check the checkpoint directory's permissions and free space")
     group = _checkpoint_group()
     to_save = _dcp_state(model, [optimizers[i] for i in stepped])
     to_save["shoal"] = _shoal_blob(objects, per_rank, extra)
@@ -330,6 +332,18 @@ def remove_stale(parent: str | os.PathLike) -> None:
     for stale in Path(parent).glob(f"{TMP_PREFIX}ckpt-*"):
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _prepare(tmp: Path, meta: dict[str, Any]) -> None:
+    """Rank 0: an empty temporary directory beside the final one, holding ``shoal.json``."""
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(tmp.parent)
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed save of the same name (any name)
+    tmp.mkdir()
+    with open(tmp / META, "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _commit(tmp: Path, final: Path, on_commit: Callable[[Path], None] | None) -> None:
