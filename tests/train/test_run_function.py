@@ -53,19 +53,27 @@ def main():
     mode = sys.argv[1]
     print(f"DRIVER {os.getpid()}", flush=True)
     if mode == "value":
-        result = shoal.run(probe, "a", kwargs={"scale": 10}, nproc=2)
+        result = shoal.run(probe, "a", kwargs={"scale": 10}, nproc=2, threads=2)  # the fork probe runs, passes
     elif mode == "spawn-all":
         result = shoal.run(probe, "b", nproc=2, start_method="spawn", all_ranks=True)
     elif mode == "fail":
         result = shoal.run(fail_on_rank_1, nproc=2)
     elif mode == "lambda":
         result = shoal.run(lambda: 1, nproc=2, start_method="spawn")
+    elif mode == "threads-used":  # a notebook that ran a model first: GNU OpenMP's pool exists here
+        torch.set_num_threads(2)
+        torch.ones(1 << 20).exp_()
+        result = shoal.run(probe, "t", nproc=2, threads=2)
     elif mode == "node":  # one node of two, on this machine: node rank and port in argv
         node_rank, port = int(sys.argv[3]), int(sys.argv[4])
         result = shoal.run(probe, "n", nnodes=2, node_rank=node_rank, master_addr="127.0.0.1", master_port=port)
     elif mode == "outer":  # started as one rank of a job: fn runs here, no workers of its own
         result = shoal.run(probe, "d", nproc=2)
         result["pid"] = os.getpid()
+        # in a file, not on stdout: the two ranks share the launcher's stdout, and lines can interleave
+        with open(os.path.join(os.path.dirname(MARKS), f"result-{result['rank']}.json"), "w") as out:
+            json.dump(result, out)
+        return
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -154,6 +162,14 @@ def test_a_lambda_cannot_be_spawned_one_line_and_a_hint_before_any_worker(driver
     assert "workers started" not in proc.stdout + proc.stderr
 
 
+def test_forking_after_parallel_torch_work_is_refused_in_one_line_instead_of_hanging(driver):
+    proc, results, ran = driver("threads-used")
+    assert proc.returncode != 0 and not results and not ran  # no worker started
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("shoal: error: shoal.run cannot fork workers with 2 threads each: this process")
+    assert lines[1].startswith("HINT: call shoal.run before any torch computation") and len(lines) == 2
+
+
 def test_a_function_typed_into_a_repl_runs_on_forked_workers_and_is_refused_for_spawn():
     code = (
         "import shoal, torch.distributed as dist\n"
@@ -200,9 +216,10 @@ def test_as_one_node_of_two_the_node_with_rank_0_gets_its_value_and_the_other_no
     assert sorted(int(p.name.split("-")[1]) for p in marks.iterdir()) == [0, 1]  # one worker per node
 
 
-def test_as_one_rank_of_an_outer_job_fn_runs_here_once_per_rank(driver):
-    proc, results, ran = driver("outer", launcher=tuple(shoal_cmd("run", "--nproc", "2")))
+def test_as_one_rank_of_an_outer_job_fn_runs_here_once_per_rank(driver, tmp_path):
+    proc, _, ran = driver("outer", launcher=tuple(shoal_cmd("run", "--nproc", "2")))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("result-*.json"))]
     assert sorted((r["rank"], r["world"], r["sum"]) for r in results) == [(0, 2, 3.0), (1, 2, 3.0)]
     # fn ran once per rank, in the rank's own process: no workers of workers
     assert ran == sorted((r["rank"], r["pid"]) for r in results)

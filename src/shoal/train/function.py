@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -30,8 +31,9 @@ from shoal.launch.options import LaunchOptions
 from shoal.train.entry import peer_gone
 
 _LAUNCH_OPTIONS = frozenset(f.name for f in dataclasses.fields(LaunchOptions))
-_VICTIM_WAIT_S = 2.0
 _INIT_OPTIONS = frozenset({"device", "backend", "seed", "init_timeout", "timeout", "threads"})
+_VICTIM_WAIT_S = 2.0
+"""How long a rank whose collective failed because a peer is gone waits before it exits (see _run_call)."""
 
 
 def run(
@@ -88,6 +90,8 @@ def run(
     method = resolve_start_method(launch.start_method, _device_type(call.init_options.get("device", "auto"), launch))
     if method == "spawn":
         _check_picklable(call)
+    else:
+        _check_fork_safe(_worker_threads(call.init_options.get("threads"), launch.nproc))
     results = launch_local(_run_call, (call,), options=dataclasses.replace(launch, start_method=method))
     by_rank = dict(results.values())  # {global rank: value} of this node's ranks
     if all_ranks:
@@ -189,6 +193,49 @@ def _device_type(device: str, launch: LaunchOptions) -> str:
             os.environ.pop(name, None)
         else:
             os.environ[name] = saved
+
+
+def _worker_threads(threads: int | None, nproc: int) -> int:
+    """The intra-op threads each worker will use (as shoal.init's configure_threads decides)."""
+    from shoal.env.host import threads_per_process
+
+    if threads is not None:
+        return threads
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else threads_per_process(nproc)
+
+
+def _check_fork_safe(threads: int, timeout_s: float = 10.0) -> None:
+    """Fail in one line where forked workers would hang: this process ran a parallel torch
+    operation (its GNU OpenMP thread pool exists), and a child of it hangs in its first parallel
+    region (tests/train/test_train_fork.py shows the hazard). A notebook that built or ran a model
+    before calling shoal.run is in that state. Nothing to check when the workers use one thread;
+    otherwise a forked probe runs one small parallel operation, within ``timeout_s``.
+    """
+    if threads < 2 or "torch" not in sys.modules:
+        return
+    import torch
+
+    pid = os.fork()
+    if pid == 0:  # the probe: exit 0 once a parallel region has run
+        try:
+            torch.set_num_threads(threads)
+            torch.ones(1 << 17).exp_()  # several grains of at::parallel_for: every thread of the pool
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise ShoalError(
+        f"shoal.run cannot fork workers with {threads} threads each: this process already ran torch "
+        "operations on several threads, and GNU OpenMP's pool does not survive a fork (they would hang)",
+        "call shoal.run before any torch computation in this process (a fresh kernel), or set "
+        "torch.set_num_threads(1) first thing, or pass threads=1, or start_method='spawn' with fn in a .py module",
+    )
 
 
 def _check_picklable(call: _Call) -> None:
