@@ -159,6 +159,8 @@ def _has_params(module: nn.Module) -> bool:
 
 def is_fsdp(model: nn.Module) -> bool:
     """Whether ``model`` (or any module inside it) was sharded by FSDP2."""
+    if not torch.distributed.is_available():  # a torch build without distributed has no FSDP
+        return False
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in model.modules())
