@@ -29,7 +29,10 @@ program. See docs/LAUNCHERS.md and docs/KUBERNETES.md for copy-paste commands.""
 
 
 def parser(prog: str, description: str, epilog: str = EXAMPLES) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+    """A ``shoal launch`` form's parser: a bad option is one line and a HINT, not argparse's usage block."""
+    from shoal.cli.parser import ArgumentParser
+
+    return ArgumentParser(
         prog=prog,
         description=textwrap.fill(description, 100),
         epilog=epilog,

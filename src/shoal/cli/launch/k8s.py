@@ -109,17 +109,14 @@ def runai_parser() -> argparse.ArgumentParser:
 
 
 def image_parser() -> argparse.ArgumentParser:
-    from shoal.cli.parser import errors_with_hints
     from shoal.launch.render.image import DEFAULT_BASE_IMAGE
 
-    p = errors_with_hints(  # an unknown option is one line and a HINT, not argparse's usage block
-        parser(
-            "shoal launch image",
-            "Write a Dockerfile and a .dockerignore for the job's image: a PyTorch base image, shoal and "
-            "your requirements installed, this directory copied, shoal as the entry point. The files are "
-            "always ./Dockerfile and ./.dockerignore (docker build reads them from the build context); "
-            "files of those names that shoal did not write are never replaced.",
-        )
+    p = parser(
+        "shoal launch image",
+        "Write a Dockerfile and a .dockerignore for the job's image: a PyTorch base image, shoal and "
+        "your requirements installed, this directory copied, shoal as the entry point. The files are "
+        "always ./Dockerfile and ./.dockerignore (docker build reads them from the build context); "
+        "files of those names that shoal did not write are never replaced.",
     )
     p.add_argument("--base-image", default=DEFAULT_BASE_IMAGE, help=f"base image (default {DEFAULT_BASE_IMAGE})")
     p.add_argument("--requirements", metavar="FILE", help="a pip requirements file to install (relative path)")
