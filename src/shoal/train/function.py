@@ -9,7 +9,11 @@ same failure report (the failing rank's own traceback), the same rule for a proc
 one rank of someone else's job (torchrun, srun, mpirun, a pod): it runs ``fn`` itself, as that rank.
 
 Each worker calls :func:`shoal.init` (``shoal.current()`` or ``shoal.init()`` in ``fn`` return that
-context), then ``fn(*args, **kwargs)``, then leaves the group.
+context), then ``fn(*args, **kwargs)``, waits for the other ranks, and leaves the group.
+
+Checked before any worker starts, each as one line and a hint: an unknown option; for spawned
+workers, a function they could not unpickle (a lambda, a closure, a function typed into a notebook);
+for forked ones, a process whose GNU OpenMP pool would hang them (:func:`_check_fork_safe`).
 """
 
 from __future__ import annotations
