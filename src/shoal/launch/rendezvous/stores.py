@@ -123,7 +123,9 @@ def answer_within(call: Callable[[], _T], timeout: float) -> _T:
     handler: the launcher's SIGTERM waited as long. Here the main thread waits on a lock, which a
     signal interrupts, so SIGTERM is handled at once, and the wait ends at ``timeout`` with
     :class:`StoreSilent`; the helper thread (a daemon) is left to TCP and never delays the exit.
-    Exceptions of ``call`` are raised here.
+    Exceptions of ``call`` are raised here. (Residual risk: should the silent host reset the
+    connection in the very milliseconds this process finalises, the helper's C++ error can abort
+    the exit, seen once in a test that killed the server as its process ended.)
     """
     outcome: list[Any] = []
 
