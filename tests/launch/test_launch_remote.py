@@ -96,3 +96,17 @@ def test_mpirun_reports_a_consequence_alone_after_the_settle_time_and_stops_the_
 @needs_mpirun
 def test_mpirun_all_ranks_succeed():
     assert remote.run_mpirun(_mpirun_argv("exit 0"), ranks=["a", "b"]) == 0
+
+
+@needs_mpirun
+def test_the_rank_wrapper_starts_without_a_warning_on_every_rank(tmp_path):
+    """``python -m shoal.launch.remote.rank_status`` found itself imported by its own package (runpy's
+    RuntimeWarning, once per rank, in every ``shoal launch --via mpirun`` job's output)."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal", "launch", "--hosts", "localhost:2", "--via", "mpirun", "--", "sh", "-c", "true"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Warning" not in proc.stderr and "Warning" not in proc.stdout, proc.stderr

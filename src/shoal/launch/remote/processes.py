@@ -26,7 +26,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
-from shoal.launch.remote.rank_status import STATUS_MARKER
 
 GRACE_S = 20.0
 """How long stopped launchers get to stop their workers before they are killed."""
@@ -37,6 +36,10 @@ SSH_HINT = (
     "install an SSH client (Debian/Ubuntu: apt-get install openssh-client), give --rsh PROGRAM, or use --via mpirun"
 )
 KUBECTL_TIMEOUT_S = 90.0
+STATUS_MARKER = "shoal-rank-status:"
+"""What :mod:`.rank_status` writes before each rank's exit status. Defined here, the module that reads
+it, so that ``python -m shoal.launch.remote.rank_status`` does not find itself already imported by the
+package (runpy's RuntimeWarning on every rank)."""
 _STATUS_LINE = re.compile(re.escape(STATUS_MARKER) + r" rank=(\d+) status=(\d+)")
 
 

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 
 from shoal.errors import ShoalError
 from shoal.launch.as_torchrun import environment_for, parse_argv
-
-STATUS_MARKER = "shoal-rank-status:"
+from shoal.launch.remote.processes import STATUS_MARKER
 
 
 def main(argv: Sequence[str] | None = None) -> int:
