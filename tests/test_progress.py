@@ -16,7 +16,11 @@ from shoal.progress import ENV_DIR, PHASES, STACKS_SIGNAL, ProgressWriter, read_
 def _child(code: str, directory, **env: str) -> subprocess.Popen:
     environ = dict(os.environ, **{ENV_DIR: str(directory)}, **env)
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)], env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=environ,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -44,7 +48,13 @@ def test_a_record_written_in_one_process_reads_back_in_another(tmp_path):
     try:
         assert child.stdout.readline().strip() == "ready"
         (record,) = read_progress(tmp_path)
-        assert (record.rank, record.local_rank, record.world_size, record.pid, record.host) == (3, 1, 4, child.pid, "node-a")
+        assert (record.rank, record.local_rank, record.world_size, record.pid, record.host) == (
+            3,
+            1,
+            4,
+            child.pid,
+            "node-a",
+        )
         assert (record.step, record.phase, record.collectives) == (42, "collective", 2)
         assert (record.step_s, record.compute_s, record.wait_s, record.samples) == (0.3, 0.25, 0.05, 32)
         assert (record.steps_timed, record.total_samples) == (1, 32)
@@ -138,6 +148,21 @@ def test_cost_of_a_phase_call_and_of_a_step(tmp_path):
     step_s = min(timeit.repeat(step, number=number, repeat=3)) / number
     off = ProgressWriter(None)
     off_step_s = min(timeit.repeat(lambda: off.phase("forward"), number=number, repeat=3)) / number
-    print(f"\nphase(): {phase_s * 1e6:.2f} us; a step's calls: {step_s * 1e6:.2f} us; disabled phase(): {off_step_s * 1e6:.2f} us")
+    print(
+        f"\nphase(): {phase_s * 1e6:.2f} us; a step's calls: {step_s * 1e6:.2f} us; disabled phase(): {off_step_s * 1e6:.2f} us"
+    )
     assert read_one(writer.path).steps_timed == 3 * number
     writer.close()
+
+
+def test_a_restarted_writer_replaces_the_record_without_truncating_it(tmp_path):
+    first = ProgressWriter(tmp_path, 2, stacks=False)
+    first.step_done(8, 0.1)
+    old = os.stat(first.path).st_ino
+    second = ProgressWriter(tmp_path, 2, stacks=False)  # a new attempt's worker for the same rank
+    assert os.stat(second.path).st_ino != old  # a new file renamed over: readers of the old one keep it
+    (record,) = read_progress(tmp_path)
+    assert (record.steps_timed, record.step) == (0, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-2.progress"]
+    first.close()
+    second.close()

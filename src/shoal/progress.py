@@ -139,7 +139,10 @@ class ProgressWriter:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.path = progress_path(directory, rank)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # A new file renamed over the old one (a restarted worker's): a reader that has the old one
+        # mapped keeps reading it, where truncating it in place would give that reader a SIGBUS.
+        temporary = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, SIZE)
             self._map = mmap.mmap(fd, SIZE)
@@ -155,6 +158,7 @@ class ProgressWriter:
         )  # fmt: skip
         self._write_step(0.0, 0.0, 0.0, 0)
         self._write_phase()
+        os.replace(temporary, self.path)
 
     @classmethod
     def from_env(cls, rank: int | None = None, *, stacks: bool = True) -> ProgressWriter:
@@ -234,25 +238,31 @@ def read_one(path: str | os.PathLike, attempts: int = 1000) -> RankProgress | No
     """One rank's record, or None when the file is not (yet) a record. Retries a torn read."""
     try:
         with open(path, "rb") as f:
-            fd = f.fileno()
-            for _ in range(attempts):
-                before = os.pread(fd, SIZE, 0)  # the tails, read before the body ...
-                data = os.pread(fd, SIZE, 0)
-                after = os.pread(fd, SIZE, 0)  # ... the heads after it
-                if len(after) < SIZE or data[:4] != _MAGIC:
-                    return None
-                if _whole(before, data, after, _PHASE, _PHASE_AT) and _whole(before, data, after, _STEP, _STEP_AT):
-                    return _decode(data, str(path))
-                time.sleep(0.0001)
-    except FileNotFoundError:
+            if os.fstat(f.fileno()).st_size < SIZE:
+                return None
+            view = mmap.mmap(f.fileno(), SIZE, prot=mmap.PROT_READ)
+    except (FileNotFoundError, ValueError):
         return None
+    with view:
+        if view[:4] != _MAGIC:
+            return None
+        # Copies from the shared page (no system call between them, so the window a writer can hit
+        # is a fraction of a microsecond): the tails before the body, the heads after it.
+        for _ in range(attempts):
+            before = view[_PHASE_AT:SIZE]
+            data = view[:SIZE]
+            after = view[_PHASE_AT:SIZE]
+            if _whole(before, data, after, _PHASE, _PHASE_AT) and _whole(before, data, after, _STEP, _STEP_AT):
+                return _decode(data, str(path))
+            time.sleep(0.0001)
     return None
 
 
 def _whole(before: bytes, data: bytes, after: bytes, region: struct.Struct, at: int) -> bool:
+    # ``before`` and ``after`` start at _PHASE_AT.
     tail_at = at + region.size - 8
-    (tail,) = _U64.unpack_from(before, tail_at)
-    (head,) = _U64.unpack_from(after, at)
+    (tail,) = _U64.unpack_from(before, tail_at - _PHASE_AT)
+    (head,) = _U64.unpack_from(after, at - _PHASE_AT)
     return head == tail and _U64.unpack_from(data, at) == _U64.unpack_from(data, tail_at) == (head,)
 
 

@@ -4,6 +4,8 @@ rank that SIGTERM cannot stop stopped by SIGKILL."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -232,3 +234,15 @@ def test_stop_processes_kills_a_rank_that_sigterm_cannot_stop(tmp_path):
 
 def test_stop_processes_on_nothing_left():
     assert stop_processes([], grace_s=1.0) == []
+
+
+def test_no_signal_is_sent_to_a_rank_without_the_stacks_handler():
+    # SIGUSR2's default action terminates: a rank that did not register it must not get it.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert dump_stacks(rec(0, pid=child.pid, stacks_signal=0), timeout_s=1) == ""
+        time.sleep(0.3)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
