@@ -16,6 +16,7 @@ from shoal.launch.watchdog import (
     HangDetector,
     Monitor,
     StragglerJudge,
+    dump_all_stacks,
     dump_stacks,
     format_ranks,
     hang_report,
@@ -162,6 +163,10 @@ def test_the_stack_of_a_rank_blocked_in_a_gloo_all_reduce_is_dumped(tmp_path):
         assert "in all_reduce" in text and "progress_worker.py" in text, text
         assert where(text).startswith("progress_worker.py:") and where(text).endswith("in <module>")
         assert where(dump_stacks(sleeping)).endswith("in load_batch")
+        started = time.monotonic()
+        both = dump_all_stacks([waiting, sleeping])  # signals first, then collected: as long as one
+        assert time.monotonic() - started < 2.0
+        assert "in all_reduce" in both[0] and "in load_batch" in both[1]
         assert waiting.alive and sleeping.alive  # a dump does not stop anyone
         assert procs[0].poll() is None
     finally:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from shoal.errors import ShoalError
-from shoal.launch.watchdog import HangDetector, StragglerJudge, dump_stacks, format_ranks
+from shoal.launch.watchdog import HangDetector, StragglerJudge, dump_all_stacks, format_ranks
 from shoal.progress import RankProgress, read_progress
 
 STRAGGLER_MIN_STEPS = 20
@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     state = verdict(ranks, run_dir)
     rows = [row(r, now) for r in ranks]
-    stacks = {r.rank: dump_stacks(r) for r in ranks if r.alive and r.phase != "done"} if args.stacks else {}
+    live = [r for r in ranks if r.alive and r.phase != "done"]
+    stacks = ({r.rank: "" for r in live} | dump_all_stacks(live)) if args.stacks else {}
     if args.json:
         payload = {
             "run_dir": str(run_dir),

@@ -239,26 +239,41 @@ def straggler_line(rank: int, ranks: Sequence[RankProgress], compute: dict[int, 
 def dump_stacks(record: RankProgress, timeout_s: float = 5.0) -> str:
     """Every thread's stack of the rank behind ``record``, as faulthandler writes it; "" when the rank
     did not register the signal, is gone, or wrote nothing within ``timeout_s``."""
-    if not record.stacks_signal:
-        return ""
-    path = record.stacks_file
-    start = path.stat().st_size if path.exists() else 0
-    try:
-        os.kill(record.pid, record.stacks_signal)
-    except (ProcessLookupError, PermissionError):
-        return ""
+    return dump_all_stacks([record], timeout_s).get(record.rank, "")
+
+
+def dump_all_stacks(records: Sequence[RankProgress], timeout_s: float = 5.0) -> dict[int, str]:
+    """:func:`dump_stacks` for many ranks at once: every signal is sent first, then the dumps are
+    collected, so eight ranks take as long as one."""
+    started: dict[int, tuple[Path, int]] = {}
+    for record in records:
+        if not record.stacks_signal:
+            continue  # its default action would terminate the rank
+        path = record.stacks_file
+        start = path.stat().st_size if path.exists() else 0
+        try:
+            os.kill(record.pid, record.stacks_signal)
+        except (ProcessLookupError, PermissionError):
+            continue
+        started[record.rank] = (path, start)
+    sizes = {rank: (start, time.monotonic()) for rank, (_, start) in started.items()}
     deadline = time.monotonic() + timeout_s
-    size, quiet_since = start, time.monotonic()
-    while time.monotonic() < deadline:
+    pending = set(started)
+    while pending and time.monotonic() < deadline:
         time.sleep(0.02)
-        now_size = path.stat().st_size if path.exists() else 0
-        if now_size != size:
-            size, quiet_since = now_size, time.monotonic()
-        elif size > start and time.monotonic() - quiet_since > 0.1:
-            break  # the dump is written in one go from the handler; quiet for 100 ms means done
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(size - start).decode(errors="replace")
+        for rank in list(pending):
+            path, start = started[rank]
+            size = path.stat().st_size if path.exists() else 0
+            if size != sizes[rank][0]:
+                sizes[rank] = (size, time.monotonic())
+            elif size > start and time.monotonic() - sizes[rank][1] > 0.1:
+                pending.discard(rank)  # written in one go from the handler: quiet for 100 ms is done
+    stacks = {}
+    for rank, (path, start) in started.items():
+        with open(path, "rb") as f:
+            f.seek(start)
+            stacks[rank] = f.read(sizes[rank][0] - start).decode(errors="replace")
+    return stacks
 
 
 def _alive(pid: int) -> bool:
@@ -387,10 +402,9 @@ class Monitor:
     def _report(self, hang: Hang) -> HangEvent:
         directory = self.run_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
         directory.mkdir(parents=True, exist_ok=True)
-        stacks = {}
+        stacks = dump_all_stacks([r for r in hang.ranks if r.alive])
         for r in hang.ranks:
-            stacks[r.rank] = dump_stacks(r) if r.alive else ""
-            text = stacks[r.rank] or "(no stack: the rank did not register the stacks signal, or is gone)\n"
+            text = stacks.get(r.rank) or "(no stack: the rank did not register the stacks signal, or is gone)\n"
             head = f"rank {r.rank} pid {r.pid} node {r.host} step {r.step} phase {_activity(r)}\n\n"
             (directory / f"rank-{r.rank}.txt").write_text(head + text)
         report = hang_report(hang, stacks, saved_in=directory)
