@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -166,3 +167,19 @@ def test_a_restarted_writer_replaces_the_record_without_truncating_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-2.progress"]
     first.close()
     second.close()
+
+
+def test_a_summary_for_the_other_nodes_round_trips_marked_remote(tmp_path):
+    from shoal.progress import from_summary, to_summary
+
+    writer = ProgressWriter(tmp_path, 1, stacks=False)
+    writer.phase("backward", 9)
+    writer.step_done(16, 0.02, 0.01)
+    local = read_progress(tmp_path)
+    data = to_summary(local)
+    assert len(data) < 1024
+    (remote,) = from_summary(data)
+    assert remote.remote and not local[0].remote
+    assert (remote.rank, remote.step, remote.phase, remote.total_samples) == (1, 10, "backward", 16)
+    assert dataclasses.replace(remote, remote=False, path=local[0].path) == local[0]
+    writer.close()

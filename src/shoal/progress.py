@@ -23,7 +23,9 @@ This module sits in the lowest layer (no torch, nothing of shoal but errors): th
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
+import json
 import mmap
 import os
 import signal
@@ -98,10 +100,15 @@ class RankProgress:
     total_compute_s: float
     total_wait_s: float
     path: str = ""
+    remote: bool = False
+    """Read from another node's summary (:func:`from_summary`): its pid and clock are that node's."""
 
     @property
     def alive(self) -> bool:
-        """Whether the writing process still exists (on this node)."""
+        """Whether the writing process still exists (on this node; True for a remote record: its own
+        launcher watches it)."""
+        if self.remote:
+            return True
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -293,3 +300,15 @@ def read_progress(directory: str | os.PathLike) -> list[RankProgress]:
         return []
     found = [read_one(path) for path in directory.glob("rank-*.progress")]
     return sorted((record for record in found if record is not None), key=lambda r: r.rank)
+
+
+def to_summary(records: list[RankProgress]) -> bytes:
+    """This node's records as a few hundred bytes per rank, for the launchers to share through the
+    rendezvous store every few seconds."""
+    fields = [{k: v for k, v in dataclasses.asdict(r).items() if k not in ("path", "remote")} for r in records]
+    return json.dumps(fields, separators=(",", ":")).encode()
+
+
+def from_summary(data: bytes) -> list[RankProgress]:
+    """Another node's records from its :func:`to_summary` (marked ``remote``)."""
+    return [RankProgress(**fields, remote=True) for fields in json.loads(data)]

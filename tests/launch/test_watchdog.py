@@ -23,7 +23,7 @@ from shoal.launch.watchdog import (
     stop_processes,
     where,
 )
-from shoal.progress import RankProgress, read_progress
+from shoal.progress import ProgressWriter, RankProgress, read_progress
 
 
 def rec(
@@ -251,3 +251,44 @@ def test_no_signal_is_sent_to_a_rank_without_the_stacks_handler():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.multiprocess
+def test_two_launchers_share_progress_through_a_real_store_and_name_the_other_nodes_rank(tmp_path, monkeypatch):
+    # Two "nodes" (two progress directories, two monitors) sharing through a torch TCPStore as the
+    # launchers' rendezvous store would: node A's monitor names node B's stuck rank.
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    writers = {}
+    for node, rank in (("node-a", 0), ("node-b", 1)):
+        monkeypatch.setenv("SHOAL_NODE_NAME", node)
+        writers[node] = ProgressWriter(tmp_path / node / "progress", rank, stacks=False)
+    writers["node-a"].phase("data", 5)
+    writers["node-a"].collective()
+    writers["node-b"].phase("data", 5)
+
+    def monitor(node, other, events):
+        return Monitor(
+            tmp_path / node / "progress", tmp_path / node, detector=HangDetector(timeout_s=1.0),
+            on_hang=events.append, interval_s=0.1, share_s=0.2,
+            publish=lambda data: store.set(f"progress/{node}", data),
+            peers=lambda: [store.get(f"progress/{other}")] if store.check([f"progress/{other}"]) else [],
+        )  # fmt: skip
+
+    events_a, events_b = [], []
+    monitors = [monitor("node-a", "node-b", events_a).start(), monitor("node-b", "node-a", events_b).start()]
+    try:
+        wait_for(lambda: events_a and events_b, timeout=30)
+        for events in (events_a, events_b):
+            assert events[0].report.splitlines()[1] == (
+                "rank 1 (node node-b) is in data at step 5; rank 0 waits in collective #1 at step 5"
+            )
+        # Each launcher saves only its own ranks' stacks.
+        assert {p.name for p in events_a[0].directory.iterdir()} == {"rank-0.txt", "report.txt"}
+        assert {p.name for p in events_b[0].directory.iterdir()} == {"rank-1.txt", "report.txt"}
+    finally:
+        for m in monitors:
+            m.stop()
+        for w in writers.values():
+            w.close()

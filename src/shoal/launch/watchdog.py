@@ -10,7 +10,9 @@ With processes: :func:`dump_stacks` has a rank's faulthandler write every thread
 while the rank is blocked in a collective); :func:`stop_processes` sends SIGTERM, then SIGKILL after
 the grace (a rank blocked in a gloo collective runs no Python signal handler, so SIGTERM alone may
 never stop it); :class:`Monitor` is the thread that polls the channel every second beside torch's
-agent and, on a hang, saves the stacks under ``RUN_DIR/hang-<time>/`` and calls ``on_hang``.
+agent and, on a hang, saves the stacks under ``RUN_DIR/hang-<time>/`` and calls ``on_hang``; given
+``publish``/``peers`` (the rendezvous store's set/get, from the launch core) it shares its node's
+records with the other launchers every ``share_s`` and judges the whole job.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shoal.progress import RankProgress, read_progress
+from shoal.progress import RankProgress, from_summary, read_progress, to_summary
 
 HANG_FLOOR_S = 30.0
 """The shortest hang timeout. With a 1 s poll and a stack dump of about a second, a hang is reported
@@ -350,6 +352,9 @@ class Monitor:
         on_straggler: Callable[[str], None] | None = None,
         interval_s: float = 1.0,
         window_s: float = 10.0,
+        publish: Callable[[bytes], None] | None = None,
+        peers: Callable[[], list[bytes]] | None = None,
+        share_s: float = 5.0,
     ) -> None:
         self.progress_dir = Path(progress_dir)
         self.run_dir = Path(run_dir)
@@ -365,6 +370,10 @@ class Monitor:
         self._thread = threading.Thread(target=self._run, name="shoal-watchdog", daemon=True)
         self._window_start: dict[int, tuple[int, float]] = {}
         self._window_at = 0.0
+        self.publish, self.peers, self.share_s = publish, peers, share_s
+        self._shared_at = -float("inf")
+        self._remote: list[RankProgress] = []
+        self._share_failed = False
 
     def start(self) -> Monitor:
         self._window_at = time.monotonic()
@@ -387,6 +396,11 @@ class Monitor:
         """One look at the channel (the thread calls this every ``interval_s``)."""
         now = time.monotonic() if now is None else now
         ranks = read_progress(self.progress_dir)
+        if now - self._shared_at >= self.share_s:
+            self._shared_at = now
+            self._share(ranks)
+        own = {r.rank for r in ranks}
+        ranks += [r for r in self._remote if r.rank not in own]
         hang = self.detector.observe(now, ranks)
         if now - self._window_at >= self.window_s:
             self._judge(ranks)
@@ -399,11 +413,26 @@ class Monitor:
             self.on_hang(event)
         return event
 
+    def _share(self, local: list[RankProgress]) -> None:
+        """Publish this node's records and fetch the other nodes' (through the rendezvous store, by
+        the callables the launch core hands in); a failure keeps the last ones and is said once."""
+        try:
+            if self.publish is not None:
+                self.publish(to_summary(local))
+            if self.peers is not None:
+                self._remote = [r for data in self.peers() for r in from_summary(data)]
+        except Exception as err:
+            if not self._share_failed:
+                print(f"shoal: watchdog: cannot share progress with the other nodes: {err}", file=sys.stderr)
+            self._share_failed = True
+
     def _report(self, hang: Hang) -> HangEvent:
         directory = self.run_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
         directory.mkdir(parents=True, exist_ok=True)
-        stacks = dump_all_stacks([r for r in hang.ranks if r.alive])
+        stacks = dump_all_stacks([r for r in hang.ranks if not r.remote and r.alive])
         for r in hang.ranks:
+            if r.remote:
+                continue  # its own launcher dumps it, under its run directory
             text = stacks.get(r.rank) or "(no stack: the rank did not register the stacks signal, or is gone)\n"
             head = f"rank {r.rank} pid {r.pid} node {r.host} step {r.step} phase {_activity(r)}\n\n"
             (directory / f"rank-{r.rank}.txt").write_text(head + text)
