@@ -25,7 +25,10 @@ def start_job(progress_dir: Path, nproc: int = 2, **env: str) -> list[subprocess
         environ = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc))
         environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SHOAL_PROGRESS_DIR=str(progress_dir))
         environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **env)
-        procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=environ, stderr=subprocess.PIPE, text=True))
+        # stderr into a file, not a pipe nobody reads: a full pipe would block the worker (a false hang).
+        progress_dir.mkdir(parents=True, exist_ok=True)
+        with open(progress_dir / f"worker-{rank}.log", "w") as log:
+            procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=environ, stderr=log))
     return procs
 
 
@@ -35,5 +38,3 @@ def stop_job(procs: list[subprocess.Popen]) -> None:
             proc.kill()
     for proc in procs:
         proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
