@@ -12,6 +12,7 @@ import pytest
 
 from procs import wait_for
 from progress_job import start_job, stop_job
+from shoal.errors import ShoalError
 from shoal.launch.watchdog import (
     HangDetector,
     Monitor,
@@ -19,6 +20,7 @@ from shoal.launch.watchdog import (
     dump_all_stacks,
     dump_stacks,
     format_ranks,
+    hang_options,
     hang_report,
     stop_processes,
     where,
@@ -292,3 +294,14 @@ def test_two_launchers_share_progress_through_a_real_store_and_name_the_other_no
             m.stop()
         for w in writers.values():
             w.close()
+
+
+def test_hang_options_are_checked_with_a_hint():
+    assert hang_options(None) == (None, "report")
+    assert hang_options("90", "stop") == (90.0, "stop")
+    for bad in ("0", "-5", "soon", "nan", "inf"):
+        with pytest.raises(ShoalError, match="--hang-timeout") as err:
+            hang_options(bad)
+        assert err.value.hint
+    with pytest.raises(ShoalError, match="--on-hang 'kill'"):
+        hang_options(None, "kill")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.errors import ShoalError
 from shoal.progress import RankProgress, from_summary, read_progress, to_summary
 
 HANG_FLOOR_S = 30.0
@@ -42,6 +43,33 @@ SLOW_PHASES = frozenset({"start", "checkpoint", "evaluation"})
 """Phases that may legitimately take much longer than a step: when every rank is in one of them the
 timeout is ``SLOW_FACTOR`` times longer."""
 SLOW_FACTOR = 4.0
+
+
+ON_HANG = ("report", "stop", "restart")
+"""What ``--on-hang`` may say: only report; stop the workers (:func:`stop_processes`) and fail; stop
+them and let the agent's restart policy start the next attempt."""
+
+
+def hang_options(hang_timeout: str | float | None, on_hang: str = "report") -> tuple[float | None, str]:
+    """``--hang-timeout`` and ``--on-hang`` checked: ``(seconds or None for the derived default,
+    action)``. Bad values raise :class:`ShoalError` with a hint."""
+    timeout = None
+    if hang_timeout not in (None, ""):
+        try:
+            timeout = float(hang_timeout)
+        except (TypeError, ValueError):
+            timeout = -1.0
+        if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+            raise ShoalError(
+                f"--hang-timeout {hang_timeout!r} is not a positive number of seconds",
+                f"give seconds, e.g. --hang-timeout 120, or leave it out for max({HANG_FLOOR_S:.0f} s, "
+                f"{HANG_FACTOR:.0f} x the step time)",
+            )
+    if on_hang not in ON_HANG:
+        raise ShoalError(
+            f"--on-hang {on_hang!r} is not one of {', '.join(ON_HANG)}", "use --on-hang report|stop|restart"
+        )
+    return timeout, on_hang
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
