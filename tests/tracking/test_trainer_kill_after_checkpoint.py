@@ -20,12 +20,6 @@ STEPS_PER_EPOCH = 23  # digits: 1,440 training images, 2 workers x batch 32
 EPOCHS, KILLED_AFTER = 6, 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the trainer checkpoints an epoch (src/shoal/train/trainer.py, _finish_epoch -> run.save) before "
-    "it logs that epoch to the trackers (reports.epoch): the checkpoint counts the epoch as logged, the "
-    "trackers never got it; the tracker's state_dict() makes durable only what was logged before it",
-)
 def test_every_epoch_once_after_a_kill_right_after_an_epoch_checkpoint(tmp_path):
     env = tool_environment(tmp_path / "home")
     run = tmp_path / "run"

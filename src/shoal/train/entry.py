@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from shoal.console import write_line
@@ -11,6 +12,7 @@ from shoal.train.config import TrainConfig
 from shoal.train.trainer import TrainResult
 from shoal.workloads.spec import Parcel
 
+QUIET_EXIT_DELAY_S = 2.0
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
 
 
@@ -36,6 +38,11 @@ def run_worker(
     except ShoalError as err:
         if not getattr(err, "quiet", False):
             write_line(err.format())
+        elif os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+            # Every rank stops at the same step; rank 0 says why. A quiet rank that exited first
+            # would have the agent stop rank 0 before it printed (seen on a loaded machine): it
+            # lets rank 0 go first, well within the preemption grace.
+            time.sleep(QUIET_EXIT_DELAY_S)
         raise SystemExit(err.exit_code) from None
     except Exception as err:
         if not peer_gone(err):

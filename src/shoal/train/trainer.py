@@ -149,6 +149,9 @@ def train(
                 with blame(workload, "evaluation", _FIX_HINT):
                     record = _finish_epoch(run, model, test_loader, step)
                 reports.epoch(record, run.global_step, model, data.test, data.test_transform, workload)
+                # After the trackers got the epoch: a checkpoint says the epoch was logged, and the
+                # trackers' state it holds is flushed to disk (a kill right after it loses nothing).
+                run.save(epoch_end=True)
                 run.next_epoch()
         model_path = None
         if not run.trained_now:
@@ -298,7 +301,8 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
 
 
 def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> dict[str, Any]:
-    """Evaluate, log the epoch's metrics, and checkpoint on the epoch cadence."""
+    """Evaluate and log the epoch's metrics (metrics.jsonl, the console); the loop then reports them
+    to the trackers and checkpoints on the epoch cadence."""
     ctx, tally = run.ctx, run.tally
     started = time.perf_counter()
     workload = run.workload
@@ -333,7 +337,6 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
         f"epoch {run.epoch}/{run.plan.epochs}  train_loss {record['train_loss']:.4f}  test_loss {scores['loss']:.4f}"
         f"{shown}  {record['samples_per_s']:,.0f} samples/s  {record['epoch_s']:.2f} s"
     )
-    run.save(epoch_end=True)
     return record
 
 
