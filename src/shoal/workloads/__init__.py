@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 WORKLOADS: dict[str, str] = BUNDLED
 """The bundled workloads: name -> ``module:Class``."""
+WORKLOADS.setdefault("language", "shoal.workloads.language:Language")
 
 
 def get_workload(spec: str | Workload) -> Workload:
