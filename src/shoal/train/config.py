@@ -69,11 +69,11 @@ class TrainConfig:
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
     arch: str = field(default="resnet18", metadata={"metavar": "NAME"})
     """synthetic: the model, a torchvision ResNet (resnet18 ... resnet152) or mlp; cifar10: the ResNet
-    (resnet18 ... resnet152, with the CIFAR stem)."""
+    (resnet18 ... resnet152, with the CIFAR stem); language: the size, tiny, small or large."""
     image_size: int = 32
     """synthetic: side of the square input images."""
     samples: int | None = None
-    """synthetic: training samples (default 1024)."""
+    """synthetic: training samples (default 1024); language: training windows (default 2048)."""
     eval_batch_size: int | None = None
     """Per-process batch size for evaluation (default 4 x --batch-size)."""
     channels_last: bool | None = None
