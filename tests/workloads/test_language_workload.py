@@ -93,6 +93,7 @@ def test_trains_on_two_workers_then_resumes_exactly_on_one(tmp_path):
     for record in (first, second):  # test_loss is the exact mean over every test token
         assert record["test_bits_per_byte"] * math.log(2) == pytest.approx(record["test_loss"], rel=1e-9)
         assert 0 < record["test_accuracy"] < 1
+        assert record["test_perplexity"] == pytest.approx(math.exp(record["test_loss"]), rel=1e-12)
         assert perplexity(record["test_loss"]) == math.exp(record["test_loss"]) < 256
 
     state = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)

@@ -316,6 +316,9 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
         autocast=step.autocast,
     )
     metrics = {f"test_{name}": value for name, value in scores.items() if name not in ("loss", "samples")}
+    if workload is not None:
+        derived = workload.derived_metrics({k: v for k, v in scores.items() if k != "samples"})
+        metrics.update({f"test_{name}": float(value) for name, value in derived.items()})
     loss_total, count = all_reduce_sum(torch.stack([tally.loss_sum, tally.count])).tolist()
     train_s = tally.train_s
     record = {

@@ -109,6 +109,12 @@ class Workload:
         Default: the number of correct arg-max predictions."""
         return {"accuracy": (outputs.argmax(dim=1) == targets).sum()}
 
+    def derived_metrics(self, means: dict[str, float]) -> dict[str, float]:
+        """Values computed from the epoch's exact test means (``loss`` and each of :meth:`metrics`),
+        logged beside them as ``test_<name>``: what cannot be summed per batch, such as a
+        perplexity, ``exp(loss)``. Default: none."""
+        return {}
+
     class_names: ClassVar[tuple[str, ...] | None] = None
     """Names of the classes, for tables of predictions (default: their indices)."""
 

@@ -24,7 +24,15 @@ from torch import nn
 
 from shoal.errors import ShoalError
 from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings
-from shoal.workloads.language_model import PRESETS, TinyGPT, TokenWindows, lm_loss, synthetic_corpus, tokenize
+from shoal.workloads.language_model import (
+    PRESETS,
+    TinyGPT,
+    TokenWindows,
+    lm_loss,
+    perplexity,
+    synthetic_corpus,
+    tokenize,
+)
 
 DEFAULT_SAMPLES = 2048
 """Training windows when ``--samples`` is not given (64 KiB of text with the tiny preset)."""
@@ -93,3 +101,7 @@ class Language(Workload):
         correct = (outputs.argmax(dim=-1) == targets).sum().double() / t
         bits = lm_loss(outputs, targets, reduction="sum").double() / (t * math.log(2))
         return {"accuracy": correct, "bits_per_byte": bits}
+
+    def derived_metrics(self, means: dict[str, float]) -> dict[str, float]:
+        """``test_perplexity``: ``exp`` of the exact mean token loss (not a mean of per-batch values)."""
+        return {"perplexity": perplexity(means["loss"])}
