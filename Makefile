@@ -9,7 +9,7 @@ STAMP := $(VENV)/.shoal-installed
 CLIENTS := $(VENV)/clients
 CLIENTS_REQ := tests/clients/requirements.txt
 
-.PHONY: demo test install clients clean
+.PHONY: demo test test-quick install clients clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,14 +30,19 @@ clients: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/shoal train digits --nproc 2 --device cpu
 
-## The whole test suite (CPU, real multi-process runs over gloo). One file at a time by default;
-## PYTEST_ARGS='-n 2 --dist loadgroup' runs two at a time (pytest-xdist; see README, "Tests").
-PYTEST_ARGS ?=
+## The whole test suite (CPU, real multi-process runs over gloo), two test files at a time
+## (pytest-xdist: a file's tests, and every test of the Slurm cluster, share one worker; most tests
+## wait on processes, daemons and namespaces). PYTEST_ARGS='-p no:xdist' runs one at a time.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 test: $(STAMP) clients
 	bash scripts/install-system-deps.sh
 	$(BIN)/ruff check src tests examples scripts/bench-slow-link
 	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## A quick subset for iterating (no multi-process or slow test): see README, "Tests".
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not multiprocess and not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

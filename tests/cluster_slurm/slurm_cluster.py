@@ -124,6 +124,10 @@ class SlurmCluster:
                 "JobCompType=jobcomp/none",
                 "JobAcctGatherType=jobacct_gather/none",
                 "MinJobAge=300",  # finished jobs stay visible to `scontrol show job` for 5 minutes
+                # Job ids decide the port shoal derives for a job (15000 + id % 5000): a cluster that
+                # counts from 1 in every session would always take 15001, 15002... which another
+                # test's fake SLURM_JOB_ID=1 may hold at that moment under pytest-xdist.
+                f"FirstJobId={1000 + os.getpid() % 3000}",
                 "KillWait=5",
                 f"StateSaveLocation={r / 'state'}",
                 f"SlurmdSpoolDir={r / 'spool'}",
