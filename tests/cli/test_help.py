@@ -52,7 +52,7 @@ def test_shoal_run_help_is_torchruns_parser_as_installed():
     from shoal.launch.run import HELP_WIDTH, build_parser
 
     now = build_parser(width=HELP_WIDTH).format_help()
-    assert run_help.TEXT == now, "torchrun's flags changed: regenerate with `python -m shoal.launch.run`"
+    assert now == run_help.TEXT, "torchrun's flags changed: regenerate with `python -m shoal.launch.run`"
     for flag in ("--nproc-per-node", "--rdzv-endpoint", "--master-addr", "--max-restarts", "--join-timeout"):
         assert flag in run_help.TEXT
 
