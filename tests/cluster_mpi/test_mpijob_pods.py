@@ -112,7 +112,6 @@ def test_mpijob_trains_digits_across_worker_pods_over_real_ssh(tmp_path, can_mak
 
 
 def test_mpijob_runs_a_horovod_style_script(tmp_path, can_make_pods):
-    pytest.importorskip("shoal.horovod", reason="shoal.horovod is not in this tree yet")
     # The launcher first, the workers' sshd 2 s later: mpirun's ssh retries (ConnectionAttempts=10).
     status, output, shared, job = _run_mpijob(tmp_path, "hvd", ("python", HVD_SCRIPT, SHARED), sshd_late_s=2.0)
     assert status == 0, output
