@@ -217,8 +217,7 @@ def test_workers_die_with_the_launcher(tmp_path, sig):
     deadline = time.monotonic() + 60
     while len(list(pids.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(0.2)  # both pid files complete
-    proc.send_signal(sig)
+    proc.send_signal(sig)  # the pid files are renamed into place: both are complete
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == (128 + sig if sig == signal.SIGTERM else -sig), err
     _assert_no_worker_left(pids, 2)

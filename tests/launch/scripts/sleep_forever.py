@@ -7,6 +7,9 @@ import os
 import sys
 import time
 
-with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.pid"), "w") as f:
+# Written aside and renamed: a pid file that exists is complete (a test may read it at once).
+path = os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.pid")
+with open(path + ".tmp", "w") as f:
     f.write(str(os.getpid()))
+os.replace(path + ".tmp", path)
 time.sleep(300)
