@@ -31,6 +31,7 @@ from k8s.pod_runtime import container_env, run_pods
 from shoal.launch.k8s_spec import PodOptions, VolumeClaim
 from shoal.launch.render.pytorchjob import render_pytorchjob
 from shoal.launch.render.trainjob import render_trainjob
+from shoal.launch.rendezvous import RESOLVE_RETRY_S
 from shoal.launch.spec import JobSpec
 
 pytestmark = pytest.mark.multiprocess
@@ -166,8 +167,13 @@ def test_workers_wait_for_the_masters_name_to_resolve(tmp_path):
         with open(hosts_file, "w") as f:  # the same file (bind-mounted into the pod): rewritten in place
             f.write("".join(line + "\n" for line in full.splitlines() if master.name not in line))
         job.start(worker.name)
-        time.sleep(4)
-        assert job.procs[worker.name].poll() is None, job.output(worker.name)  # still waiting, not failed
+        waiting = f"shoal: {master.name} does not resolve yet on this node; retrying until the join timeout"
+        deadline = time.monotonic() + 120
+        while waiting not in job.output(worker.name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert waiting in job.output(worker.name), job.output(worker.name)  # the name failed and is retried
+        time.sleep(2 * RESOLVE_RETRY_S)  # a retry or two later: still waiting, not failed
+        assert job.procs[worker.name].poll() is None, job.output(worker.name)
         with open(hosts_file, "w") as f:
             f.write(full)
         job.start(master.name)

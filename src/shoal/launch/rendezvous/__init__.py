@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Mapping
 
+from shoal.console import write_line
 from shoal.env.network import Route, UnresolvedHost, interface_addresses, route_to
 from shoal.launch.options import LaunchOptions
 from shoal.launch.rendezvous.plan import RendezvousPlan, plan_rendezvous, single_node_plan, store_endpoint
@@ -52,10 +53,14 @@ def find_route(host: str, *, deadline: float) -> Route:
     In Kubernetes a worker pod often starts before the master's Service name resolves (its pod is
     still being scheduled): waiting for it is normal, for as long as the join timeout allows.
     """
+    told = False
     while True:
         try:
             return route_to(host)
         except UnresolvedHost as err:
+            if not told:  # one line, so a node that waits says what it waits for
+                write_line(f"shoal: {host} does not resolve yet on this node; retrying until the join timeout")
+                told = True
             if time.monotonic() + RESOLVE_RETRY_S > deadline:
                 raise UnresolvedHost(
                     f"{host} did not resolve on this node ({socket.gethostname()}) before the join timeout: "
