@@ -55,6 +55,21 @@ def choose_device(requested: str, local_rank: int, local_world_size: int) -> "to
     return torch.device("cpu")
 
 
+def workers_device(requested: str, nproc: int, *, spawned: bool) -> "torch.device":
+    """:func:`choose_device` for the workers a launcher is about to start, decided in the launcher
+    without initialising CUDA there when the workers will be forked (the CUDA driver does not survive
+    a fork): with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` torch counts the GPUs through NVML and leaves
+    the driver alone. Spawned workers start clean, so nothing is needed for them."""
+    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
+    if spawned or name in os.environ:
+        return choose_device(requested, 0, nproc)
+    os.environ[name] = "1"
+    try:
+        return choose_device(requested, 0, nproc)
+    finally:
+        os.environ.pop(name, None)
+
+
 def choose_backend(requested: str, device: "torch.device") -> str:
     """``nccl`` for CUDA devices and ``gloo`` for the CPU unless one is asked for explicitly."""
     check_choice("backend", requested, BACKEND_CHOICES)

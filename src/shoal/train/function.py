@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shoal.context import current, init
+from shoal.distributed.device import workers_device
 from shoal.env import detect_environment
 from shoal.errors import ShoalError, first_line
 from shoal.launch.local import launch_local, resolve_start_method
@@ -91,7 +92,7 @@ def run(
     launch = _launch_options(options)
     if launch is None:  # one process, or already one rank of a job: fn runs here
         return call()[1]
-    method = resolve_start_method(launch.start_method, _device_type(call.init_options.get("device", "auto"), launch))
+    method = resolve_start_method(launch.start_method, _workers_device_type(call, launch))
     if method == "spawn":
         _check_picklable(call)
     else:
@@ -182,23 +183,6 @@ def _launch_options(options: Mapping[str, Any]) -> LaunchOptions | None:
     return launch if launch.starts_workers else None
 
 
-def _device_type(device: str, launch: LaunchOptions) -> str:
-    """The workers' device type, without initialising CUDA here (forked workers could not use it):
-    NVML counts the GPUs (see shoal.train.job's notes on fork safety)."""
-    from shoal.distributed.device import choose_device
-
-    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
-    saved = os.environ.get(name)
-    os.environ[name] = "1"
-    try:
-        return choose_device(device, 0, launch.nproc).type
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
-
-
 def _worker_threads(threads: int | None, nproc: int) -> int:
     """The intra-op threads each worker will use (as shoal.init's configure_threads decides)."""
     from shoal.env.host import threads_per_process
@@ -266,3 +250,8 @@ def _check_picklable(call: _Call) -> None:
             f"shoal.run cannot spawn workers: an argument of {name} cannot be pickled ({first_line(err)})",
             "pass picklable arguments (tensors, data classes, paths), or use start_method='fork' on CPU",
         ) from None
+
+
+def _workers_device_type(call: _Call, launch: LaunchOptions) -> str:
+    spawned = launch.start_method == "spawn"
+    return workers_device(call.init_options.get("device", "auto"), launch.nproc, spawned=spawned).type

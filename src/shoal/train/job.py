@@ -17,7 +17,7 @@ have
   thread alone.
 * initialised CUDA: the CUDA driver does not survive fork. ``torch.cuda.is_available()`` calls
   cudaGetDeviceCount (which runs cuInit) unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, with which it
-  counts devices through NVML and leaves the driver alone; :func:`_worker_device` sets it for its
+  counts devices through NVML and leaves the driver alone; :func:`shoal.distributed.device.workers_device` sets it for its
   check. With CUDA the workers are spawned anyway; this matters for CPU runs on a machine with GPUs.
 """
 
@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shoal.distributed.device import workers_device
 from shoal.errors import ShoalError
 from shoal.launch.local import launch_local, resolve_start_method, starts_workers
 from shoal.launch.options import LaunchOptions
@@ -108,7 +109,7 @@ def run_training(
     # The data is present (or downloaded) before the workers start, which may be forked from here.
     with _fork_safe():
         _prepare(workload, cfg)
-    device = _worker_device(cfg, options)
+    device = workers_device(cfg.device, options.nproc, spawned=options.start_method == "spawn")
     method = resolve_start_method(options.start_method, device.type)
     if cfg.out is None:
         if options.several_nodes:
@@ -148,17 +149,3 @@ def _fork_safe() -> Iterator[None]:
     finally:
         if threads > 1:
             torch.set_num_threads(threads)  # what the workers inherit (and then set their own)
-
-
-def _worker_device(cfg: TrainConfig, options: LaunchOptions) -> Any:
-    """``choose_device`` for the workers' device type, without initialising CUDA in this process."""
-    from shoal.distributed.device import choose_device
-
-    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
-    if options.start_method == "spawn" or name in os.environ:
-        return choose_device(cfg.device, 0, options.nproc)
-    os.environ[name] = "1"
-    try:
-        return choose_device(cfg.device, 0, options.nproc)
-    finally:
-        os.environ.pop(name, None)
