@@ -27,6 +27,7 @@ from shoal.distributed.process_group import (
 )
 from shoal.distributed.wrap import apply_ddp
 from shoal.env import EnvInfo, detect_environment
+from shoal.env.grace import PREEMPT_GRACE_S
 from shoal.errors import ShoalError
 
 _current: "Context | None" = None
@@ -116,7 +117,7 @@ class Context:
 
         return CheckpointManager(directory, every=every, keep=keep, first_epoch=0)
 
-    def preemption(self, grace_s: float = 25.0):
+    def preemption(self, grace_s: float = PREEMPT_GRACE_S):
         """A context manager whose ``requested()`` (call once per step on every rank) returns the
         signal number once any rank got SIGTERM or SIGUSR1: checkpoint, then exit."""
         from shoal.preemption import PreemptionWatch

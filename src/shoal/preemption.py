@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.console import write_line
+from shoal.env.grace import PREEMPT_GRACE_S
 from shoal.errors import ShoalError
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -40,7 +41,7 @@ class Preempted(ShoalError):
 class PreemptionWatch:
     """Context manager: install the handlers, answer :meth:`requested` once per step."""
 
-    def __init__(self, grace_s: float = 25.0, signals: tuple[int, ...] = PREEMPTION_SIGNALS) -> None:
+    def __init__(self, grace_s: float = PREEMPT_GRACE_S, signals: tuple[int, ...] = PREEMPTION_SIGNALS) -> None:
         self.grace_s = grace_s
         self.signals = signals
         self.received = 0

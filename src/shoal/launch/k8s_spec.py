@@ -22,6 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from shoal.env.grace import EXIT_MARGIN_S, PLATFORM_GRACE_S, PREEMPT_GRACE_S
 from shoal.errors import ShoalError
 
 DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -33,13 +34,6 @@ QUANTITY = re.compile(
 """A positive resource quantity, as the API's ``resource.Quantity`` pattern accepts it (no sign)."""
 SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 SHM_MOUNT = "/dev/shm"
-GRACE_MARGIN_S = 5
-"""Seconds Kubernetes waits beyond ``--preempt-grace`` before SIGKILL: the checkpoint is written
-within the preemption grace, then the processes still have to exit and flush their logs."""
-DEFAULT_PREEMPT_GRACE_S = 25.0
-"""``shoal train --preempt-grace``'s default (see ``shoal.train.config``); 25 + 5 = Kubernetes' own 30 s."""
-DEFAULT_GRACE_S = 30
-"""Kubernetes' default terminationGracePeriodSeconds, kept for commands that are not ``shoal train``."""
 
 
 @dataclass(frozen=True)
@@ -280,26 +274,26 @@ def check_devices(command: Sequence[str], gpus_per_node: int) -> None:
 def grace_period(command: Sequence[str], explicit: int | None) -> int:
     """terminationGracePeriodSeconds for pods running ``command``.
 
-    For ``shoal train`` it must cover ``--preempt-grace`` (default 25 s) plus :data:`GRACE_MARGIN_S`,
+    For ``shoal train`` it must cover ``--preempt-grace`` (default 25 s) plus :data:`EXIT_MARGIN_S`,
     so that SIGTERM on eviction ends in a checkpoint rather than a SIGKILL mid-save. An explicit
     ``--grace-period`` shorter than that is an error.
     """
     if shoal_train_args(command) is None:
-        return explicit or DEFAULT_GRACE_S
+        return explicit or PLATFORM_GRACE_S
     text = train_option(command, "--preempt-grace")
     try:
-        preempt = float(text) if text is not None else DEFAULT_PREEMPT_GRACE_S
+        preempt = float(text) if text is not None else PREEMPT_GRACE_S
     except ValueError:
         raise ShoalError(
             f"--preempt-grace {text!r} is not a number of seconds", "give e.g. --preempt-grace 25"
         ) from None
-    needed = math.ceil(preempt) + GRACE_MARGIN_S
+    needed = math.ceil(preempt) + EXIT_MARGIN_S
     if explicit is None:
         return needed
     if explicit < needed:
         raise ShoalError(
             f"--grace-period {explicit} s is shorter than the command's --preempt-grace {preempt:g} s "
-            f"+ {GRACE_MARGIN_S} s: Kubernetes would kill the pods before the preemption checkpoint is written",
+            f"+ {EXIT_MARGIN_S} s: Kubernetes would kill the pods before the preemption checkpoint is written",
             f"give --grace-period {needed} or more, or a shorter --preempt-grace",
         )
     return explicit

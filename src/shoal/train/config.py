@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from shoal.checkpoint.cadence import Cadence
 from shoal.distributed.comm_hooks import COMM_HOOKS, check_comm_hook
+from shoal.env.grace import PREEMPT_GRACE_S
 from shoal.errors import ShoalError
 from shoal.tracking.spec import parse_spec, require_installed
 
@@ -96,7 +97,7 @@ class TrainConfig:
     """Keep the newest K checkpoints."""
     resume: str = field(default="auto", metadata={"metavar": "auto|never|PATH"})
     """auto: continue from the newest valid checkpoint in the output directory; never; or a ckpt-*.pt file."""
-    preempt_grace: float = field(default=25.0, metadata={"metavar": "S"})
+    preempt_grace: float = field(default=PREEMPT_GRACE_S, metadata={"metavar": "S"})
     """After SIGTERM/SIGUSR1: checkpoint and exit within this many seconds."""
     tracker: str | None = field(default=None, metadata={"metavar": "wandb,tensorboard,mlflow"})
     """Experiment trackers rank 0 logs to, comma-separated (any of wandb, tensorboard, mlflow; default none)."""
