@@ -118,7 +118,7 @@ def test_detected_scheme_is_detection_only():
 
 
 def test_starts_workers_in_a_classic_pod_says_which_variables(capfd):
-    assert starts_workers(LaunchOptions(**operator_defaults(RUNAI_WORKER, gpus=0)), pod=True, environ=RUNAI_WORKER)
+    assert starts_workers(LaunchOptions.from_environment(environ=RUNAI_WORKER), environ=RUNAI_WORKER)
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "this pod is node 1 of 2" in err
 

@@ -87,16 +87,14 @@ def main_args(args: argparse.Namespace) -> int:
     """Run the demo here (already one rank of a job), or start ``--nproc`` workers for it."""
     from shoal.launch.local import run_here_or_launch
     from shoal.launch.options import LaunchOptions
-    from shoal.launch.pods import operator_defaults
 
     if args.size < 1:
         raise ShoalError(f"--size must be at least 1, got {args.size}", "pass --size 1000, for example")
     iters = getattr(args, "iters", 0) or 0
     if iters < 0:
         raise ShoalError(f"--iters must be >= 0, got {iters}", "pass --iters 5, for example")
-    pod = operator_defaults(os.environ)
-    options = LaunchOptions(**{**pod, **given_fields(args, args.launch_fields)})
-    results = run_here_or_launch(run_worker, (args.demo, args.size, iters), options, pod=bool(pod))
+    options = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
+    results = run_here_or_launch(run_worker, (args.demo, args.size, iters), options)
     return max((code or 0 for code in results.values()), default=0)
 
 

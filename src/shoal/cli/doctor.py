@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from shoal.cli.fields import add_fields, given_fields
 
@@ -55,12 +54,11 @@ def main_args(args: argparse.Namespace) -> int:
     from shoal.doctor import DoctorSettings, doctor
     from shoal.errors import ShoalError
     from shoal.launch.options import LaunchOptions
-    from shoal.launch.pods import operator_defaults
 
     settings = DoctorSettings(**given_fields(args, args.settings_fields))
+    given = given_fields(args, args.launch_fields)
     try:
-        pod = operator_defaults(os.environ)
+        options = LaunchOptions.from_environment(given)
     except ShoalError:  # bad operator variables: the launcher check names them
-        pod = {}
-    options = LaunchOptions(**{**pod, **given_fields(args, args.launch_fields)})
-    return doctor(settings, options, json_output=args.json, pod=bool(pod))
+        options = LaunchOptions(**given)
+    return doctor(settings, options, json_output=args.json)

@@ -84,7 +84,12 @@ def add_fields(
     wanted = set(only) if only is not None else None
     added = []
     for field in dataclasses.fields(cls):
-        if not field.init or field.name in exclude or (wanted is not None and field.name not in wanted):
+        if (
+            not field.init
+            or field.metadata.get("flag") is False
+            or field.name in exclude
+            or (wanted is not None and field.name not in wanted)
+        ):
             continue
         kind, choices, convert = _flag_type(hints[field.name], field.name, cls)
         default = _default_of(field)

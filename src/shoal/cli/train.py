@@ -10,7 +10,6 @@ options' defaults (:mod:`shoal.launch.pods`).
 from __future__ import annotations
 
 import argparse
-import os
 
 from shoal.cli.fields import add_fields, given_fields
 
@@ -75,12 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from shoal.launch.options import LaunchOptions
-    from shoal.launch.pods import operator_defaults
     from shoal.train.config import TrainConfig
     from shoal.train.job import run_training
 
     cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
-    pod = operator_defaults(os.environ)
-    options = LaunchOptions(**{**pod, **given_fields(args, args.launch_fields)})
-    run_training(cfg, options, pod=bool(pod))
+    run_training(cfg, LaunchOptions.from_environment(given_fields(args, args.launch_fields)))
     return 0

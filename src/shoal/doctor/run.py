@@ -25,7 +25,7 @@ from shoal.env import detect_environment
 from shoal.errors import ShoalError
 
 
-def doctor(settings: DoctorSettings, options: Any, *, json_output: bool = False, pod: bool = False) -> int:
+def doctor(settings: DoctorSettings, options: Any, *, json_output: bool = False) -> int:
     """Run the doctor this process is set up for (see the module docstring); the exit status."""
     try:
         world_size = detect_environment().world_size
@@ -37,8 +37,8 @@ def doctor(settings: DoctorSettings, options: Any, *, json_output: bool = False,
 
         starts_workers(options)  # refuses --nproc / --nnodes under another launcher, with a hint
         return run_rank(settings, json_output)
-    if options.several_nodes or pod:
-        return _join_job(settings, options, json_output=json_output, pod=pod)
+    if options.several_nodes or options.in_pod:
+        return _join_job(settings, options, json_output=json_output)
     return one_node(settings, options, json_output=json_output)
 
 
@@ -71,7 +71,7 @@ def one_node(settings: DoctorSettings, options: Any, *, json_output: bool = Fals
     return 1 if document["status"] == FAIL else 0
 
 
-def _join_job(settings: DoctorSettings, options: Any, *, json_output: bool, pod: bool) -> int:
+def _join_job(settings: DoctorSettings, options: Any, *, json_output: bool) -> int:
     """Check this node against the job's master first; join only if that can work."""
     from shoal.launch.local import run_here_or_launch
     from shoal.launch.rendezvous.plan import store_endpoint
@@ -93,9 +93,7 @@ def _join_job(settings: DoctorSettings, options: Any, *, json_output: bool, pod:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        results = run_here_or_launch(
-            run_rank, (settings, json_output, report.plan), options, device_type=device, pod=pod
-        )
+        results = run_here_or_launch(run_rank, (settings, json_output, report.plan), options, device_type=device)
     except ShoalError as err:
         if "nodes arrived" in err.message or "could not join" in err.message:
             err.hint = (

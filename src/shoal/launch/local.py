@@ -105,17 +105,17 @@ def launch_local(
     return run_workers(config, entrypoint, args, launch)
 
 
-def starts_workers(options: LaunchOptions, *, pod: bool = False, environ: Mapping[str, str] | None = None) -> bool:
+def starts_workers(options: LaunchOptions, *, environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process starts worker processes (True) or runs the job itself (False).
 
     Itself: one process on one node, or this process is already one rank of a job another launcher
     started (torchrun, srun, mpirun, a one-process-per-pod job); then asking for workers (``--nproc``,
-    rendezvous flags) is an error rather than a job of jobs. ``pod``: this is a Kubernetes pod's
-    command and ``options`` came from the operator's variables (:mod:`shoal.launch.pods`): it starts
-    the pod's workers whatever the environment says.
+    rendezvous flags) is an error rather than a job of jobs. In a Kubernetes pod's command
+    (``options.in_pod``: they came from the operator's variables) it starts the pod's workers
+    whatever the environment says.
     """
     environ = dict(os.environ if environ is None else environ)
-    if pod:
+    if options.in_pod:
         if classic_pod(environ) and options.several_nodes:
             write_line(classic_pod_line("shoal", environ))
         return True
@@ -196,11 +196,10 @@ def run_here_or_launch(
     options: LaunchOptions,
     *,
     device_type: str = "cpu",
-    pod: bool = False,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` here, or start this node's workers for it (see :func:`starts_workers`);
     ``{local rank: result}``."""
-    if not starts_workers(options, pod=pod):
+    if not starts_workers(options):
         return {0: entrypoint(*args)}
     method = resolve_start_method(options.start_method, device_type)
     return launch_local(entrypoint, args, options=dataclasses.replace(options, start_method=method))

@@ -13,10 +13,14 @@ The small parsers torchrun's flags need (``--nnodes MIN:MAX``, ``--rdzv-conf k=v
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from shoal.errors import ShoalError
+from shoal.launch.pods import operator_defaults
+from shoal.launch.watchdog import hang_options
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
 """Every node gives up this long after it started if the job has not assembled."""
@@ -61,6 +65,25 @@ class LaunchOptions:
     """This node's address as the other nodes reach it (default: found from the route to the master)."""
     rdzv_conf: tuple[tuple[str, str], ...] = ()
     """Extra rendezvous settings (torchrun's --rdzv-conf k=v,...); yours win over shoal's."""
+    hang_timeout: float | None = field(default=None, metadata={"metavar": "S"})
+    """Report a hang when no rank makes progress for this many seconds (default: 10 x the observed
+    step time, at least 30 s; docs/WATCHDOG.md)."""
+    on_hang: Literal["report", "stop", "restart"] = "report"
+    """After a hang report: report only, stop the workers (exit non-zero), or restart them from the
+    last checkpoint (counts against --max-restarts)."""
+    in_pod: bool = field(default=False, metadata={"flag": False})
+    """The options came from a Kubernetes operator's variables (:meth:`from_environment`): this is a
+    pod's command, which starts the pod's workers whatever the environment says. Not a flag."""
+
+    @classmethod
+    def from_environment(
+        cls, given: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> LaunchOptions:
+        """The one constructor launchers use: the operator's variables in a pod give the defaults
+        (:func:`shoal.launch.pods.operator_defaults`), ``given`` (the user's flags or keyword
+        arguments) wins over them. Outside a pod, ``given`` alone."""
+        pod = operator_defaults(os.environ if environ is None else environ)
+        return cls(**{**pod, **(given or {}), "in_pod": bool(pod)})
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -86,6 +109,7 @@ class LaunchOptions:
             )
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ShoalError(f"--master-port {self.master_port} is not a TCP port", "give a port in 1024..65535")
+        hang_options(self.hang_timeout, self.on_hang)
         if self.start_method not in START_METHODS:
             raise ShoalError(f"unknown start method {self.start_method!r}", f"use one of: {', '.join(START_METHODS)}")
 

@@ -164,11 +164,8 @@ def _gather(value: Any, world_size: int) -> list[Any]:
 
 def _launch_options(options: Mapping[str, Any]) -> LaunchOptions | None:
     """This node's launch options, or None when ``fn`` runs in this process (see :func:`run`)."""
-    from shoal.launch.pods import operator_defaults
-
-    pod = operator_defaults(os.environ)
-    launch = LaunchOptions(**{**pod, **{k: v for k, v in options.items() if k in _LAUNCH_OPTIONS}})
-    if pod:  # a Kubeflow pod's command: it starts the pod's workers
+    launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
+    if launch.in_pod:  # a Kubeflow pod's command: it starts the pod's workers
         return launch
     env = detect_environment()
     if env.world_size > 1:  # torchrun, srun, mpirun... started this process as one rank

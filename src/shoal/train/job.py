@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,8 +64,6 @@ def fit(workload: str | Workload = "digits", **options: Any) -> TrainResult:
     """
     import dataclasses as dc
 
-    from shoal.launch.pods import operator_defaults
-
     config_fields = {f.name for f in dc.fields(TrainConfig)}
     launch_fields = {f.name for f in dc.fields(LaunchOptions)}
     unknown = sorted(set(options) - config_fields - launch_fields)
@@ -78,20 +75,16 @@ def fit(workload: str | Workload = "digits", **options: Any) -> TrainResult:
     instance = None if isinstance(workload, str) else get_workload(workload)
     spec = workload if instance is None else label(instance)
     cfg = TrainConfig(workload=spec, **{k: v for k, v in options.items() if k in config_fields})
-    pod = operator_defaults(os.environ)
-    launch = LaunchOptions(**{**pod, **{k: v for k, v in options.items() if k in launch_fields}})
-    result = run_training(cfg, launch, pod=bool(pod), workload=instance)
+    launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in launch_fields})
+    result = run_training(cfg, launch, workload=instance)
     if result is None:  # this node ran no rank 0 (another node of the job did)
         raise ShoalError("this node ran no rank 0 of the job: its result is on node 0", "read the run directory there")
     return result
 
 
-def run_training(
-    cfg: TrainConfig, options: LaunchOptions, *, pod: bool = False, workload: Workload | None = None
-) -> TrainResult | None:
+def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload | None = None) -> TrainResult | None:
     """Train with ``cfg`` here, or on this node's workers; rank 0's result when it runs on this node.
 
-    ``pod``: ``options`` came from a Kubernetes operator's variables (see :mod:`shoal.launch.pods`).
     ``workload``: the instance to train; default, the one ``cfg.workload`` names (imported here,
     so a bad spec fails before any worker starts, and again in each spawned worker).
     Raises ShoalError for bad input before any worker starts, and for a failed run.
@@ -103,7 +96,7 @@ def run_training(
         raise ShoalError(
             f"--resume {cfg.resume}: no such checkpoint file", "pass --resume auto, never, or a ckpt-*.pt file"
         )
-    if not starts_workers(options, pod=pod):
+    if not starts_workers(options):
         _prepare(workload, cfg)
         return train(cfg, workload=workload)
     # The data is present (or downloaded) before the workers start, which may be forked from here.
