@@ -44,6 +44,7 @@ class Context:
     threads: int = 1
     owns_process_group: bool = False
     _active: bool = field(default=True, repr=False)
+    _progress: Any = field(default=None, repr=False)
 
     # The job's shape, read from the environment.
     @property
@@ -124,6 +125,24 @@ class Context:
 
         return PreemptionWatch(grace_s=grace_s)
 
+    def progress(self):
+        """This rank's :class:`~shoal.progress.ProgressWriter` (one per process), the opt-in that lets
+        the launcher's watchdog see a ``shoal run`` script's steps (docs/WATCHDOG.md)::
+
+            progress = ctx.progress()
+            for step, batch in enumerate(loader):
+                progress.phase("forward", step)
+                ...
+                progress.step_done(len(batch), compute_s, wait_s)
+
+        A no-op writer when no shoal launcher named a progress directory (torchrun, srun, one
+        process). Stacks on demand (``shoal status --stacks``) work from the first call."""
+        from shoal.progress import ProgressWriter
+
+        if self._progress is None:
+            self._progress = ProgressWriter.from_env(self.rank)
+        return self._progress
+
     def tracker(self, spec: str | None, *, run_dir: str, **options: Any):
         """Experiment trackers for your own loop (``"wandb,tensorboard,mlflow"``, any subset): rank 0
         logs, every other rank gets a tracker whose methods do nothing. Reduce what you log first
@@ -150,6 +169,8 @@ class Context:
         if self._active and self.owns_process_group and dist.is_initialized():
             destroy_process_group()
         self._active = False
+        if self._progress is not None:
+            self._progress.close()
         if _current is self:
             _current = None
 
