@@ -36,7 +36,8 @@ examples:
 _LAUNCH_HERE = ("nproc", "start_method", "max_restarts", "verbose")
 _ACROSS_NODES = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
 _ACROSS_NODES += ("join_timeout", "local_addr")
-_CHECKPOINTS = ("checkpoint_every", "checkpoint_dir", "keep", "resume", "preempt_grace")
+_CHECKPOINTS = ("checkpoint_every", "checkpoint_dir", "keep", "resume", "preempt_grace", "async_checkpoint")
+_WATCHDOG = ("hang_timeout", "on_hang")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "see docs/MULTINODE.md.",
     )
     here += add_fields(nodes, LaunchOptions, only=_ACROSS_NODES)
+    watchdog = p.add_argument_group("hangs and stragglers", "See docs/WATCHDOG.md.")
+    here += add_fields(watchdog, LaunchOptions, only=_WATCHDOG)
     p.set_defaults(func=run, training_fields=training, launch_fields=here)
 
 
