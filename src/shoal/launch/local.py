@@ -4,9 +4,11 @@
   (the machinery behind torchrun: worker monitoring, the rest of the group stopped when one fails,
   restarts), joining other nodes when the options say so. ``shoal train --nproc``, ``shoal demo``
   and ``shoal.fit`` use it; its workers need no command line of their own.
-- :func:`run_here_or_launch`: the one place that decides between running the job in this process
+- :func:`starts_workers`: the one place that decides between running the job in this process
   (one process, or this process is already a rank started by torchrun, srun, mpirun, a pod) and
-  starting workers.
+  starting workers; :func:`run_here_or_launch` applies it for an entrypoint that needs nothing
+  between the decision and the launch (``shoal demo``, the doctor); ``shoal train`` prepares its
+  data, device and run directory in between (``shoal.train.job``).
 """
 
 from __future__ import annotations
