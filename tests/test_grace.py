@@ -4,7 +4,7 @@ import inspect
 
 from shoal.context import Context
 from shoal.env.grace import EXIT_MARGIN_S, PLATFORM_GRACE_S, PREEMPT_GRACE_S
-from shoal.launch.k8s_spec import grace_period
+from shoal.jobs.kubernetes.options import grace_period
 from shoal.preemption import PreemptionWatch
 from shoal.train.config import TrainConfig
 

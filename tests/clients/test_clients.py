@@ -34,9 +34,9 @@ from cluster.sshd import ssh_keypair, sshd_unavailable, start_sshd
 from k8s import sim_pytorchjob
 from k8s.crd_schema import assert_valid
 from k8s.pod_runtime import container_env, run_pods
-from shoal.launch.k8s_spec import PodOptions, VolumeClaim
-from shoal.launch.render.pytorchjob import render_pytorchjob
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.options import PodOptions, VolumeClaim
+from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
+from shoal.jobs.spec import JobSpec
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -208,11 +208,10 @@ def test_pytorchjob_pods(name, clients, tmp_path):
         command=(_script(name), results, f"{SHARED}/out"),
         job_name=name.replace("_", "-"),
         nodes=2,
-        nproc_per_node=1,
+        nproc=1,
         env=(("PYTHONPATH", str(clients)),),
-        pods=pods,
     )
-    manifest = render_pytorchjob(spec)
+    manifest = render_pytorchjob(spec, pods)
     assert_valid(manifest)
     sim = sim_pytorchjob.simulate(manifest)
     assert [p.argv[:2] for p in sim] == [["shoal", "run"]] * 2, yaml.safe_dump(manifest)

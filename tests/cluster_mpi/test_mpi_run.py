@@ -1,6 +1,6 @@
 """Real Open MPI (Debian's openmpi-bin) and MPICH-style PMI variables, on this machine.
 
-The mpirun command lines come from :func:`shoal.launch.render.render_mpirun`, the way
+The mpirun command lines come from :func:`shoal.jobs.hosts.render.render_mpirun`, the way
 ``shoal launch mpirun`` builds them; the scripts are unchanged whatever launches them. Each test
 starts two processes that import torch (a few seconds each on 2 cores).
 """
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from shoal.jobs.hosts.options import Here, HostsOptions, forwarded_env
+from shoal.jobs.hosts.render import render_mpirun
+from shoal.jobs.spec import JobSpec
 from shoal.launch.ports import find_free_port
-from shoal.launch.render import render_mpirun
-from shoal.launch.spec import Here, JobSpec, forwarded_env
 
 pytestmark = pytest.mark.multiprocess
 
@@ -50,8 +51,8 @@ def _results(out: Path, n: int) -> list[dict]:
 
 
 def _mpirun(command: tuple[str, ...], env: dict[str, str], np: int = 2) -> list[str]:
-    spec = JobSpec(command=command, np=np, master_port=find_free_port(), env=forwarded_env(env))
-    return render_mpirun(spec, Here.detect())
+    spec = JobSpec(command=command, master_port=find_free_port(), env=forwarded_env(env))
+    return render_mpirun(spec, HostsOptions(np=np), Here.detect())
 
 
 @needs_mpirun

@@ -26,9 +26,9 @@ from cluster.sshd import ssh_keypair, sshd_unavailable, start_sshd
 from k8s import sim_mpijob
 from k8s.crd_schema import assert_valid
 from k8s.pod_runtime import MPI_IMAGE_FILES, container_env, run_pods
-from shoal.launch.k8s_spec import PodOptions, VolumeClaim
-from shoal.launch.render.mpijob import render_mpijob
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.mpijob import render_mpijob
+from shoal.jobs.kubernetes.options import PodOptions, VolumeClaim
+from shoal.jobs.spec import JobSpec
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -59,10 +59,11 @@ def _run_mpijob(
         command=command,
         job_name=name,
         nodes=workers,
-        nproc_per_node=1,
-        pods=PodOptions(image="shoal:test", namespace=NAMESPACE, volumes=(VolumeClaim("shared", SHARED),)),
+        nproc=1,
     )
-    manifest = render_mpijob(spec)
+    manifest = render_mpijob(
+        spec, PodOptions(image="shoal:test", namespace=NAMESPACE, volumes=(VolumeClaim("shared", SHARED),))
+    )
     assert_valid(manifest)
     # The operator's SSH Secret (newSSHAuthSecret): a key pair it generates, here made by the test.
     key = ssh_keypair(tmp_path / "operator-key")

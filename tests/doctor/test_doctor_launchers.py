@@ -14,9 +14,10 @@ import jsonschema
 import pytest
 
 from shoal.doctor.schema import SCHEMA
+from shoal.jobs.hosts.options import Here, HostsOptions, forwarded_env
+from shoal.jobs.hosts.render import render_mpirun
+from shoal.jobs.spec import JobSpec
 from shoal.launch.ports import find_free_port
-from shoal.launch.render import render_mpirun
-from shoal.launch.spec import Here, JobSpec, forwarded_env
 
 pytestmark = pytest.mark.multiprocess
 
@@ -31,8 +32,10 @@ def test_under_mpirun_rank_0_prints_the_cluster_report(tmp_path):
     }
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     command = ("shoal", "doctor", "--json", "--checkpoint-dir", str(tmp_path))
-    spec = JobSpec(command=command, np=2, master_port=find_free_port(), env=forwarded_env(env))
-    proc = subprocess.run(render_mpirun(spec, Here.detect()), env=env, capture_output=True, text=True, timeout=240)
+    spec = JobSpec(command=command, master_port=find_free_port(), env=forwarded_env(env))
+    proc = subprocess.run(
+        render_mpirun(spec, HostsOptions(np=2), Here.detect()), env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(proc.stdout)  # rank 0 alone writes to stdout
     jsonschema.validate(document, SCHEMA)

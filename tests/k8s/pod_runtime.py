@@ -28,7 +28,7 @@ from pathlib import Path
 
 from cluster.pods import Mount, PodNetwork, PodSpec, pod_network
 from k8s.sim_cluster import SimPod, resolvable_names
-from shoal.launch.render.image import MPI_SSH_CONFIG, MPI_SSHD_CONFIG
+from shoal.jobs.kubernetes.image import MPI_SSH_CONFIG, MPI_SSHD_CONFIG
 
 IMAGE_PATH = os.pathsep.join(
     [os.path.dirname(sys.executable), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]

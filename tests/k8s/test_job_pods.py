@@ -28,11 +28,11 @@ from cluster.pods import left_behind, pods_unavailable
 from k8s import sim_pytorchjob, sim_trainjob
 from k8s.crd_schema import assert_valid
 from k8s.pod_runtime import container_env, run_pods
-from shoal.launch.k8s_spec import PodOptions, VolumeClaim
-from shoal.launch.render.pytorchjob import render_pytorchjob
-from shoal.launch.render.trainjob import render_trainjob
+from shoal.jobs.kubernetes.options import PodOptions, VolumeClaim
+from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
+from shoal.jobs.kubernetes.trainjob import render_trainjob
+from shoal.jobs.spec import JobSpec
 from shoal.launch.rendezvous import RESOLVE_RETRY_S
-from shoal.launch.spec import JobSpec
 
 pytestmark = pytest.mark.multiprocess
 SHARED = "/mnt/shared"
@@ -47,9 +47,9 @@ def _can_make_pods():
         pytest.skip(reason)
 
 
-def _spec(name: str, nodes: int, nproc: int | str, command=TRAIN, elastic=None) -> JobSpec:
+def _spec(name: str, nodes: int, nproc: int | str, command=TRAIN, elastic=None) -> tuple[JobSpec, PodOptions]:
     pods = PodOptions(image="shoal:test", namespace="team", volumes=(VolumeClaim("shared", SHARED),), elastic=elastic)
-    return JobSpec(command=command, job_name=name, nodes=nodes, nproc_per_node=nproc, pods=pods)
+    return JobSpec(command=command, job_name=name, nodes=nodes, nproc=nproc), pods
 
 
 class Job:
@@ -119,7 +119,7 @@ def _facts(shared: Path) -> dict:
 
 @pytest.mark.parametrize("pods, nproc", [(3, 2)])  # 2 pods x 1: the late-DNS test below
 def test_pytorchjob_trains_in_every_pod_shape(tmp_path, pods, nproc):
-    manifest = render_pytorchjob(_spec(f"job{pods}x{nproc}", pods, nproc, (*TRAIN, "--epochs", "1")))
+    manifest = render_pytorchjob(*_spec(f"job{pods}x{nproc}", pods, nproc, (*TRAIN, "--epochs", "1")))
     assert_valid(manifest)
     sim = sim_pytorchjob.simulate(manifest)
     worlds = {p.env["WORLD_SIZE"] for p in sim}
@@ -133,7 +133,7 @@ def test_pytorchjob_trains_in_every_pod_shape(tmp_path, pods, nproc):
 
 
 def test_elastic_pytorchjob_meets_over_c10d(tmp_path):
-    manifest = render_pytorchjob(_spec("elastic", 2, 1, (*TRAIN, "--epochs", "1"), elastic=(1, 2)))
+    manifest = render_pytorchjob(*_spec("elastic", 2, 1, (*TRAIN, "--epochs", "1"), elastic=(1, 2)))
     assert_valid(manifest)
     sim = sim_pytorchjob.simulate(manifest)
     assert {p.env["PET_RDZV_BACKEND"] for p in sim} == {"c10d"} and {p.env["PET_NNODES"] for p in sim} == {"1:2"}
@@ -143,7 +143,7 @@ def test_elastic_pytorchjob_meets_over_c10d(tmp_path):
 
 
 def test_trainjob_trains_on_two_nodes(tmp_path):
-    manifest = render_trainjob(_spec("tj", 2, 1, (*TRAIN, "--epochs", "1")))
+    manifest = render_trainjob(*_spec("tj", 2, 1, (*TRAIN, "--epochs", "1")))
     assert_valid(manifest)
     sim = sim_trainjob.simulate(manifest, RUNTIME)
     assert all("WORLD_SIZE" not in p.env and "RANK" not in p.env for p in sim)  # Trainer v2: PET_* only
@@ -155,7 +155,7 @@ def test_trainjob_trains_on_two_nodes(tmp_path):
 def test_workers_wait_for_the_masters_name_to_resolve(tmp_path):
     """The worker pod starts first, while the master's Service name does not resolve yet (its pod
     is not scheduled): shoal retries the name, and the job completes once the master is up."""
-    manifest = render_pytorchjob(_spec("late", 2, 1, (*TRAIN, "--epochs", "1")))
+    manifest = render_pytorchjob(*_spec("late", 2, 1, (*TRAIN, "--epochs", "1")))
     sim = sim_pytorchjob.simulate(manifest)
     master, worker = sim
     hosts = Path("/etc/netns")
@@ -191,7 +191,7 @@ def test_a_pod_killed_mid_run_restarts_and_resumes_bit_identical(tmp_path):
     command = (*TRAIN, "--epochs", "2", "--checkpoint-every", "10steps")
     reference = tmp_path / "reference"
     reference.mkdir()
-    sim = sim_pytorchjob.simulate(render_pytorchjob(_spec("once", 2, 1, command)))
+    sim = sim_pytorchjob.simulate(render_pytorchjob(*_spec("once", 2, 1, command)))
     codes, outputs, shared, _ = _run(reference, sim)
     assert set(codes.values()) == {0}, _show(outputs)
     expected = torch.load(shared / "run" / "model.pt", weights_only=True)
@@ -212,7 +212,7 @@ def test_a_pod_killed_mid_run_restarts_and_resumes_bit_identical(tmp_path):
 
     crashed = tmp_path / "crashed"
     crashed.mkdir()
-    sim = sim_pytorchjob.simulate(render_pytorchjob(_spec("crash", 2, 1, command)))
+    sim = sim_pytorchjob.simulate(render_pytorchjob(*_spec("crash", 2, 1, command)))
     codes, outputs, shared, starts = _run(crashed, sim, kill=kill_worker, restart_failed=4)
     assert set(codes.values()) == {0}, _show(outputs)
     assert max(starts.values()) >= 2, starts  # a pod's command really ran again
@@ -229,7 +229,7 @@ def test_the_launch_script_pitfall_that_shoals_pod_command_avoids(tmp_path):
         "exec torchrun --nnodes=$WORLD_SIZE --nproc-per-node=$PET_NPROC_PER_NODE --rdzv_backend=c10d "
         "--rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv_conf=join_timeout=15 -m shoal train digits --epochs 1"
     )
-    manifest = render_pytorchjob(_spec("launchsh", 2, 2, TRAIN))
+    manifest = render_pytorchjob(*_spec("launchsh", 2, 2, TRAIN))
     for replica in manifest["spec"]["pytorchReplicaSpecs"].values():  # the tutorial's container command
         container = replica["template"]["spec"]["containers"][0]
         container["command"], container["args"] = ["sh", "-c", script], []
@@ -251,10 +251,10 @@ def test_a_torchrun_script_sees_torchruns_contract_in_operator_pods(tmp_path, ki
 
     spec = _spec(f"contract-{kind}", 2, 2, (str(SCRIPT), f"{SHARED}/contract.json"))
     if kind == "pytorchjob":
-        manifest = render_pytorchjob(spec)
+        manifest = render_pytorchjob(*spec)
         sim = sim_pytorchjob.simulate(manifest)
     else:
-        manifest = render_trainjob(spec)
+        manifest = render_trainjob(*spec)
         sim = sim_trainjob.simulate(manifest, RUNTIME)
     assert_valid(manifest)
     codes, outputs, shared, _ = _run(tmp_path, sim)

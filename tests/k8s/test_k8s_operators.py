@@ -17,19 +17,19 @@ import yaml
 
 from k8s import sim_mpijob, sim_pytorchjob, sim_trainjob
 from k8s.sim_cluster import SimulationError, expand, resolvable_names
-from shoal.launch.k8s_spec import PodOptions, SecretEnv, VolumeClaim
-from shoal.launch.render.mpijob import render_mpijob
-from shoal.launch.render.pytorchjob import render_pytorchjob
-from shoal.launch.render.trainjob import render_trainjob
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.mpijob import render_mpijob
+from shoal.jobs.kubernetes.options import PodOptions, SecretEnv, VolumeClaim
+from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
+from shoal.jobs.kubernetes.trainjob import render_trainjob
+from shoal.jobs.spec import JobSpec
 
 RUNTIME = yaml.safe_load((Path(__file__).parent / "data" / "torch_distributed_runtime.yaml").read_text())
 TRAIN = ("shoal", "train", "digits", "--epochs", "2", "--device", "cpu", "--out", "/mnt/shared/run")
 PODS = PodOptions(image="shoal:test", namespace="team", volumes=(VolumeClaim("shared", "/mnt/shared"),))
 
 
-def _spec(**kw) -> JobSpec:
-    return JobSpec(**{"command": TRAIN, "job_name": "digits", "pods": PODS, **kw})
+def _spec(pods: PodOptions = PODS, **kw) -> tuple[JobSpec, PodOptions]:
+    return JobSpec(**{"command": TRAIN, "job_name": "digits", **kw}), pods
 
 
 def _env(pod, *names):
@@ -40,7 +40,7 @@ def _env(pod, *names):
 
 
 def test_pytorchjob_two_pods_one_process_each():
-    master, worker = sim_pytorchjob.simulate(render_pytorchjob(_spec(nodes=2, nproc_per_node=1)))
+    master, worker = sim_pytorchjob.simulate(render_pytorchjob(*_spec(nodes=2, nproc=1)))
     # pod.go createNewPod + util.go GenGeneralName: <job>-<type>-<index>; no hostname: the pod's name
     assert [(p.name, p.hostname, p.services) for p in (master, worker)] == [
         ("digits-master-0", "digits-master-0", ["digits-master-0"]),
@@ -60,7 +60,7 @@ def test_pytorchjob_two_pods_one_process_each():
 
 def test_pytorchjob_world_size_counts_processes_since_1_7_and_pods_before():
     """envvar.go: WORLD_SIZE = pods x nprocPerNode (1.7+); pods only in 1.6, where RANK still counts pods."""
-    job = render_pytorchjob(_spec(nodes=3, nproc_per_node=2))
+    job = render_pytorchjob(*_spec(nodes=3, nproc=2))
     new = sim_pytorchjob.simulate(job, version=(1, 9))
     old = sim_pytorchjob.simulate(job, version=(1, 6))
     assert [(p.env["RANK"], p.env["WORLD_SIZE"]) for p in new] == [("0", "6"), ("1", "6"), ("2", "6")]
@@ -71,12 +71,12 @@ def test_pytorchjob_world_size_counts_processes_since_1_7_and_pods_before():
 
 def test_pytorchjob_auto_processes_count_as_one_in_world_size():
     """getNprocPerNodeInt: 'auto' is not a number, so WORLD_SIZE is the pod count; PET_NPROC_PER_NODE=auto."""
-    pods = sim_pytorchjob.simulate(render_pytorchjob(_spec(nodes=2, nproc_per_node="auto", gpus_per_node=0)))
+    pods = sim_pytorchjob.simulate(render_pytorchjob(*_spec(nodes=2, nproc="auto", gpus_per_node=0)))
     assert [(p.env["WORLD_SIZE"], p.env["PET_NPROC_PER_NODE"]) for p in pods] == [("2", "auto"), ("2", "auto")]
 
 
 def test_pytorchjob_defaults_nproc_per_node_to_auto_since_1_7():
-    job = render_pytorchjob(_spec(nodes=2))
+    job = render_pytorchjob(*_spec(nodes=2))
     del job["spec"]["nprocPerNode"]
     assert sim_pytorchjob.simulate(job)[0].env["PET_NPROC_PER_NODE"] == "auto"
     assert "PET_NPROC_PER_NODE" not in sim_pytorchjob.simulate(job, version=(1, 6))[0].env
@@ -84,7 +84,7 @@ def test_pytorchjob_defaults_nproc_per_node_to_auto_since_1_7():
 
 def test_pytorchjob_1_7_sets_nproc_only_with_a_master():
     """1.7 put PET_NPROC_PER_NODE inside the master block; 1.8 moved it out (envvar.go diff v1.7.0..v1.8.0)."""
-    job = render_pytorchjob(_spec(nodes=2, pods=PodOptions(image="i", elastic=(1, 2))))
+    job = render_pytorchjob(*_spec(nodes=2, pods=PodOptions(image="i", elastic=(1, 2))))
     assert "PET_NPROC_PER_NODE" not in sim_pytorchjob.simulate(job, version=(1, 7))[0].env
     assert sim_pytorchjob.simulate(job, version=(1, 8))[0].env["PET_NPROC_PER_NODE"] == "1"
 
@@ -92,7 +92,7 @@ def test_pytorchjob_1_7_sets_nproc_only_with_a_master():
 def test_elastic_pytorchjob_gets_the_rendezvous_not_ranks():
     """elastic.go: PET_RDZV_ENDPOINT on worker 0's Service, PET_NNODES=min:max; no Master, so no
     MASTER_ADDR, RANK or WORLD_SIZE (envvar.go sets those only with a Master)."""
-    job = render_pytorchjob(_spec(nodes=2, max_restarts=3, pods=PodOptions(image="i", elastic=(1, 4))))
+    job = render_pytorchjob(*_spec(nodes=2, max_restarts=3, pods=PodOptions(image="i", elastic=(1, 4))))
     pods = sim_pytorchjob.simulate(job)
     assert [p.name for p in pods] == ["digits-worker-0", "digits-worker-1"]
     for pod in pods:
@@ -109,14 +109,14 @@ def test_elastic_pytorchjob_gets_the_rendezvous_not_ranks():
 
 def test_pytorchjob_workers_wait_for_the_master_name():
     """initcontainer.go: workers get init-pytorch, nslookup of the master's Service up to 100 times."""
-    master, worker = sim_pytorchjob.simulate(render_pytorchjob(_spec(nodes=2)))
+    master, worker = sim_pytorchjob.simulate(render_pytorchjob(*_spec(nodes=2)))
     assert master.init_containers == []
     (init,) = worker.init_containers
     assert init["image"] == "alpine:3.10" and "nslookup digits-master-0" in init["command"][2]
 
 
 def test_pytorchjob_names_resolve_as_cluster_dns_answers():
-    master, worker = sim_pytorchjob.simulate(render_pytorchjob(_spec(nodes=2)))
+    master, worker = sim_pytorchjob.simulate(render_pytorchjob(*_spec(nodes=2)))
     names = resolvable_names([master, worker], worker)
     for name in ("digits-master-0", "digits-master-0.team", "digits-master-0.team.svc.cluster.local"):
         assert names[name] == "digits-master-0"
@@ -124,7 +124,7 @@ def test_pytorchjob_names_resolve_as_cluster_dns_answers():
 
 
 def test_pytorchjob_secrets_are_read_from_the_secret():
-    job = render_pytorchjob(_spec(pods=PodOptions(image="i", secret_env=(SecretEnv("HF_TOKEN", "hf", "token"),))))
+    job = render_pytorchjob(*_spec(pods=PodOptions(image="i", secret_env=(SecretEnv("HF_TOKEN", "hf", "token"),))))
     (master,) = sim_pytorchjob.simulate(job, secrets={"hf": {"token": "hf_xyz"}})
     assert master.env["HF_TOKEN"] == "hf_xyz"
     with pytest.raises(SimulationError, match="CreateContainerConfigError: secret 'hf' key 'token' not found"):
@@ -133,7 +133,7 @@ def test_pytorchjob_secrets_are_read_from_the_secret():
 
 def test_pytorchjob_admission_rules():
     """pytorchjob_webhook.go: DNS-1035 name, a `pytorch` container, one Master, Workers for elastic."""
-    job = render_pytorchjob(_spec(nodes=2))
+    job = render_pytorchjob(*_spec(nodes=2))
     bad_name = copy.deepcopy(job)
     bad_name["metadata"]["name"] = "Digits"
     renamed = copy.deepcopy(job)
@@ -152,7 +152,7 @@ def test_pytorchjob_admission_rules():
 def test_the_launch_script_pitfall_is_visible_in_the_pods_environment():
     """The seed's launch.sh passes --nnodes=$WORLD_SIZE to torchrun: right only while nprocPerNode is 1,
     since WORLD_SIZE counts processes (pods x nprocPerNode) and --nnodes counts pods."""
-    pods = sim_pytorchjob.simulate(render_pytorchjob(_spec(nodes=2, nproc_per_node=4)))
+    pods = sim_pytorchjob.simulate(render_pytorchjob(*_spec(nodes=2, nproc=4)))
     nnodes_from_launch_sh = int(pods[0].env["WORLD_SIZE"])
     assert nnodes_from_launch_sh == 8 != len(pods) == int(pods[0].env["PET_NNODES"])
 
@@ -161,7 +161,7 @@ def test_the_launch_script_pitfall_is_visible_in_the_pods_environment():
 
 
 def test_trainjob_pods_get_pet_variables_only():
-    pods = sim_trainjob.simulate(render_trainjob(_spec(nodes=2, nproc_per_node=1)), RUNTIME)
+    pods = sim_trainjob.simulate(render_trainjob(*_spec(nodes=2, nproc=1)), RUNTIME)
     # JobSet: job <trainjob>-node-0; Job controller: hostname <job>-<index>, subdomain the JobSet
     assert [(p.hostname, p.subdomain, p.index) for p in pods] == [
         ("digits-node-0-0", "digits", 0),
@@ -181,7 +181,7 @@ def test_trainjob_pods_get_pet_variables_only():
 
 
 def test_trainjob_runtime_patch_brings_volumes_shm_and_grace():
-    pods = sim_trainjob.simulate(render_trainjob(_spec(nodes=2, pods=PODS)), RUNTIME)
+    pods = sim_trainjob.simulate(render_trainjob(*_spec(nodes=2, pods=PODS)), RUNTIME)
     mounts = pods[0].mounts()
     assert mounts["/mnt/shared"] == {"name": "pvc-shared", "persistentVolumeClaim": {"claimName": "shared"}}
     assert mounts["/dev/shm"]["emptyDir"] == {"medium": "Memory"}
@@ -190,19 +190,19 @@ def test_trainjob_runtime_patch_brings_volumes_shm_and_grace():
 
 def test_trainer_auto_counts_cpus_which_is_why_shoal_renders_a_number():
     """torch.go EnforceMLPolicy: numProcPerNode unset means auto; with no GPU, the CPU request (rounded up)."""
-    job = render_trainjob(_spec(nodes=2, pods=PodOptions(image="i", cpu="3500m")))
+    job = render_trainjob(*_spec(nodes=2, pods=PodOptions(image="i", cpu="3500m")))
     assert job["spec"]["trainer"]["numProcPerNode"] == 1  # shoal's auto on CPU: one process per pod
     assert sim_trainjob.simulate(job, RUNTIME)[0].env["PET_NPROC_PER_NODE"] == "1"
     del job["spec"]["trainer"]["numProcPerNode"]
     assert sim_trainjob.simulate(job, RUNTIME)[0].env["PET_NPROC_PER_NODE"] == "4"  # Trainer's own auto
-    gpu = render_trainjob(_spec(command=("train.py",), nodes=2, gpus_per_node=2))
+    gpu = render_trainjob(*_spec(command=("train.py",), nodes=2, gpus_per_node=2))
     del gpu["spec"]["trainer"]["numProcPerNode"]
     assert sim_trainjob.simulate(gpu, RUNTIME)[0].env["PET_NPROC_PER_NODE"] == "auto"
 
 
 def test_trainjob_admission_rules():
     """torch.go Validate: no reserved PET_* in trainer.env; jobset.go: patches name what the runtime has."""
-    job = render_trainjob(_spec())
+    job = render_trainjob(*_spec())
     reserved = copy.deepcopy(job)
     reserved["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "4"}]
     with pytest.raises(SimulationError, match="reserved envs"):
@@ -218,7 +218,7 @@ def test_trainjob_admission_rules():
 
 
 def test_mpijob_hostfile_launcher_env_and_worker_command():
-    job = sim_mpijob.simulate(render_mpijob(_spec(nodes=3, nproc_per_node=2)))
+    job = sim_mpijob.simulate(render_mpijob(*_spec(nodes=3, nproc=2)))
     assert job.hostfile == (
         "digits-worker-0.digits.team.svc slots=2\n"
         "digits-worker-1.digits.team.svc slots=2\n"
@@ -255,13 +255,13 @@ def test_mpijob_hostfile_launcher_env_and_worker_command():
 
 
 def test_mpijob_cluster_domain_goes_into_the_hostfile():
-    job = sim_mpijob.simulate(render_mpijob(_spec(nodes=1)), cluster_domain="cluster.local")
+    job = sim_mpijob.simulate(render_mpijob(*_spec(nodes=1)), cluster_domain="cluster.local")
     assert job.hostfile == "digits-worker-0.digits.team.svc.cluster.local slots=1\n"
 
 
 def test_mpijob_admission_rules():
     """validation.go: the last worker's host name must be a DNS-1035 label; one launcher."""
-    job = render_mpijob(_spec(nodes=2))
+    job = render_mpijob(*_spec(nodes=2))
     long_name = copy.deepcopy(job)
     long_name["metadata"]["name"] = "a" * 60
     with pytest.raises(SimulationError, match="invalid DNS label"):
@@ -279,7 +279,7 @@ def test_command_expansion_follows_kubernetes():
     env = {"MASTER_ADDR": "m-0", "PORT": "29500"}
     assert expand("--rdzv=$(MASTER_ADDR):$(PORT)", env) == "--rdzv=m-0:29500"
     assert expand("$$(MASTER_ADDR) $(MISSING) $WORLD_SIZE", env) == "$(MASTER_ADDR) $(MISSING) $WORLD_SIZE"
-    job = render_pytorchjob(_spec(nodes=2))
+    job = render_pytorchjob(*_spec(nodes=2))
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     container["args"] = ["--master=$(MASTER_ADDR)"]
     assert sim_pytorchjob.simulate(job)[1].argv[-1] == "--master=digits-master-0"

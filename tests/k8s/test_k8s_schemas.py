@@ -18,11 +18,11 @@ import yaml
 from k8s import crd_schema, sim_trainjob
 from k8s.crd_schema import assert_valid, errors
 from k8s.sim_cluster import SimulationError
-from shoal.launch.k8s_spec import PodOptions, SecretEnv, VolumeClaim
-from shoal.launch.render.mpijob import render_mpijob
-from shoal.launch.render.pytorchjob import render_pytorchjob
-from shoal.launch.render.trainjob import render_trainjob
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.mpijob import render_mpijob
+from shoal.jobs.kubernetes.options import PodOptions, SecretEnv, VolumeClaim
+from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
+from shoal.jobs.kubernetes.trainjob import render_trainjob
+from shoal.jobs.spec import JobSpec
 
 pytestmark = pytest.mark.skipif(not crd_schema.CRD_DIR.is_dir(), reason=f"no CRDs at {crd_schema.CRD_DIR}")
 GOLDEN = Path(__file__).parents[1] / "launch" / "golden" / "k8s"
@@ -54,20 +54,17 @@ def _jobs():
     for kind, command, pods, (nodes, nproc, gpus) in itertools.product(
         RENDERERS, COMMANDS, PODS, [(1, 1, 0), (2, "auto", 0), (4, 8, 8), (3, "auto", 2)]
     ):
-        yield (
-            kind,
-            JobSpec(command=command, job_name="job", nodes=nodes, nproc_per_node=nproc, gpus_per_node=gpus, pods=pods),
-        )
+        yield kind, (JobSpec(command=command, job_name="job", nodes=nodes, nproc=nproc, gpus_per_node=gpus), pods)
 
 
 @pytest.mark.parametrize("kind, spec", list(_jobs()))
 def test_every_rendering_passes_its_crd_schema(kind, spec):
-    assert_valid(RENDERERS[kind](spec))
+    assert_valid(RENDERERS[kind](*spec))
 
 
 def test_elastic_pytorchjob_passes_its_crd_schema():
-    spec = JobSpec(command=("shoal", "train"), nodes=2, max_restarts=3, pods=PodOptions(image="i", elastic=(1, 4)))
-    assert_valid(render_pytorchjob(spec))
+    spec = JobSpec(command=("shoal", "train"), nodes=2, max_restarts=3)
+    assert_valid(render_pytorchjob(spec, PodOptions(image="i", elastic=(1, 4))))
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN.glob("*.yaml")), ids=lambda p: p.name)
@@ -82,7 +79,7 @@ def test_the_torch_distributed_runtime_passes_its_crd_and_every_trainjob_names_i
 
 
 def test_a_trainjob_naming_another_runtime_is_refused():
-    job = render_trainjob(JobSpec(command=("train.py",), pods=PodOptions(image="i")), runtime="deepspeed-distributed")
+    job = render_trainjob(JobSpec(command=("train.py",)), PodOptions(image="i"), runtime="deepspeed-distributed")
     assert_valid(job)  # the schema cannot know which runtimes exist
     with pytest.raises(SimulationError, match="must be created before the TrainJob"):
         sim_trainjob.admit(job, RUNTIME)

@@ -21,9 +21,9 @@ from contract.torchrun import SCRIPT, check_report, report_from_file
 from k8s import sim_runai
 from k8s.pod_runtime import container_env, run_pods
 from k8s.test_job_pods import Job, _show
-from shoal.launch.k8s_spec import PodOptions, VolumeClaim
-from shoal.launch.render.runai import render_runai
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.options import PodOptions, VolumeClaim
+from shoal.jobs.kubernetes.runai import render_runai
+from shoal.jobs.spec import JobSpec
 
 pytestmark = pytest.mark.multiprocess
 SHARED = "/mnt/shared"
@@ -38,8 +38,8 @@ def _can_make_pods():
 
 def _submit(command: tuple[str, ...], cli: str = "submit-dist") -> list[str]:
     pods = PodOptions(image="shoal:test", volumes=(VolumeClaim("shared", SHARED),))
-    spec = JobSpec(command=command, job_name="dist-train1", nodes=2, pods=pods)
-    return render_runai(spec, cli, project="team-a")
+    spec = JobSpec(command=command, job_name="dist-train1", nodes=2)
+    return render_runai(spec, pods, cli, project="team-a")
 
 
 def _run_job(tmp_path: Path, pods, *, after=None, timeout: float = 300):

@@ -10,10 +10,11 @@ import time
 import pytest
 
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED
-from shoal.launch.remote import processes as remote
-from shoal.launch.remote import rank_status
-from shoal.launch.render import render_mpirun
-from shoal.launch.spec import Here, JobSpec
+from shoal.jobs.hosts import processes as remote
+from shoal.jobs.hosts import rank_status
+from shoal.jobs.hosts.options import Here, HostsOptions
+from shoal.jobs.hosts.render import render_mpirun
+from shoal.jobs.spec import JobSpec
 
 
 def _sh(script: str) -> list[str]:
@@ -58,8 +59,8 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open M
 
 
 def _mpirun_argv(script: str, np: int = 2) -> list[str]:
-    spec = JobSpec(command=("sh", "-c", script), np=np, python=sys.executable)
-    return render_mpirun(spec, Here.detect(), report_status=True)
+    spec = JobSpec(command=("sh", "-c", script), python=sys.executable)
+    return render_mpirun(spec, HostsOptions(np=np), Here.detect(), report_status=True)
 
 
 def test_rank_status_reports_the_command_status(capfd):
@@ -100,7 +101,7 @@ def test_mpirun_all_ranks_succeed():
 
 @needs_mpirun
 def test_the_rank_wrapper_starts_without_a_warning_on_every_rank(tmp_path):
-    """``python -m shoal.launch.remote.rank_status`` found itself imported by its own package (runpy's
+    """``python -m shoal.jobs.hosts.rank_status`` found itself imported by its own package (runpy's
     RuntimeWarning, once per rank, in every ``shoal launch --via mpirun`` job's output)."""
     import subprocess
 

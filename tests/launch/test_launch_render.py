@@ -1,4 +1,4 @@
-"""Renderers of :mod:`shoal.launch.render` pinned by golden files, and ``shoal launch`` parsing.
+"""Renderers of :mod:`shoal.jobs.hosts` and :mod:`shoal.jobs.slurm` pinned by golden files, and ``shoal launch`` parsing.
 
 Each case below renders one job description; its text must equal ``golden/<case>.txt``. After an
 intended change to a renderer, regenerate the files and review the diff before committing::
@@ -23,17 +23,18 @@ import pytest
 from shoal.cli import launch as launch_cli
 from shoal.cli.launch.common import write_rendered
 from shoal.errors import ShoalError
-from shoal.launch.render import SBATCH_MARKER, render_manual, render_mpirun, render_sbatch, render_ssh
-from shoal.launch.spec import (
+from shoal.jobs.hosts.options import (
     Here,
     Host,
-    JobSpec,
+    HostsOptions,
     forwarded_env,
     interpreter_first,
-    parse_env,
     parse_hosts,
     read_hostfile,
 )
+from shoal.jobs.hosts.render import render_manual, render_mpirun, render_ssh
+from shoal.jobs.slurm import SBATCH_MARKER, SlurmOptions, render_sbatch
+from shoal.jobs.spec import JobSpec, parse_env
 
 GOLDEN = Path(__file__).parent / "golden"
 TRAIN = ("shoal", "train", "digits", "--epochs", "1")
@@ -49,106 +50,104 @@ def _lines(argvs) -> str:
 CASES = {
     "mpirun_hosts": lambda: shlex.join(
         render_mpirun(
-            JobSpec(command=TRAIN, hosts=TWO_NODES, env=(("PATH", None), ("LD_LIBRARY_PATH", None))), HEAD_AS_ROOT
+            JobSpec(command=TRAIN, env=(("PATH", None), ("LD_LIBRARY_PATH", None))),
+            HostsOptions(hosts=TWO_NODES),
+            HEAD_AS_ROOT,
         )
     ),
     "mpirun_local_oversubscribed": lambda: shlex.join(
-        render_mpirun(JobSpec(command=("train.py", "--lr", "0.1"), np=4, env=(("PATH", None),)), LAPTOP)
+        render_mpirun(JobSpec(command=("train.py", "--lr", "0.1"), env=(("PATH", None),)), HostsOptions(np=4), LAPTOP)
     ),
     "mpirun_hostfile_rsh": lambda: shlex.join(
         render_mpirun(
-            JobSpec(
-                command=("-m", "mypkg.train"),
-                hosts=(Host("10.0.0.1", 4), Host("10.0.0.2", 4)),
-                hostfile="hosts.txt",
-                master_port=23456,
-                rsh="/usr/local/bin/my-rsh",
-                env=(("PATH", None), ("NCCL_DEBUG", "INFO")),
+            JobSpec(command=("-m", "mypkg.train"), master_port=23456, env=(("PATH", None), ("NCCL_DEBUG", "INFO"))),
+            HostsOptions(
+                hosts=(Host("10.0.0.1", 4), Host("10.0.0.2", 4)), hostfile="hosts.txt", rsh="/usr/local/bin/my-rsh"
             ),
             HEAD_AS_ROOT,
         )
     ),
     "mpirun_local_host_more_slots_than_cores": lambda: shlex.join(
-        render_mpirun(JobSpec(command=("python", "-c", "print('hi there')"), hosts=(Host("laptop", 4),)), LAPTOP)
+        render_mpirun(
+            JobSpec(command=("python", "-c", "print('hi there')")), HostsOptions(hosts=(Host("laptop", 4),)), LAPTOP
+        )
     ),
     "sbatch_launcher_per_node": lambda: render_sbatch(
         JobSpec(
             command=("shoal", "train", "cifar10", "--data", "~/my data"),
             nodes=2,
             gpus_per_node=4,
-            nproc_per_node=4,
-            cpus_per_node=32,
-            partition="gpu",
-            time_limit="1:00:00",
+            nproc=4,
             job_name="cifar",
             env=(("NCCL_DEBUG", "INFO"), ("PATH", None)),
             max_restarts=1,
-        )
+        ),
+        SlurmOptions(cpus_per_node=32, partition="gpu", time_limit="1:00:00"),
     ),
     "sbatch_launcher_fixed_port": lambda: render_sbatch(
         JobSpec(
             command=("train.py", "--lr", "0.1"),
             nodes=1,
-            nproc_per_node=2,
+            nproc=2,
             master_port=29555,
-            output="/scratch/logs/%x-%j.out",
-            error="/scratch/logs/%x-%j.err",
             workdir="/scratch/run",
-        )
+        ),
+        SlurmOptions(output="/scratch/logs/%x-%j.out", error="/scratch/logs/%x-%j.err"),
     ),
     "sbatch_one_task_per_process": lambda: render_sbatch(
         JobSpec(
             command=TRAIN,
             nodes=2,
-            nproc_per_node=4,
+            nproc=4,
             gpus_per_node=4,
-            cpus_per_node=32,
-            one_task_per_process=True,
-            time_limit="30",
-            partition="gpu",
-        )
+        ),
+        SlurmOptions(cpus_per_node=32, one_task_per_process=True, time_limit="30", partition="gpu"),
     ),
     "manual_static": lambda: "\n".join(
         render_manual(
             JobSpec(
                 command=("train.py", "--lr", "0.1"),
-                hosts=(Host("node1", 4), Host("node2", 2)),
                 env=(("OMP_NUM_THREADS", "8"), ("PATH", None), ("TAG", "a b")),
-            )
+            ),
+            HostsOptions(hosts=(Host("node1", 4), Host("node2", 2))),
         )
     ),
     "manual_c10d": lambda: "\n".join(
         render_manual(
             JobSpec(
                 command=TRAIN,
-                hosts=TWO_NODES,
-                rdzv="c10d",
+                rdzv_backend="c10d",
                 master_addr="10.0.0.1",
                 master_port=29400,
                 max_restarts=2,
                 job_name="digits",
-            )
+            ),
+            HostsOptions(hosts=TWO_NODES),
         )
     ),
     "manual_program": lambda: "\n".join(
-        render_manual(JobSpec(command=("./bin/train", "--steps", "10"), hosts=(Host("fd00::1", 1), Host("fd00::2", 1))))
+        render_manual(
+            JobSpec(command=("./bin/train", "--steps", "10")),
+            HostsOptions(hosts=(Host("fd00::1", 1), Host("fd00::2", 1))),
+        )
     ),
     "ssh_from_head": lambda: _lines(
         render_ssh(
             JobSpec(
                 command=TRAIN,
-                hosts=(Host("head", 2), Host("node2", 2)),
                 workdir="/home/me/proj",
                 shoal=("/opt/venv/bin/python", "-m", "shoal"),
                 env=(("PATH", None), ("UNSET", None), ("A", "1")),
             ),
+            HostsOptions(hosts=(Host("head", 2), Host("node2", 2))),
             HEAD_AS_ROOT,
             {"PATH": "/opt/venv/bin:/usr/bin"},
         )
     ),
     "ssh_rsh_c10d": lambda: _lines(
         render_ssh(
-            JobSpec(command=("train.py",), hosts=TWO_NODES, rdzv="c10d", rsh="ip netns exec-wrapper --quiet"),
+            JobSpec(command=("train.py",), rdzv_backend="c10d"),
+            HostsOptions(hosts=TWO_NODES, rsh="ip netns exec-wrapper --quiet"),
             HEAD_AS_ROOT,
             {},
         )
@@ -175,7 +174,7 @@ def test_no_golden_file_is_stale():
 
 
 def test_mpirun_flags_the_tutorials_use():
-    argv = render_mpirun(JobSpec(command=TRAIN, hosts=TWO_NODES, env=(("PATH", None),)), HEAD_AS_ROOT)
+    argv = render_mpirun(JobSpec(command=TRAIN, env=(("PATH", None),)), HostsOptions(hosts=TWO_NODES), HEAD_AS_ROOT)
     text = shlex.join(argv)
     for flags in (
         "-np 4",
@@ -192,21 +191,21 @@ def test_mpirun_flags_the_tutorials_use():
         assert flags in text
     assert "--oversubscribe" not in text
     assert argv[-5:] == list(TRAIN)
-    assert "--allow-run-as-root" not in render_mpirun(JobSpec(command=TRAIN, np=2), LAPTOP)
+    assert "--allow-run-as-root" not in render_mpirun(JobSpec(command=TRAIN), HostsOptions(np=2), LAPTOP)
 
 
 def test_every_mpirun_rank_gets_torchruns_variables_through_the_shim():
     # An unchanged torchrun-style script reads RANK, LOCAL_RANK, GROUP_RANK...: each rank runs the
     # command through the shim that derives them from Open MPI's variables.
-    argv = render_mpirun(JobSpec(command=("train.py",), hosts=TWO_NODES, python="py"), HEAD_AS_ROOT)
+    argv = render_mpirun(JobSpec(command=("train.py",), python="py"), HostsOptions(hosts=TWO_NODES), HEAD_AS_ROOT)
     assert argv[-6:] == ["py", "-m", "shoal.launch.as_torchrun", "--", "py", "train.py"]
     # Hosts with different slot counts: Open MPI's variables cannot tell a node's index, the layout can.
-    uneven = JobSpec(command=("train.py",), hosts=(Host("a", 2), Host("b", 1), Host("c", 4)), np=4, python="py")
-    argv = render_mpirun(uneven, HEAD_AS_ROOT, report_status=True)
+    uneven = HostsOptions(hosts=(Host("a", 2), Host("b", 1), Host("c", 4)), np=4)
+    argv = render_mpirun(JobSpec(command=("train.py",), python="py"), uneven, HEAD_AS_ROOT, report_status=True)
     assert argv[-8:] == [
         "py",
         "-m",
-        "shoal.launch.remote.rank_status",
+        "shoal.jobs.hosts.rank_status",
         "--ranks-per-node",
         "2,1,1",
         "--",
@@ -216,7 +215,7 @@ def test_every_mpirun_rank_gets_torchruns_variables_through_the_shim():
 
 
 def test_sbatch_runs_one_launcher_per_node_with_c10d_on_the_first_node():
-    script = render_sbatch(JobSpec(command=TRAIN, nodes=3, nproc_per_node=2))
+    script = render_sbatch(JobSpec(command=TRAIN, nodes=3, nproc=2), SlurmOptions())
     assert script.startswith("#!/bin/bash\n") and SBATCH_MARKER in script
     assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=2\n" in script
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in script
@@ -285,21 +284,26 @@ def test_hostfile(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "make, message",
     [
-        (dict(command=()), "no command given"),
-        (dict(command=TRAIN, hosts=(Host("a", 1), Host("a", 2))), "host listed twice: a"),
-        (dict(command=TRAIN, hosts=(Host("localhost", 2), Host("node2", 2))), "the first host is localhost"),
-        (dict(command=TRAIN, master_port=70000), "port 70000 is not a TCP port"),
-        (dict(command=TRAIN, time_limit="1h"), "not a Slurm time limit"),
-        (dict(command=TRAIN, env=(("1BAD", "x"),)), "is not a variable name"),
-        (dict(command=TRAIN, nodes=0), "nodes must be at least 1"),
-        (dict(command=TRAIN, rdzv="etcd"), "unknown rendezvous"),
+        (lambda: JobSpec(command=()), "no command given"),
+        (lambda: HostsOptions(hosts=(Host("a", 1), Host("a", 2))), "host listed twice: a"),
+        (
+            lambda: render_manual(JobSpec(command=TRAIN), HostsOptions(hosts=(Host("localhost", 2), Host("node2", 2)))),
+            "the first host is localhost",
+        ),
+        (lambda: HostsOptions(np=0), "-np must be at least 1"),
+        (lambda: JobSpec(command=TRAIN, master_port=70000), "port 70000 is not a TCP port"),
+        (lambda: SlurmOptions(time_limit="1h"), "not a Slurm time limit"),
+        (lambda: SlurmOptions(cpus_per_node=0), "CPUs per node must be at least 1"),
+        (lambda: JobSpec(command=TRAIN, env=(("1BAD", "x"),)), "is not a variable name"),
+        (lambda: JobSpec(command=TRAIN, nodes=0), "nodes must be at least 1"),
+        (lambda: JobSpec(command=TRAIN, rdzv_backend="etcd"), "unknown rendezvous"),
     ],
 )
-def test_bad_job_descriptions(kwargs, message):
+def test_bad_job_descriptions(make, message):
     with pytest.raises(ShoalError, match=message) as err:
-        JobSpec(**kwargs)
+        make()
     assert err.value.hint
 
 
@@ -346,7 +350,7 @@ def test_cli_hosts_dry_run_via_mpirun(capsys):
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
     # Each rank reports its status through this interpreter (shoal launch tells the cause from the
     # ranks stopped because of it), and mpirun lets shoal decide when to stop the job.
-    assert argv[-9:-5] == [sys.executable, "-m", "shoal.launch.remote.rank_status", "--"]
+    assert argv[-9:-5] == [sys.executable, "-m", "shoal.jobs.hosts.rank_status", "--"]
     assert "orte_abort_on_non_zero_status" in argv
     # The interpreter's directory leads the PATH every rank gets, even without an activated venv.
     path = next(a for a in argv if a.startswith("PATH="))

@@ -22,14 +22,14 @@ import yaml
 
 from shoal.cli import launch as launch_cli
 from shoal.errors import ShoalError
-from shoal.launch.k8s_spec import PodOptions, SecretEnv, VolumeClaim, grace_period
-from shoal.launch.render.image import render_dockerfile, render_dockerignore
-from shoal.launch.render.manifest import MANIFEST_MARKER, to_yaml
-from shoal.launch.render.mpijob import render_mpijob
-from shoal.launch.render.pytorchjob import render_pytorchjob
-from shoal.launch.render.runai import RUNAI_CLIS, render_runai
-from shoal.launch.render.trainjob import render_trainjob
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.image import render_dockerfile, render_dockerignore
+from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, to_yaml
+from shoal.jobs.kubernetes.mpijob import render_mpijob
+from shoal.jobs.kubernetes.options import PodOptions, SecretEnv, VolumeClaim, grace_period
+from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
+from shoal.jobs.kubernetes.runai import RUNAI_CLIS, render_runai
+from shoal.jobs.kubernetes.trainjob import render_trainjob
+from shoal.jobs.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "k8s"
 IMAGE = "ghcr.io/example/train:1.0"
@@ -45,32 +45,34 @@ GPU_PODS = PodOptions(
 GPU_TRAIN = ("shoal", "train", "cifar10", "--data", "/data", "--out", "/ckpt/run", "--preempt-grace", "60")
 
 
-def _gpu_job(**kw) -> JobSpec:
-    return JobSpec(
-        command=GPU_TRAIN,
-        job_name="cifar",
-        nodes=3,
-        nproc_per_node=4,
-        gpus_per_node=4,
-        env=(("NCCL_DEBUG", "INFO"),),
-        max_restarts=2,
-        pods=GPU_PODS,
-        **kw,
+def _gpu_job(**kw) -> tuple[JobSpec, PodOptions]:
+    return (
+        JobSpec(
+            command=GPU_TRAIN,
+            job_name="cifar",
+            nodes=3,
+            nproc=4,
+            gpus_per_node=4,
+            env=(("NCCL_DEBUG", "INFO"),),
+            max_restarts=2,
+            **kw,
+        ),
+        GPU_PODS,
     )
 
 
 CPU_PODS = PodOptions(image=IMAGE, cpu="2", memory="4Gi", volumes=(VolumeClaim("shared", "/shared"),))
 CASES = {
-    "pytorchjob_gpu.yaml": lambda: to_yaml(render_pytorchjob(_gpu_job())),
+    "pytorchjob_gpu.yaml": lambda: to_yaml(render_pytorchjob(*_gpu_job())),
     "pytorchjob_cpu_auto.yaml": lambda: to_yaml(
         render_pytorchjob(
             JobSpec(
                 command=("shoal", "train", "digits", "--device", "cpu", "--out", "/shared/run"),
                 job_name="digits",
                 nodes=2,
-                nproc_per_node="auto",
-                pods=CPU_PODS,
-            )
+                nproc="auto",
+            ),
+            CPU_PODS,
         )
     ),
     "pytorchjob_elastic.yaml": lambda: to_yaml(
@@ -79,30 +81,32 @@ CASES = {
                 command=("train.py", "--epochs", "10"),
                 job_name="elastic",
                 nodes=2,
-                nproc_per_node=1,
+                nproc=1,
                 max_restarts=3,
-                pods=PodOptions(image=IMAGE, elastic=(1, 4), grace_period_s=120),
-            )
+            ),
+            PodOptions(image=IMAGE, elastic=(1, 4), grace_period_s=120),
         )
     ),
-    "trainjob.yaml": lambda: to_yaml(render_trainjob(JobSpec(**_trainjob_kwargs()))),
+    "trainjob.yaml": lambda: to_yaml(render_trainjob(JobSpec(**_trainjob_kwargs()), GPU_PODS)),
     "trainjob_cpu_module.yaml": lambda: to_yaml(
-        render_trainjob(JobSpec(command=("-m", "mypkg.train", "--lr", "0.1"), job_name="mod", nodes=2, pods=CPU_PODS))
+        render_trainjob(JobSpec(command=("-m", "mypkg.train", "--lr", "0.1"), job_name="mod", nodes=2), CPU_PODS)
     ),
-    "mpijob.yaml": lambda: to_yaml(render_mpijob(_gpu_job())),
+    "mpijob.yaml": lambda: to_yaml(render_mpijob(*_gpu_job())),
     "mpijob_cpu_script.yaml": lambda: to_yaml(
         render_mpijob(
             JobSpec(
                 command=("python", "hvd_train.py", "--epochs", "2"),
                 job_name="hvd",
                 nodes=2,
-                nproc_per_node=2,
+                nproc=2,
                 env=(("OMP_NUM_THREADS", "1"),),
-                pods=CPU_PODS,
-            )
+            ),
+            CPU_PODS,
         )
     ),
-    "runai.txt": lambda: "\n".join(shlex.join(render_runai(_runai_job(), cli, project="team-a")) for cli in RUNAI_CLIS),
+    "runai.txt": lambda: "\n".join(
+        shlex.join(render_runai(*_runai_job(), cli, project="team-a")) for cli in RUNAI_CLIS
+    ),
     "Dockerfile": lambda: render_dockerfile(
         JobSpec(command=("train.py", "--lr", "0.1")), shoal_requirement="shoal==0.1.0", requirements="requirements.txt"
     ),
@@ -116,22 +120,23 @@ def _trainjob_kwargs() -> dict:
         command=GPU_TRAIN,
         job_name="cifar",
         nodes=3,
-        nproc_per_node="auto",
+        nproc="auto",
         gpus_per_node=4,
         env=(("NCCL_DEBUG", "INFO"),),
-        pods=GPU_PODS,
     )
 
 
-def _runai_job() -> JobSpec:
-    return JobSpec(
-        command=("train.py", "--epochs", "10", "--checkpoint-every", "2"),
-        job_name="distributed-training-pytorch",
-        nodes=2,
-        nproc_per_node=1,
-        gpus_per_node=1,
-        env=(("NCCL_DEBUG", "INFO"),),
-        pods=PodOptions(image="docker.io/me/distributed_training_pytorch", volumes=(VolumeClaim("ckpt", "/ckpt"),)),
+def _runai_job() -> tuple[JobSpec, PodOptions]:
+    return (
+        JobSpec(
+            command=("train.py", "--epochs", "10", "--checkpoint-every", "2"),
+            job_name="distributed-training-pytorch",
+            nodes=2,
+            nproc=1,
+            gpus_per_node=1,
+            env=(("NCCL_DEBUG", "INFO"),),
+        ),
+        PodOptions(image="docker.io/me/distributed_training_pytorch", volumes=(VolumeClaim("ckpt", "/ckpt"),)),
     )
 
 
@@ -154,7 +159,7 @@ def test_no_golden_file_is_stale():
 
 
 def test_pytorchjob_master_and_workers_share_the_pod():
-    job = render_pytorchjob(_gpu_job())
+    job = render_pytorchjob(*_gpu_job())
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
     assert replicas["Master"]["template"] == replicas["Worker"]["template"]
@@ -173,7 +178,7 @@ def test_pytorchjob_master_and_workers_share_the_pod():
 
 def test_elastic_pytorchjob_has_workers_only_and_an_elastic_policy():
     job = render_pytorchjob(
-        JobSpec(command=("shoal", "train"), job_name="e", nodes=3, pods=PodOptions(image=IMAGE, elastic=(2, 4)))
+        JobSpec(command=("shoal", "train"), job_name="e", nodes=3), PodOptions(image=IMAGE, elastic=(2, 4))
     )
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
@@ -188,17 +193,15 @@ def test_elastic_pytorchjob_has_workers_only_and_an_elastic_policy():
 
 def test_trainjob_resolves_auto_as_shoal_means_it():
     """Trainer's own auto counts CPUs on CPU pods: shoal renders the number it means."""
-    cpu = render_trainjob(JobSpec(command=("train.py",), nodes=2, nproc_per_node="auto", pods=CPU_PODS))
-    gpu = render_trainjob(
-        JobSpec(command=("train.py",), nodes=2, gpus_per_node=8, nproc_per_node="auto", pods=CPU_PODS)
-    )
+    cpu = render_trainjob(JobSpec(command=("train.py",), nodes=2, nproc="auto"), CPU_PODS)
+    gpu = render_trainjob(JobSpec(command=("train.py",), nodes=2, gpus_per_node=8, nproc="auto"), CPU_PODS)
     assert cpu["spec"]["trainer"]["numProcPerNode"] == 1 and gpu["spec"]["trainer"]["numProcPerNode"] == 8
     assert cpu["spec"]["trainer"]["command"] == ["shoal", "run", "train.py"]
     assert cpu["spec"]["runtimeRef"]["name"] == "torch-distributed"
 
 
 def test_mpijob_launcher_runs_the_tutorial_mpirun_against_the_operator_hostfile():
-    job = render_mpijob(_gpu_job())
+    job = render_mpijob(*_gpu_job())
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     command = shlex.join(launcher["command"])
     for flags in (
@@ -222,7 +225,7 @@ def test_mpijob_launcher_runs_the_tutorial_mpirun_against_the_operator_hostfile(
 
 def test_runai_workers_count_the_pods_beside_the_master():
     for cli in RUNAI_CLIS:
-        argv = render_runai(_runai_job(), cli)
+        argv = render_runai(*_runai_job(), cli)
         assert argv[argv.index("--workers") + 1] == "1"  # 2 pods: the master and one worker
         assert argv[argv.index("--command") + 1 :] == [
             "--",
@@ -234,14 +237,14 @@ def test_runai_workers_count_the_pods_beside_the_master():
             "--checkpoint-every",
             "2",
         ]
-    four = JobSpec(command=("train.py",), nodes=2, nproc_per_node=4, gpus_per_node=4, pods=PodOptions(image=IMAGE))
-    assert render_runai(four, "submit-dist")[-5:] == ["shoal", "run", "--nproc-per-node", "4", "train.py"]
+    four = (JobSpec(command=("train.py",), nodes=2, nproc=4, gpus_per_node=4), PodOptions(image=IMAGE))
+    assert render_runai(*four, "submit-dist")[-5:] == ["shoal", "run", "--nproc-per-node", "4", "train.py"]
 
 
 def test_secret_values_never_reach_a_rendering():
     value = "s3cr3t-value-that-must-not-leak"
     with pytest.raises(ShoalError) as err:
-        render_pytorchjob(JobSpec(command=("train.py",), env=(("HF_TOKEN", value),), pods=PodOptions(image=IMAGE)))
+        render_pytorchjob(JobSpec(command=("train.py",), env=(("HF_TOKEN", value),)), PodOptions(image=IMAGE))
     assert value not in err.value.message + err.value.hint and "--secret-env HF_TOKEN=" in err.value.hint
 
 

@@ -1,19 +1,20 @@
-"""Pure renderers: one :class:`~shoal.launch.spec.JobSpec` in, a launcher's command, script or object out.
+"""Describing a multi-node job and handing it to a target; nothing here starts a worker.
 
-- :mod:`.hosts`: ``mpirun`` (:func:`render_mpirun`), the per-node ``shoal run`` lines of a by-hand
-  launch (:func:`render_manual`) and their SSH wrapping (:func:`render_ssh`);
-- :mod:`.sbatch`: an sbatch script (:func:`render_sbatch`);
-- :mod:`.pytorchjob`, :mod:`.trainjob`, :mod:`.mpijob`: Kubeflow's PyTorchJob (training-operator
-  v1), TrainJob (Trainer v2) and MPIJob (MPI operator v2beta1), sharing the pod of :mod:`.pod`;
-- :mod:`.runai`: the Run:ai CLI's submit command, for each CLI generation;
-- :mod:`.image`: a Dockerfile and a .dockerignore for the job's container image.
+The split is TorchX's: a generic job description plus per-target options, one module per target
+holding its options, its pure renderers and its submit.
 
-No function here reads the environment, the clock or the file system: what they depend on is in
-their arguments, so ``--dry-run`` shows exactly what runs and golden files pin it
-(``tests/launch/golden/``).
+- :mod:`.spec`: :class:`~.spec.JobSpec`, the job as every target sees it (the command, nodes,
+  processes per node, rendezvous, variables, name, directory), and the ``--env`` parsing;
+- :mod:`.hosts`: a list of hosts from the head node: ``mpirun`` or one ``shoal run`` per host over
+  SSH (:class:`~.hosts.options.HostsOptions`), the by-hand lines, and running and stopping them;
+- :mod:`.slurm`: an sbatch script (:class:`~.slurm.SlurmOptions`), submitted with sbatch;
+- :mod:`.kubernetes`: PyTorchJob, TrainJob, MPIJob, Run:ai, the image
+  (:class:`~.kubernetes.options.PodOptions`), applied with kubectl;
+- :mod:`.programs`: the programs a target hands its job to, found on PATH.
+
+No renderer reads the environment, the clock or the file system: what they depend on is in their
+arguments, so ``--dry-run`` shows exactly what runs and golden files pin it
+(``tests/launch/golden/``). ``shoal launch`` (:mod:`shoal.cli.launch`) is the only caller. The one
+piece of :mod:`shoal.launch` used here is :mod:`shoal.launch.as_torchrun`, the per-rank shim every
+rendered mpirun and srun line runs; :mod:`shoal.launch` never imports this package.
 """
-
-from shoal.launch.render.hosts import MPIRUN_FLAGS, render_manual, render_mpirun, render_ssh
-from shoal.launch.render.sbatch import SBATCH_MARKER, render_sbatch
-
-__all__ = ["MPIRUN_FLAGS", "SBATCH_MARKER", "render_manual", "render_mpirun", "render_sbatch", "render_ssh"]

@@ -1,31 +1,71 @@
-"""An sbatch script: one ``shoal run`` launcher per node, or ``srun`` starting every process."""
+"""The Slurm target: its options, the sbatch script (one ``shoal run`` launcher per node, or ``srun``
+starting every process), and submitting it with sbatch.
+
+:class:`SlurmOptions` holds what only Slurm needs (partition, time limit, output files, cores per
+node, srun starting every process); :func:`render_sbatch` is pure (golden files pin it);
+:func:`submit_sbatch` hands the written script to ``sbatch``.
+"""
 
 from __future__ import annotations
 
+import re
 import shlex
+import subprocess
+from dataclasses import dataclass
 
+from shoal.errors import ShoalError
+from shoal.jobs.programs import require_program
+from shoal.jobs.spec import JobSpec
 from shoal.launch.as_torchrun import MODULE as AS_TORCHRUN_MODULE
-from shoal.launch.spec import JobSpec
 
 _SHELL_WORDS = frozenset({'"$SLURM_NNODES"', '"$head_node:$port"', '"$SLURM_JOB_ID"'})
 """Words of the sbatch launcher line the shell expands (left unquoted)."""
 SBATCH_MARKER = "# Rendered by `shoal launch slurm`"
 """First comment line of every rendered sbatch script (shoal overwrites only files that have it)."""
+SBATCH_HINT = "run it on a Slurm login node, or add --dry-run to print the script"
+_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|infinite|unlimited", re.I)
 
 
-def render_sbatch(spec: JobSpec) -> str:
-    """An sbatch script for ``spec.nodes`` nodes with ``spec.nproc`` processes each.
+@dataclass(frozen=True, kw_only=True)
+class SlurmOptions:
+    """What a job needs on Slurm beyond what it runs: where, for how long, its files, its cores."""
+
+    partition: str | None = None
+    time_limit: str | None = None
+    """Slurm time limit (``MM``, ``HH:MM:SS``, ``D-HH:MM``, ...)."""
+    output: str = "shoal-%j.out"
+    """sbatch's output file (``%j``: the job id); stderr goes there too unless ``error`` is set."""
+    error: str | None = None
+    cpus_per_node: int | None = None
+    """CPU cores to allocate on every node; default one per process."""
+    one_task_per_process: bool = False
+    """srun starts every process itself (shoal detects Slurm) instead of one launcher per node."""
+
+    def __post_init__(self) -> None:
+        if self.cpus_per_node is not None and self.cpus_per_node < 1:
+            raise ShoalError(
+                f"CPUs per node must be at least 1, got {self.cpus_per_node}", "give --cpus-per-node 1 or more"
+            )
+        if self.time_limit is not None and not _TIME.fullmatch(self.time_limit):
+            raise ShoalError(
+                f"--time {self.time_limit!r} is not a Slurm time limit",
+                "use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. --time 1:30:00",
+            )
+
+
+def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
+    """An sbatch script for ``spec.nodes`` nodes with ``spec.local_world_size`` processes each.
 
     Default: ``srun --ntasks-per-node=1`` starts one ``shoal run`` launcher per node; they meet in a
     c10d rendezvous on the allocation's first node (``scontrol show hostnames``), which serves the
     store, and each starts its processes. Each launcher is given ``--cpus-per-task`` for all its
-    processes (Slurm would otherwise allot it one core). ``one_task_per_process``: srun starts
+    processes (Slurm would otherwise allot it one core). ``opts.one_task_per_process``: srun starts
     every process as a task of its own, through :mod:`shoal.launch.as_torchrun`, which exports
     torchrun's variables derived from Slurm's (so an unchanged torchrun-style script runs, and
     ``shoal.init()`` still reads Slurm's).
     """
-    nproc, cpus = spec.nproc, spec.cpus_per_node
-    if spec.one_task_per_process:
+    nproc, cpus = spec.local_world_size, opts.cpus_per_node
+    if opts.one_task_per_process:
         tasks_per_node, cpus_per_task = nproc, (max(1, cpus // nproc) if cpus else None)
     else:
         tasks_per_node, cpus_per_task = 1, cpus or nproc
@@ -39,17 +79,17 @@ def render_sbatch(spec: JobSpec) -> str:
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
     if spec.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
-    if spec.partition:
-        lines.append(f"#SBATCH --partition={spec.partition}")
-    if spec.time_limit:
-        lines.append(f"#SBATCH --time={spec.time_limit}")
-    lines.append(f"#SBATCH --output={spec.output}")
-    if spec.error:
-        lines.append(f"#SBATCH --error={spec.error}")
+    if opts.partition:
+        lines.append(f"#SBATCH --partition={opts.partition}")
+    if opts.time_limit:
+        lines.append(f"#SBATCH --time={opts.time_limit}")
+    lines.append(f"#SBATCH --output={opts.output}")
+    if opts.error:
+        lines.append(f"#SBATCH --error={opts.error}")
     if spec.workdir:
         lines.append(f"#SBATCH --chdir={spec.workdir}")
     world = spec.nodes * nproc
-    if spec.one_task_per_process:
+    if opts.one_task_per_process:
         lines += [
             f"{SBATCH_MARKER} --one-task-per-process: srun starts all {world} processes;",
             "# each gets torchrun's variables (RANK, LOCAL_RANK, ..., MASTER_ADDR: the first node) from Slurm's.",
@@ -65,7 +105,7 @@ def render_sbatch(spec: JobSpec) -> str:
     if env:
         lines.append("")
     srun = ["srun"]
-    if spec.one_task_per_process:
+    if opts.one_task_per_process:
         if spec.master_port is not None:
             lines += [f"export MASTER_PORT={spec.master_port}", ""]
         if cpus_per_task:  # srun does not take it from sbatch since Slurm 22.05
@@ -109,3 +149,17 @@ def _continued(*groups: list[str], width: int = 100) -> str:
                 current += " " + word
         lines.append(current)
     return " \\\n".join(lines)
+
+
+def submit_sbatch(script_path: str) -> str:
+    """``sbatch --parsable SCRIPT``; return the job id. ShoalError if sbatch is missing or refuses."""
+    sbatch = require_program("sbatch", SBATCH_HINT)
+    proc = subprocess.run([sbatch, "--parsable", script_path], capture_output=True, text=True)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise ShoalError(
+            f"sbatch refused {script_path}: {reason}",
+            "check the partition, time limit and node/GPU counts against `sinfo`",
+            exit_code=1,
+        )
+    return proc.stdout.strip().split(";")[0]

@@ -1,7 +1,8 @@
 """``shoal launch``: start a job on many machines from one command.
 
-Each form builds one :class:`~shoal.launch.spec.JobSpec` and hands it to a renderer
-(:mod:`shoal.launch.render`); ``--dry-run`` prints what would run instead of running it:
+Each form builds one :class:`~shoal.jobs.spec.JobSpec` and its target's options, and hands them to
+that target's module in :mod:`shoal.jobs` (render, then submit); ``--dry-run`` prints what would run
+instead of running it:
 
 - ``shoal launch --hosts node1:2,node2:2 -- COMMAND``: from the head node, through Open MPI's
   mpirun when it is installed (one process per slot), else through SSH (one ``shoal run`` per host);

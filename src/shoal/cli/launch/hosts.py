@@ -52,6 +52,7 @@ def _add_python(p: argparse.ArgumentParser) -> None:
 def _add_launcher(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rdzv",
+        dest="rdzv_backend",
         choices=("static", "c10d"),
         default="static",
         help="per-node launchers' rendezvous: static (node ranks in host order, default) or c10d",
@@ -113,9 +114,12 @@ def manual_parser() -> argparse.ArgumentParser:
 
 
 def run_hosts(args: argparse.Namespace) -> int:
-    from shoal.launch import remote
-    from shoal.launch.render import render_mpirun, render_ssh
-    from shoal.launch.spec import Here, JobSpec
+    from shoal.jobs.hosts import processes
+    from shoal.jobs.hosts.options import Here
+    from shoal.jobs.hosts.reach import check_reachable
+    from shoal.jobs.hosts.render import render_mpirun, render_ssh
+    from shoal.jobs.programs import require_program
+    from shoal.jobs.spec import JobSpec
 
     hosts = _hosts(args, required=True)
     via = args.via
@@ -125,62 +129,65 @@ def run_hosts(args: argparse.Namespace) -> int:
     python = args.python or sys.executable
     common = dict(
         command=args.command,
-        hosts=hosts,
         master_addr=args.master_addr,
         master_port=_port(args, hosts, here),
         env=_env(args, python),
-        rsh=args.rsh,
         python=python,
     )
     if via == "mpirun":
-        if args.rdzv != "static" or args.max_restarts:
+        if args.rdzv_backend != "static" or args.max_restarts:
             raise ShoalError(
                 "--rdzv and --max-restarts apply to per-node launchers, not to mpirun",
                 "add --via ssh, or drop them (mpirun starts the processes itself)",
             )
-        spec = JobSpec(**common, hostfile=args.hostfile)
-        argv = render_mpirun(spec, here, report_status=True)
+        spec = JobSpec(**common)
+        opts = _options(hosts, args, hostfile=args.hostfile)
+        argv = render_mpirun(spec, opts, here, report_status=True)
         if args.dry_run:
             print(shell(argv))
             return 0
-        remote.require_program("mpirun", remote.MPIRUN_HINT)
-        remote.check_reachable(_remote_hosts(spec, here), args.rsh, mpirun=True)
+        require_program("mpirun", processes.MPIRUN_HINT)
+        check_reachable(_remote_hosts(opts, here), args.rsh, mpirun=True)
         announce(
-            f"mpirun, {count(spec.world_size, 'process')} on {_host_list(spec)}, rendezvous "
-            f"{spec.main_address()}:{spec.port()}"
+            f"mpirun, {count(opts.world_size(), 'process')} on {_host_list(opts)}, rendezvous "
+            f"{opts.main_address(spec)}:{spec.port()}"
         )
-        return remote.run_mpirun(argv, ranks=_rank_hosts(spec))
+        return processes.run_mpirun(argv, ranks=_rank_hosts(opts))
     spec = JobSpec(
         **common,
-        rdzv=args.rdzv,
+        rdzv_backend=args.rdzv_backend,
         max_restarts=args.max_restarts,
         workdir=os.getcwd(),
         shoal=(python, "-m", "shoal"),
     )
-    commands = render_ssh(spec, here, os.environ)
+    opts = _options(hosts, args)
+    commands = render_ssh(spec, opts, here, os.environ)
     if args.dry_run:
-        for host, cmd in zip(spec.hosts, commands, strict=True):
+        for host, cmd in zip(opts.hosts, commands, strict=True):
             print(f"# {host}")
             print(shell(cmd))
         return 0
     for program in dict.fromkeys(cmd[0] for cmd in commands):
-        remote.require_program(program, remote.SSH_HINT)
-    remote.check_reachable(_remote_hosts(spec, here), args.rsh)
-    local = sum(here.is_local(h.name) for h in spec.hosts)
+        require_program(program, processes.SSH_HINT)
+    check_reachable(_remote_hosts(opts, here), args.rsh)
+    local = sum(here.is_local(h.name) for h in opts.hosts)
     parts = [f"{local} here"] if local else []
     if len(commands) > local:
         parts.append(f"{len(commands) - local} over {args.rsh or 'ssh'}")
     announce(
-        f"{count(len(commands), 'launcher')} ({', '.join(parts)}), {count(spec.world_size, 'process')} on "
-        f"{_host_list(spec)}, {spec.rdzv} rendezvous {spec.main_address()}:{spec.port()}"
+        f"{count(len(commands), 'launcher')} ({', '.join(parts)}), {count(opts.world_size(), 'process')} on "
+        f"{_host_list(opts)}, {spec.rdzv_backend} rendezvous {opts.main_address(spec)}:{spec.port()}"
     )
-    return remote.run_launchers(commands, [f"host {h.name} (node {i})" for i, h in enumerate(spec.hosts)])
+    return processes.run_launchers(commands, [f"host {h.name} (node {i})" for i, h in enumerate(opts.hosts)])
 
 
 def run_mpirun(args: argparse.Namespace) -> int:
-    from shoal.launch import remote
-    from shoal.launch.render import render_mpirun
-    from shoal.launch.spec import Here, JobSpec
+    from shoal.jobs.hosts import processes
+    from shoal.jobs.hosts.options import Here
+    from shoal.jobs.hosts.reach import check_reachable
+    from shoal.jobs.hosts.render import render_mpirun
+    from shoal.jobs.programs import require_program
+    from shoal.jobs.spec import JobSpec
 
     hosts = _hosts(args, required=False)
     if args.np is None and not hosts:
@@ -200,40 +207,38 @@ def run_mpirun(args: argparse.Namespace) -> int:
     python = args.python or sys.executable
     spec = JobSpec(
         command=args.command,
-        hosts=hosts,
-        hostfile=args.hostfile,
-        np=args.np,
         master_addr=args.master_addr,
         master_port=_port(args, hosts, here),
         env=_env(args, python),
-        rsh=args.rsh,
         python=python,
     )
-    argv = render_mpirun(spec, here)
+    opts = _options(hosts, args, hostfile=args.hostfile, np=args.np)
+    argv = render_mpirun(spec, opts, here)
     if args.dry_run:
         print(shell(argv))
         return 0
-    remote.require_program("mpirun", remote.MPIRUN_HINT)
-    remote.check_reachable(_remote_hosts(spec, here), args.rsh, mpirun=True)
-    announce(f"mpirun, {count(spec.world_size, 'process')}, rendezvous {spec.main_address()}:{spec.port()}")
-    return remote.run_mpirun(argv)
+    require_program("mpirun", processes.MPIRUN_HINT)
+    check_reachable(_remote_hosts(opts, here), args.rsh, mpirun=True)
+    announce(f"mpirun, {count(opts.world_size(), 'process')}, rendezvous {opts.main_address(spec)}:{spec.port()}")
+    return processes.run_mpirun(argv)
 
 
 def run_manual(args: argparse.Namespace) -> int:
-    from shoal.launch.render import render_manual
-    from shoal.launch.spec import JobSpec, parse_env
+    from shoal.jobs.hosts.options import HostsOptions
+    from shoal.jobs.hosts.render import render_manual
+    from shoal.jobs.spec import JobSpec, parse_env
 
     spec = JobSpec(
         command=args.command,
-        hosts=_hosts(args, required=True),
         master_addr=args.master_addr,
         master_port=args.master_port,
-        rdzv=args.rdzv,
+        rdzv_backend=args.rdzv_backend,
         max_restarts=args.max_restarts,
         env=parse_env(args.env),
     )
-    for rank, (host, line) in enumerate(zip(spec.hosts, render_manual(spec), strict=True)):
-        print(f"# on {host.name} (node {rank} of {len(spec.hosts)}):")
+    opts = HostsOptions(hosts=_hosts(args, required=True))
+    for rank, (host, line) in enumerate(zip(opts.hosts, render_manual(spec, opts), strict=True)):
+        print(f"# on {host.name} (node {rank} of {len(opts.hosts)}):")
         print(line)
     return 0
 
@@ -243,13 +248,14 @@ def run_manual(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace, python: str):
     """The variables every process gets: the forwarded ones, ``--env``, and PATH led by ``python``'s dir."""
-    from shoal.launch.spec import forwarded_env, interpreter_first, parse_env
+    from shoal.jobs.hosts.options import forwarded_env, interpreter_first
+    from shoal.jobs.spec import parse_env
 
     return interpreter_first(forwarded_env(os.environ, parse_env(args.env)), os.environ, python)
 
 
 def _hosts(args: argparse.Namespace, *, required: bool):
-    from shoal.launch.spec import parse_hosts, read_hostfile
+    from shoal.jobs.hosts.options import parse_hosts, read_hostfile
 
     if args.nproc_per_node < 1:
         raise ShoalError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}", "give 1 or more")
@@ -264,13 +270,19 @@ def _hosts(args: argparse.Namespace, *, required: bool):
     return ()
 
 
-def _remote_hosts(spec, here) -> list[str]:
-    return [h.name for h in spec.hosts if not here.is_local(h.name)]
+def _options(hosts, args: argparse.Namespace, **extra):
+    from shoal.jobs.hosts.options import HostsOptions
+
+    return HostsOptions(hosts=hosts, rsh=args.rsh, **extra)
 
 
-def _rank_hosts(spec) -> list[str]:
+def _remote_hosts(opts, here) -> list[str]:
+    return [h.name for h in opts.hosts if not here.is_local(h.name)]
+
+
+def _rank_hosts(opts) -> list[str]:
     """The host of each rank under mpirun's ``-map-by slot``: each host's slots in turn."""
-    return [h.name for h in spec.hosts for _ in range(h.slots)][: spec.world_size]
+    return [h.name for h in opts.hosts for _ in range(h.slots)][: opts.world_size()]
 
 
 def _port(args: argparse.Namespace, hosts, here) -> int | None:
@@ -286,5 +298,5 @@ def _port(args: argparse.Namespace, hosts, here) -> int | None:
     return None
 
 
-def _host_list(spec) -> str:
-    return ",".join(str(h) for h in spec.hosts) or "this machine"
+def _host_list(opts) -> str:
+    return ",".join(str(h) for h in opts.hosts) or "this machine"

@@ -93,7 +93,7 @@ def k8s_parser() -> argparse.ArgumentParser:
 
 
 def runai_parser() -> argparse.ArgumentParser:
-    from shoal.launch.render.runai import RUNAI_CLIS
+    from shoal.jobs.kubernetes.runai import RUNAI_CLIS
 
     p = parser(
         "shoal launch runai",
@@ -109,7 +109,7 @@ def runai_parser() -> argparse.ArgumentParser:
 
 
 def image_parser() -> argparse.ArgumentParser:
-    from shoal.launch.render.image import DEFAULT_BASE_IMAGE
+    from shoal.jobs.kubernetes.image import DEFAULT_BASE_IMAGE
 
     p = parser(
         "shoal launch image",
@@ -149,8 +149,9 @@ def _image_option_error(error):
 
 
 def _spec(args: argparse.Namespace, **pod_extra):
-    from shoal.launch.k8s_spec import PodOptions, parse_nproc, parse_secret_env, parse_volumes, pod_env
-    from shoal.launch.spec import JobSpec, parse_env
+    """The job and its pods from the flags: ``(JobSpec, PodOptions)``."""
+    from shoal.jobs.kubernetes.options import PodOptions, parse_secret_env, parse_volumes, pod_env
+    from shoal.jobs.spec import JobSpec, parse_env, parse_nproc
 
     pods = PodOptions(
         image=args.image,
@@ -160,44 +161,43 @@ def _spec(args: argparse.Namespace, **pod_extra):
         volumes=parse_volumes(args.volume),
         **pod_extra,
     )
-    return JobSpec(
+    spec = JobSpec(
         command=args.command,
         job_name=args.name,
         nodes=args.nodes,
-        nproc_per_node=parse_nproc(args.nproc_per_node),
+        nproc=parse_nproc(args.nproc_per_node),
         gpus_per_node=args.gpus_per_node,
         max_restarts=args.max_restarts,
         master_port=getattr(args, "master_port", None),
         env=tuple(pod_env(parse_env(args.env), os.environ)),
-        pods=pods,
     )
+    return spec, pods
 
 
 def run_k8s(args: argparse.Namespace) -> int:
-    from shoal.launch import remote
-    from shoal.launch.k8s_spec import parse_elastic
-    from shoal.launch.render.manifest import MANIFEST_MARKER, to_yaml
+    from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, kubectl_apply, to_yaml
+    from shoal.jobs.kubernetes.options import parse_elastic
 
     if args.gpus_per_node < 0 or args.max_restarts < 0:
         raise ShoalError("--gpus-per-node and --max-restarts must be 0 or more", "give 0 or more")
-    spec = _spec(
+    spec, pods = _spec(
         args,
         namespace=args.namespace,
         shm_size=args.shm_size,
         elastic=parse_elastic(args.elastic),
         grace_period_s=args.grace_period,
     )
-    if spec.pods.elastic is not None and args.kind != "pytorchjob":
+    if pods.elastic is not None and args.kind != "pytorchjob":
         raise ShoalError(f"--elastic: only a PyTorchJob is elastic, not a {args.kind}", "use --kind pytorchjob")
-    manifest = _render(args.kind, spec, args.runtime)
+    manifest = _render(args.kind, spec, pods, args.runtime)
     kind, name = manifest["kind"], spec.job_name
-    ns = spec.pods.namespace
+    ns = pods.namespace
     text = to_yaml(manifest, f"Apply: kubectl apply -f {args.file or name + '.yaml'}\nWatch: kubectl get pods -n {ns}")
     if args.dry_run:
         sys.stdout.write(text)
         return 0
     if shutil.which("kubectl"):
-        out = remote.kubectl_apply(text, f"{kind} {name}")
+        out = kubectl_apply(text, f"{kind} {name}")
         announce(f"{out or 'applied'}; watch it with `kubectl get {kind.lower()} {name} -n {ns}`")
         return 0
     path = args.file or f"{name}.yaml"
@@ -207,26 +207,26 @@ def run_k8s(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(kind: str, spec, runtime: str) -> dict:
+def _render(kind: str, spec, pods, runtime: str) -> dict:
     if kind == "trainjob":
-        from shoal.launch.render.trainjob import render_trainjob
+        from shoal.jobs.kubernetes.trainjob import render_trainjob
 
-        return render_trainjob(spec, runtime)
+        return render_trainjob(spec, pods, runtime)
     if kind == "mpijob":
-        from shoal.launch.render.mpijob import render_mpijob
+        from shoal.jobs.kubernetes.mpijob import render_mpijob
 
-        return render_mpijob(spec)
-    from shoal.launch.render.pytorchjob import render_pytorchjob
+        return render_mpijob(spec, pods)
+    from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
 
-    return render_pytorchjob(spec)
+    return render_pytorchjob(spec, pods)
 
 
 def run_runai(args: argparse.Namespace) -> int:
-    from shoal.launch.render.runai import RUNAI_CLIS, RUNAI_LABELS, render_runai
+    from shoal.jobs.kubernetes.runai import RUNAI_CLIS, RUNAI_LABELS, render_runai
 
-    spec = _spec(args)
+    spec, pods = _spec(args)
     clis = [args.cli] if args.cli else list(RUNAI_CLIS)
-    rendered = [(cli, render_runai(spec, cli, args.project)) for cli in clis]  # all checked before printing
+    rendered = [(cli, render_runai(spec, pods, cli, args.project)) for cli in clis]  # all checked before printing
     for cli, argv in rendered:
         if len(rendered) > 1:
             print(f"# {RUNAI_LABELS[cli]}:")
@@ -235,8 +235,8 @@ def run_runai(args: argparse.Namespace) -> int:
 
 
 def run_image(args: argparse.Namespace) -> int:
-    from shoal.launch.render.image import IMAGE_MARKER, render_dockerfile, render_dockerignore
-    from shoal.launch.spec import JobSpec
+    from shoal.jobs.kubernetes.image import IMAGE_MARKER, render_dockerfile, render_dockerignore
+    from shoal.jobs.spec import JobSpec
 
     spec = JobSpec(command=args.command)
     requirement = args.shoal_requirement or f"shoal=={_version()}"

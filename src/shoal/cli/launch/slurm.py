@@ -47,39 +47,41 @@ def slurm_parser() -> argparse.ArgumentParser:
 
 
 def run_slurm(args: argparse.Namespace) -> int:
-    from shoal.launch import remote
-    from shoal.launch.render import SBATCH_MARKER, render_sbatch
-    from shoal.launch.spec import JobSpec, parse_env
+    from shoal.jobs.programs import require_program
+    from shoal.jobs.slurm import SBATCH_HINT, SBATCH_MARKER, SlurmOptions, render_sbatch, submit_sbatch
+    from shoal.jobs.spec import JobSpec, parse_env
 
     nproc = args.nproc_per_node if args.nproc_per_node is not None else max(1, args.gpus_per_node)
     spec = JobSpec(
         command=args.command,
         nodes=args.nodes,
-        nproc_per_node=nproc,
+        nproc=nproc,
         gpus_per_node=args.gpus_per_node,
-        cpus_per_node=args.cpus_per_node,
-        partition=args.partition,
-        time_limit=args.time_limit,
         job_name=args.job_name,
-        output=args.output,
-        error=args.error,
         workdir=args.workdir,
-        one_task_per_process=args.one_task_per_process,
         max_restarts=args.max_restarts,
         master_port=args.master_port,
         env=parse_env(args.env),
     )
-    if spec.one_task_per_process and spec.max_restarts:
+    opts = SlurmOptions(
+        partition=args.partition,
+        time_limit=args.time_limit,
+        output=args.output,
+        error=args.error,
+        cpus_per_node=args.cpus_per_node,
+        one_task_per_process=args.one_task_per_process,
+    )
+    if opts.one_task_per_process and spec.max_restarts:
         raise ShoalError("--max-restarts needs the per-node launchers", "drop --one-task-per-process or --max-restarts")
-    script = render_sbatch(spec)
+    script = render_sbatch(spec, opts)
     if args.dry_run:
         sys.stdout.write(script)
         return 0
     path = args.script or f"{spec.job_name}.sbatch"
-    remote.require_program("sbatch", "run it on a Slurm login node, or add --dry-run to print the script")
+    require_program("sbatch", SBATCH_HINT)
     write_rendered(path, script, SBATCH_MARKER, what="shoal launch slurm", mode=0o755)
-    job_id = remote.submit_sbatch(path)
-    output = spec.output.replace("%j", job_id)
+    job_id = submit_sbatch(path)
+    output = opts.output.replace("%j", job_id)
     announce(f"submitted batch job {job_id} (script {path}, output {output}); watch it with `squeue -j {job_id}`")
     print(job_id, flush=True)
     return 0

@@ -1,32 +1,14 @@
-"""Running what :mod:`shoal.launch.render` rendered, on this machine and on others.
+"""The hosts target: a job on a list of hosts, started from one of them (the head node).
 
-- :mod:`.processes`: mpirun, one launcher per host over SSH, sbatch, kubectl, and stopping them;
+- :mod:`.options`: :class:`~.options.HostsOptions` (hosts and slots, a hostfile, mpirun's -np, the
+  rsh agent), :class:`~.options.Here` (the launching machine), host list and hostfile parsing;
+- :mod:`.render`: pure renderers: ``mpirun`` (:func:`~.render.render_mpirun`), the per-node
+  ``shoal run`` lines of a by-hand launch (:func:`~.render.render_manual`) and their SSH wrapping
+  (:func:`~.render.render_ssh`);
 - :mod:`.reach`: before anything starts, check that every host takes a password-less login;
+- :mod:`.processes`: run what was rendered (mpirun, one launcher per host over SSH) and stop it;
 - :mod:`.rank_status`: the wrapper that reports each mpirun rank's exit status.
+
+This package imports none of its modules: ``python -m shoal.jobs.hosts.rank_status`` runs on
+every rank and loads only what it needs.
 """
-
-from shoal.launch.remote.processes import (
-    GRACE_S,
-    MPIRUN_HINT,
-    SETTLE_S,
-    SSH_HINT,
-    kubectl_apply,
-    require_program,
-    run_launchers,
-    run_mpirun,
-    submit_sbatch,
-)
-from shoal.launch.remote.reach import check_reachable
-
-__all__ = [
-    "GRACE_S",
-    "MPIRUN_HINT",
-    "SETTLE_S",
-    "SSH_HINT",
-    "check_reachable",
-    "kubectl_apply",
-    "require_program",
-    "run_launchers",
-    "run_mpirun",
-    "submit_sbatch",
-]

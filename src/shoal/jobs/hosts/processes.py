@@ -1,22 +1,21 @@
-"""Run what :mod:`shoal.launch.render` rendered: mpirun, per-host launchers over SSH, sbatch, kubectl.
+"""Run what :mod:`shoal.jobs.hosts.render` rendered: mpirun, or one launcher per host over SSH.
 
 The processes started here write straight to this terminal. They run in sessions of their own, so
 a Ctrl-C reaches shoal first, which then stops them in order: mpirun gets SIGTERM (it stops every
 rank); a per-host launcher has its stdin closed, which its guard (see
-:func:`shoal.launch.render.render_ssh`) turns into SIGTERM for the remote ``shoal run``, which stops
+:func:`shoal.jobs.hosts.render.render_ssh`) turns into SIGTERM for the remote ``shoal run``, which stops
 its workers. Whatever still runs after a grace period is killed. When one host's launcher fails,
 the others are stopped the same way and shoal exits with the failed one's status. A host whose
 workers were stopped only because another node's failed (:data:`EXIT_ANOTHER_NODE_FAILED`) can end
 first when the failing host is further away: its status is reported only if no other host fails
 within :data:`SETTLE_S`. Under mpirun the same holds for ranks: each rank's exit status comes back
-through :mod:`shoal.launch.remote.rank_status` (see :func:`run_mpirun`).
+through :mod:`shoal.jobs.hosts.rank_status` (see :func:`run_mpirun`).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,8 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from shoal.errors import EXIT_ANOTHER_NODE_FAILED, ShoalError
+from shoal.errors import EXIT_ANOTHER_NODE_FAILED
+from shoal.jobs.programs import require_program
 
 GRACE_S = 20.0
 """How long stopped launchers get to stop their workers before they are killed."""
@@ -35,10 +35,9 @@ MPIRUN_HINT = "install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin), us
 SSH_HINT = (
     "install an SSH client (Debian/Ubuntu: apt-get install openssh-client), give --rsh PROGRAM, or use --via mpirun"
 )
-KUBECTL_TIMEOUT_S = 90.0
 STATUS_MARKER = "shoal-rank-status:"
 """What :mod:`.rank_status` writes before each rank's exit status. Defined here, the module that reads
-it, so that ``python -m shoal.launch.remote.rank_status`` does not find itself already imported by the
+it, so that ``python -m shoal.jobs.hosts.rank_status`` does not find itself already imported by the
 package (runpy's RuntimeWarning on every rank)."""
 _STATUS_LINE = re.compile(re.escape(STATUS_MARKER) + r" rank=(\d+) status=(\d+)")
 
@@ -64,19 +63,11 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def require_program(name: str, hint: str) -> str:
-    """The path of ``name`` on PATH, or ShoalError with ``hint``."""
-    path = shutil.which(name)
-    if path is None:
-        raise ShoalError(f"{name} not found on PATH", hint)
-    return path
-
-
 def run_mpirun(argv: Sequence[str], ranks: Sequence[str] | None = None) -> int:
     """Run an ``mpirun`` command line; return its exit status (128+N if stopped by signal N).
 
     ``ranks`` (the host of each rank) when ``argv`` runs every rank under
-    :mod:`shoal.launch.remote.rank_status` with mpirun's abort on failure turned off (``render_mpirun(...,
+    :mod:`shoal.jobs.hosts.rank_status` with mpirun's abort on failure turned off (``render_mpirun(...,
     report_status=True)``): the ranks' status lines are taken out of mpirun's stderr, and the first
     rank that fails for a cause of its own is reported and returned, as :func:`run_launchers` does for
     hosts; ranks that only saw another fail (status 75) are reported only if no cause shows within
@@ -199,58 +190,6 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
     finally:
         for proc in procs:
             _close_stdin(proc)
-
-
-def submit_sbatch(script_path: str) -> str:
-    """``sbatch --parsable SCRIPT``; return the job id. ShoalError if sbatch is missing or refuses."""
-    sbatch = require_program("sbatch", "run it on a Slurm login node, or add --dry-run to print the script")
-    proc = subprocess.run([sbatch, "--parsable", script_path], capture_output=True, text=True)
-    if proc.returncode != 0:
-        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise ShoalError(
-            f"sbatch refused {script_path}: {reason}",
-            "check the partition, time limit and node/GPU counts against `sinfo`",
-            exit_code=1,
-        )
-    return proc.stdout.strip().split(";")[0]
-
-
-def kubectl_apply(manifest: str, what: str) -> str:
-    """``kubectl apply -f -`` with ``manifest``; kubectl's summary line, or ShoalError naming why it failed."""
-    kubectl = require_program("kubectl", "install kubectl, or add --dry-run to print the YAML")
-    try:
-        proc = subprocess.run(
-            [kubectl, "apply", "--request-timeout=30s", "-f", "-"],
-            input=manifest,
-            capture_output=True,
-            text=True,
-            timeout=KUBECTL_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        raise ShoalError(
-            f"kubectl apply of {what} did not finish within {KUBECTL_TIMEOUT_S:g} s",
-            "check that the cluster answers (`kubectl cluster-info`), or add --dry-run to print the YAML",
-            exit_code=1,
-        ) from None
-    if proc.returncode != 0:
-        raise ShoalError(
-            f"kubectl apply of {what} failed: {_kubectl_reason(proc.stderr, proc.returncode)}",
-            "check the cluster kubectl uses (`kubectl config current-context`, `kubectl cluster-info`) and that "
-            "the operator's CRDs are installed; or add --dry-run and apply the YAML where a cluster answers",
-            exit_code=1,
-        )
-    return proc.stdout.strip()
-
-
-def _kubectl_reason(stderr: str, returncode: int) -> str:
-    text = " ".join(stderr.split())
-    server = re.search(r'Get "(https?://[^/"]+)', text)
-    if "connection refused" in text:
-        return f"no Kubernetes API server answers at {server.group(1) if server else 'the configured address'}"
-    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    reason = lines[-1] if lines else f"exit status {returncode}"
-    reason = reason.removeprefix("error: ")
-    return reason if len(reason) <= 200 else reason[:197] + "..."
 
 
 def _stop(procs: Sequence[subprocess.Popen], *, by_stdin: bool) -> None:

@@ -1,10 +1,10 @@
 """Run one rank's command under mpirun and print its exit status for ``shoal launch`` to collect.
 
-``python -m shoal.launch.remote.rank_status [--ranks-per-node N,...] -- COMMAND...`` (see
-:func:`shoal.launch.render.render_mpirun`, ``report_status``) starts COMMAND with torchrun's
+``python -m shoal.jobs.hosts.rank_status [--ranks-per-node N,...] -- COMMAND...`` (see
+:func:`shoal.jobs.hosts.render.render_mpirun`, ``report_status``) starts COMMAND with torchrun's
 variables added (:func:`shoal.launch.as_torchrun.torchrun_variables`, so an unchanged torchrun-style
 script runs), waits for it and writes ``shoal-rank-status: rank=R status=S`` to stderr, which mpirun relays to ``shoal launch``
-(:func:`shoal.launch.remote.processes.run_mpirun`). A signal sent to this process (mpirun stopping the job) is
+(:func:`shoal.jobs.hosts.processes.run_mpirun`). A signal sent to this process (mpirun stopping the job) is
 passed on to COMMAND, whose status is then reported as 128+N. Imports no torch: it adds about 0.3 s to each
 rank's start (measured on a busy 2-core machine; torch's own import takes 2-4 s).
 """
@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 
 from shoal.errors import ShoalError
+from shoal.jobs.hosts.processes import STATUS_MARKER
 from shoal.launch.as_torchrun import environment_for, parse_argv
-from shoal.launch.remote.processes import STATUS_MARKER
 
 
 def main(argv: Sequence[str] | None = None) -> int:

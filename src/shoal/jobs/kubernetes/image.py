@@ -15,8 +15,8 @@ import os
 import shlex
 
 from shoal.errors import ShoalError
-from shoal.launch.render.pod import pod_command
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.template import pod_command
+from shoal.jobs.spec import JobSpec
 
 IMAGE_MARKER = "# Rendered by `shoal launch image`"
 DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"

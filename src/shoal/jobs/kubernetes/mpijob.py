@@ -17,10 +17,11 @@ import dataclasses
 from typing import Any
 
 from shoal.errors import ShoalError
-from shoal.launch.k8s_spec import check_job_name
-from shoal.launch.render import pod
-from shoal.launch.render.hosts import render_mpirun
-from shoal.launch.spec import Here, Host, JobSpec
+from shoal.jobs.hosts.options import Here, Host, HostsOptions
+from shoal.jobs.hosts.render import render_mpirun
+from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes.options import PodOptions, check_job_name
+from shoal.jobs.spec import JobSpec
 
 API_VERSION = "kubeflow.org/v2beta1"
 SSH_AUTH_MOUNT_PATH = "/root/.ssh"
@@ -31,47 +32,43 @@ RANK_ENV = ("NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH")
 """Variables mpirun hands every rank (``-x NAME``), as in the MPI operator's Horovod example."""
 
 
-def worker_hosts(spec: JobSpec) -> tuple[Host, ...]:
+def worker_hosts(spec: JobSpec, pods: PodOptions) -> tuple[Host, ...]:
     """The hostfile the operator writes: one ``<name>-worker-<i>.<name>.<ns>.svc`` per worker."""
-    name, namespace = spec.job_name, pod.options(spec).namespace
-    return tuple(Host(f"{name}-worker-{i}.{name}.{namespace}.svc", spec.nproc) for i in range(spec.nodes))
+    name, namespace = spec.job_name, pods.namespace
+    return tuple(Host(f"{name}-worker-{i}.{name}.{namespace}.svc", spec.local_world_size) for i in range(spec.nodes))
 
 
-def launcher_command(spec: JobSpec) -> list[str]:
-    """The launcher's mpirun: ``spec.nodes`` workers x ``spec.nproc`` slots, rank 0 on worker 0."""
-    hosts = worker_hosts(spec)
-    user_env = [entry["name"] for entry in pod.env_entries(spec) if entry["name"] not in RANK_ENV]
+def launcher_command(spec: JobSpec, pods: PodOptions) -> list[str]:
+    """The launcher's mpirun: ``spec.nodes`` workers x ``spec.local_world_size`` slots, rank 0 on worker 0."""
+    hosts = worker_hosts(spec, pods)
+    user_env = [entry["name"] for entry in template.env_entries(spec, pods) if entry["name"] not in RANK_ENV]
     mpirun_spec = dataclasses.replace(
         spec,
-        hosts=hosts,
-        hostfile=None,
-        np=None,
         master_addr=hosts[0].name,
         env=tuple((name, None) for name in (*RANK_ENV, *user_env)),
-        rsh=None,
         python="python",
     )
     launcher = Here(is_root=True, cores=1, hostname=f"{spec.job_name}-launcher")
-    return render_mpirun(mpirun_spec, launcher, hosts_from_env=True)
+    return render_mpirun(mpirun_spec, HostsOptions(hosts=hosts), launcher, hosts_from_env=True)
 
 
-def render_mpijob(spec: JobSpec) -> dict[str, Any]:
-    """The MPIJob for ``spec``: ``spec.nodes`` workers with ``spec.nproc`` slots each."""
-    pods = pod.options(spec)
+def render_mpijob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
+    """The MPIJob for ``spec`` on ``pods``: ``spec.nodes`` workers with ``spec.local_world_size`` slots each."""
+    template.check(spec, pods)
     name = spec.job_name
     # The operator refuses names whose last worker's host name is no DNS-1035 label (validation.go).
     check_job_name(name, [f"{name}-worker-{spec.nodes - 1}", f"{name}-launcher"])
     if pods.elastic is not None:
         raise ShoalError("--elastic: an MPIJob has a fixed number of workers", "use --kind pytorchjob for --elastic")
-    env = pod.env_entries(spec)
+    env = template.env_entries(spec, pods)
     if all(entry["name"] != "NCCL_DEBUG" for entry in env):
         env = [{"name": "NCCL_DEBUG", "value": "WARN"}, *env]  # forwarded with -x NCCL_DEBUG
-    launcher = pod.container(spec, "launcher", launcher_command(spec), env=env, gpus=False)
+    launcher = template.container(spec, pods, "launcher", launcher_command(spec, pods), env=env, gpus=False)
     launcher.pop("resources", None)  # mpirun alone runs here; the workers get the job's resources
-    volumes, mounts = pod.volumes(spec)
-    worker = pod.container(spec, "worker", list(SSHD), mounts=mounts)
+    volumes, mounts = template.volumes(spec, pods)
+    worker = template.container(spec, pods, "worker", list(SSHD), mounts=mounts)
     body = {
-        "slotsPerWorker": spec.nproc,
+        "slotsPerWorker": spec.local_world_size,
         "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": spec.max_restarts},
         "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
         "mpiImplementation": "OpenMPI",
@@ -79,13 +76,13 @@ def render_mpijob(spec: JobSpec) -> dict[str, Any]:
             "Launcher": {
                 "replicas": 1,
                 "restartPolicy": "OnFailure",
-                "template": pod.pod_template(spec, [launcher], []),
+                "template": template.pod_template(spec, pods, [launcher], []),
             },
             "Worker": {
                 "replicas": spec.nodes,
                 "restartPolicy": "OnFailure",
-                "template": pod.pod_template(spec, [worker], volumes),
+                "template": template.pod_template(spec, pods, [worker], volumes),
             },
         },
     }
-    return {"apiVersion": API_VERSION, "kind": "MPIJob", "metadata": pod.metadata(spec), "spec": body}
+    return {"apiVersion": API_VERSION, "kind": "MPIJob", "metadata": template.metadata(spec, pods), "spec": body}

@@ -1,8 +1,9 @@
-"""What a job needs on Kubernetes beyond what it runs: image, resources, volumes, secrets, grace period.
+"""The Kubernetes target's options: what a job needs on pods beyond what it runs: image, resources,
+volumes, secrets, elasticity, grace period.
 
-A :class:`PodOptions` rides on a :class:`~shoal.launch.spec.JobSpec` (``spec.pods``) and is read by the
-renderers of :mod:`shoal.launch.render` that write Kubernetes objects (PyTorchJob, TrainJob, MPIJob),
-Run:ai submit commands and container images. Everything is checked here, before anything is rendered
+A :class:`PodOptions` goes beside a :class:`~shoal.jobs.spec.JobSpec` to the renderers of
+:mod:`shoal.jobs.kubernetes` that write Kubernetes objects (PyTorchJob, TrainJob, MPIJob) and Run:ai
+submit commands. Everything is checked here, before anything is rendered
 or written, with the rules Kubernetes itself applies:
 
 - names: a job name is a DNS-1035 label (it becomes Service and pod host names, see
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from shoal.env.grace import EXIT_MARGIN_S, PLATFORM_GRACE_S, PREEMPT_GRACE_S
 from shoal.errors import ShoalError
+from shoal.jobs.spec import looks_secret
 
 DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -181,20 +183,6 @@ def parse_elastic(text: str | None) -> tuple[int, int] | None:
     return int(low), int(high)
 
 
-def parse_nproc(text: str | int | None) -> int | str:
-    """``--nproc-per-node N`` or ``auto`` (one process per GPU, or one per pod on CPU)."""
-    if text is None or text == "auto":
-        return "auto"
-    if isinstance(text, int) or text.isdigit():
-        value = int(text)
-        if value >= 1:
-            return value
-    raise ShoalError(
-        f"--nproc-per-node {text!r} is neither a whole number of at least 1 nor auto",
-        "give --nproc-per-node 4, or auto (one process per GPU, one per pod on CPU)",
-    )
-
-
 # ---- rules a job on pods must follow -----------------------------------------------------------
 
 
@@ -215,8 +203,6 @@ def check_job_name(name: str, derived: Sequence[str] = ()) -> None:
 
 def pod_env(env: Sequence[tuple[str, str | None]], environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """``--env`` pairs with their values (``NAME`` alone: this shell's value), refusing secrets in clear."""
-    from shoal.launch.spec import looks_secret  # spec imports this module
-
     out = []
     for name, value in env:
         if looks_secret(name):

@@ -16,9 +16,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from shoal.launch.k8s_spec import check_job_name
-from shoal.launch.render import pod
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes.options import PodOptions, check_job_name
+from shoal.jobs.spec import JobSpec
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "pytorch"
@@ -26,29 +26,30 @@ CONTAINER = "pytorch"
 PORT_NAME = "pytorchjob-port"
 
 
-def render_pytorchjob(spec: JobSpec) -> dict[str, Any]:
-    """The PyTorchJob for ``spec`` (``spec.nodes`` pods of ``spec.nproc_per_node`` processes)."""
-    pods = pod.options(spec)
+def render_pytorchjob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
+    """The PyTorchJob for ``spec`` on ``pods`` (``spec.nodes`` pods of ``spec.nproc`` processes)."""
+    template.check(spec, pods)
     elastic = pods.elastic
     last_worker = spec.nodes - 1 if elastic else spec.nodes - 2
     check_job_name(spec.job_name, [f"{spec.job_name}-master-0", f"{spec.job_name}-worker-{max(0, last_worker)}"])
-    volumes, mounts = pod.volumes(spec)
-    container = pod.container(
+    volumes, mounts = template.volumes(spec, pods)
+    container = template.container(
         spec,
+        pods,
         CONTAINER,
-        pod.pod_command(spec),
-        env=pod.env_entries(spec),
+        template.pod_command(spec),
+        env=template.env_entries(spec, pods),
         mounts=mounts,
         ports=[{"name": PORT_NAME, "containerPort": spec.port()}],
     )
-    template = pod.pod_template(spec, [container], volumes)
+    pod_template = template.pod_template(spec, pods, [container], volumes)
     replicas: dict[str, Any] = {}
     if elastic is None:
-        replicas["Master"] = {"replicas": 1, "restartPolicy": "OnFailure", "template": copy.deepcopy(template)}
+        replicas["Master"] = {"replicas": 1, "restartPolicy": "OnFailure", "template": copy.deepcopy(pod_template)}
     workers = spec.nodes if elastic else spec.nodes - 1
     if workers:
-        replicas["Worker"] = {"replicas": workers, "restartPolicy": "OnFailure", "template": template}
-    body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node)}
+        replicas["Worker"] = {"replicas": workers, "restartPolicy": "OnFailure", "template": pod_template}
+    body: dict[str, Any] = {"nprocPerNode": str(spec.nproc)}
     if elastic is not None:
         body["elasticPolicy"] = {
             "minReplicas": elastic[0],
@@ -61,4 +62,4 @@ def render_pytorchjob(spec: JobSpec) -> dict[str, Any]:
     # the first failure (training-operator pkg/core/job.go PastBackoffLimit).
     body["runPolicy"] = {"cleanPodPolicy": "None", "backoffLimit": spec.max_restarts}
     body["pytorchReplicaSpecs"] = replicas
-    return {"apiVersion": API_VERSION, "kind": "PyTorchJob", "metadata": pod.metadata(spec), "spec": body}
+    return {"apiVersion": API_VERSION, "kind": "PyTorchJob", "metadata": template.metadata(spec, pods), "spec": body}

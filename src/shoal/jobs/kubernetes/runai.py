@@ -26,8 +26,9 @@ have no flag in these CLIs' documented options: shoal refuses them here (a PyTor
 from __future__ import annotations
 
 from shoal.errors import ShoalError
-from shoal.launch.render import pod
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes.options import PodOptions
+from shoal.jobs.spec import JobSpec
 
 RUNAI_CLIS = ("submit-pytorch", "submit-dist", "training")
 """The CLI generations, oldest first (``shoal launch runai --cli``)."""
@@ -38,11 +39,11 @@ RUNAI_LABELS = {
 }
 
 
-def render_runai(spec: JobSpec, cli: str, project: str | None = None) -> list[str]:
-    """The ``runai`` argv submitting ``spec`` with CLI generation ``cli`` (one of :data:`RUNAI_CLIS`)."""
+def render_runai(spec: JobSpec, pods: PodOptions, cli: str, project: str | None = None) -> list[str]:
+    """The ``runai`` argv submitting ``spec`` on ``pods`` with CLI generation ``cli`` (one of :data:`RUNAI_CLIS`)."""
     if cli not in RUNAI_CLIS:
         raise ShoalError(f"--cli {cli!r} is not a Run:ai CLI generation", f"use one of: {', '.join(RUNAI_CLIS)}")
-    pods = pod.options(spec)
+    template.check(spec, pods)
     if spec.nodes < 2:
         raise ShoalError(
             f"--nodes {spec.nodes}: a Run:ai distributed PyTorch job has a master and at least one worker",
@@ -57,8 +58,8 @@ def render_runai(spec: JobSpec, cli: str, project: str | None = None) -> list[st
         raise ShoalError("--volume ...:ro: the Run:ai submit commands mount claims read-write", "drop :ro")
     if pods.elastic is not None:
         raise ShoalError("--elastic is not rendered for Run:ai", "use `shoal launch k8s --kind pytorchjob --elastic`")
-    nproc = spec.nproc
-    command = pod.pod_command(spec, nproc=nproc if nproc > 1 else None)
+    nproc = spec.local_world_size
+    command = template.pod_command(spec, nproc=nproc if nproc > 1 else None)
     v2 = cli == "training"
     argv = ["runai", "training", "pytorch", "submit", spec.job_name] if v2 else ["runai"]
     if not v2:
@@ -73,7 +74,7 @@ def render_runai(spec: JobSpec, cli: str, project: str | None = None) -> list[st
         argv += ["--cpu-core-request" if v2 else "--cpu", pods.cpu]
     if pods.memory:
         argv += ["--cpu-memory-request" if v2 else "--memory", pods.memory]
-    for entry in pod.env_entries(spec):
+    for entry in template.env_entries(spec, pods):
         argv += ["-e", f"{entry['name']}={entry['value']}"]
     for volume in pods.volumes:
         argv += ["--existing-pvc" if v2 else "--pvc-exists", f"claimname={volume.claim},path={volume.mount_path}"]

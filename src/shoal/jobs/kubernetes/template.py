@@ -1,4 +1,6 @@
-"""The pod every Kubernetes kind runs: its command, container, resources, env, volumes, /dev/shm, grace.
+"""The pod template every Kubernetes kind runs: its command, container, resources, env, volumes,
+/dev/shm, grace. Each function takes the job (:class:`~shoal.jobs.spec.JobSpec`) and its pod options
+(:class:`~shoal.jobs.kubernetes.options.PodOptions`).
 
 The pod's command is the job's own command, run directly (no launch script): ``shoal train ...``
 as given, or ``shoal run SCRIPT.py ARGS`` (``-m MODULE``, ``--no-python PROGRAM``) for anything
@@ -12,8 +14,8 @@ import os
 from typing import Any
 
 from shoal.errors import ShoalError
-from shoal.launch.k8s_spec import SHM_MOUNT, PodOptions, grace_period, pod_env
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes.options import SHM_MOUNT, PodOptions, check_devices, grace_period, pod_env
+from shoal.jobs.spec import JobSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
@@ -25,12 +27,18 @@ RESERVED_ENV = frozenset(
 controller): a user's value would be overridden or refused, so ``--env`` may not name them."""
 
 
-def options(spec: JobSpec) -> PodOptions:
-    """``spec.pods``, with an image (every pod needs one)."""
-    if spec.pods is None:
-        raise ShoalError("no pod settings given", "give at least --image")
-    spec.pods.require_image()
-    return spec.pods
+def check(spec: JobSpec, pods: PodOptions) -> PodOptions:
+    """``pods`` if the job can run on them: an image (every pod needs one), GPUs as the command's
+    ``--device`` wants, ``spec.nodes`` within ``--elastic``. Every renderer of a kind calls it first."""
+    pods.require_image()
+    check_devices(spec.command, spec.gpus_per_node)
+    if pods.elastic is not None and not pods.elastic[0] <= spec.nodes <= pods.elastic[1]:
+        low, high = pods.elastic
+        raise ShoalError(
+            f"--nodes {spec.nodes} is outside --elastic {low}:{high}",
+            f"give --nodes between {low} and {high} (the pods started at first)",
+        )
+    return pods
 
 
 def pod_command(spec: JobSpec, nproc: int | None = None) -> list[str]:
@@ -47,9 +55,8 @@ def pod_command(spec: JobSpec, nproc: int | None = None) -> list[str]:
     return ["shoal", "run", *flags, *spec.launcher_target()]
 
 
-def env_entries(spec: JobSpec) -> list[dict[str, Any]]:
+def env_entries(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
     """The container's ``env``: ``--env`` values (already resolved) and ``--secret-env`` references."""
-    pods = options(spec)
     values = pod_env(spec.env, {})
     for name in [n for n, _ in values] + [s.name for s in pods.secret_env]:
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
@@ -64,9 +71,8 @@ def env_entries(spec: JobSpec) -> list[dict[str, Any]]:
     return entries
 
 
-def resources(spec: JobSpec, *, gpus: bool = True) -> dict[str, Any]:
+def resources(spec: JobSpec, pods: PodOptions, *, gpus: bool = True) -> dict[str, Any]:
     """Requests (CPU, memory) and limits (memory, GPUs) of one pod."""
-    pods = options(spec)
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     if pods.cpu:
@@ -82,12 +88,11 @@ def volume_name(claim: str) -> str:
     return f"pvc-{claim.replace('.', '-')}"[:63].rstrip("-")
 
 
-def volumes(spec: JobSpec, *, shm: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def volumes(spec: JobSpec, pods: PodOptions, *, shm: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pod's volumes and the container's mounts: every claim, and a memory-backed /dev/shm.
 
     The container runtime's default /dev/shm is 64 MB, which DataLoader workers exhaust.
     """
-    pods = options(spec)
     pod_volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     for volume in pods.volumes:
@@ -109,6 +114,7 @@ def volumes(spec: JobSpec, *, shm: bool = True) -> tuple[list[dict[str, Any]], l
 
 def container(
     spec: JobSpec,
+    pods: PodOptions,
     name: str,
     command: list[str],
     *,
@@ -118,12 +124,12 @@ def container(
     gpus: bool = True,
 ) -> dict[str, Any]:
     """One container of the job's image running ``command``."""
-    out: dict[str, Any] = {"name": name, "image": options(spec).require_image(), "command": command}
+    out: dict[str, Any] = {"name": name, "image": pods.require_image(), "command": command}
     if env:
         out["env"] = env
     if ports:
         out["ports"] = ports
-    res = resources(spec, gpus=gpus)
+    res = resources(spec, pods, gpus=gpus)
     if res:
         out["resources"] = res
     if mounts:
@@ -131,17 +137,19 @@ def container(
     return out
 
 
-def pod_template(spec: JobSpec, containers: list[dict[str, Any]], pod_volumes: list[dict[str, Any]]) -> dict:
+def pod_template(
+    spec: JobSpec, pods: PodOptions, containers: list[dict[str, Any]], pod_volumes: list[dict[str, Any]]
+) -> dict:
     """A pod template: the containers, their volumes, and a grace period covering ``--preempt-grace``."""
-    body: dict[str, Any] = {"terminationGracePeriodSeconds": termination_grace(spec), "containers": containers}
+    body: dict[str, Any] = {"terminationGracePeriodSeconds": termination_grace(spec, pods), "containers": containers}
     if pod_volumes:
         body["volumes"] = pod_volumes
     return {"spec": body}
 
 
-def termination_grace(spec: JobSpec) -> int:
-    return grace_period(spec.command, options(spec).grace_period_s)
+def termination_grace(spec: JobSpec, pods: PodOptions) -> int:
+    return grace_period(spec.command, pods.grace_period_s)
 
 
-def metadata(spec: JobSpec) -> dict[str, str]:
-    return {"name": spec.job_name, "namespace": options(spec).namespace}
+def metadata(spec: JobSpec, pods: PodOptions) -> dict[str, str]:
+    return {"name": spec.job_name, "namespace": pods.namespace}

@@ -20,9 +20,9 @@ from typing import Any
 
 from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.errors import ShoalError
-from shoal.launch.k8s_spec import check_job_name
-from shoal.launch.render import pod
-from shoal.launch.spec import JobSpec
+from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes.options import PodOptions, check_job_name
+from shoal.jobs.spec import JobSpec
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 DEFAULT_RUNTIME = "torch-distributed"
@@ -32,9 +32,9 @@ PATCH_MANAGER = "shoal/launch"
 """Owner of the runtime patch (a domain-prefixed path, as Trainer's webhook requires)."""
 
 
-def render_trainjob(spec: JobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
-    """The TrainJob for ``spec``: ``spec.nodes`` nodes of ``spec.nproc`` processes each."""
-    pod.options(spec)
+def render_trainjob(spec: JobSpec, pods: PodOptions, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
+    """The TrainJob for ``spec`` on ``pods``: ``spec.nodes`` nodes of ``spec.local_world_size`` processes each."""
+    template.check(spec, pods)
     # JobSet names the node job <name>-node-0; the Job controller names its pods' hosts <job>-<index>.
     check_job_name(spec.job_name, [f"{spec.job_name}-{NODE}-0-{spec.nodes - 1}"])
     if spec.master_port not in (None, DEFAULT_MAIN_PORT):
@@ -47,23 +47,23 @@ def render_trainjob(spec: JobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[str, 
             "--max-restarts: a TrainJob's restarts are set by its runtime's JobSet failurePolicy, not by the TrainJob",
             "drop --max-restarts, or set failurePolicy.maxRestarts in the ClusterTrainingRuntime",
         )
-    if spec.pods is not None and spec.pods.elastic is not None:
+    if pods.elastic is not None:
         raise ShoalError("--elastic: Trainer v2 has no elastic torch jobs yet", "use --kind pytorchjob for --elastic")
     trainer: dict[str, Any] = {
-        "image": pod.options(spec).require_image(),
-        "command": pod.pod_command(spec),
+        "image": pods.require_image(),
+        "command": template.pod_command(spec),
         "numNodes": spec.nodes,
-        "numProcPerNode": spec.nproc,
+        "numProcPerNode": spec.local_world_size,
     }
-    env = pod.env_entries(spec)
+    env = template.env_entries(spec, pods)
     if env:
         trainer["env"] = env
-    resources = pod.resources(spec)
+    resources = template.resources(spec, pods)
     if resources:
         trainer["resourcesPerNode"] = resources
-    volumes, mounts = pod.volumes(spec)
+    volumes, mounts = template.volumes(spec, pods)
     pod_spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": pod.termination_grace(spec),
+        "terminationGracePeriodSeconds": template.termination_grace(spec, pods),
         "containers": [{"name": NODE, "volumeMounts": mounts}],
         "volumes": volumes,
     }
@@ -80,4 +80,4 @@ def render_trainjob(spec: JobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[str, 
         "trainer": trainer,
         "runtimePatches": [patch],
     }
-    return {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": pod.metadata(spec), "spec": body}
+    return {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": template.metadata(spec, pods), "spec": body}
