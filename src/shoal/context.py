@@ -25,7 +25,7 @@ from shoal.distributed.process_group import (
     destroy_process_group,
     join_process_group,
 )
-from shoal.distributed.wrap import apply_ddp
+from shoal.distributed.wrap import wrap_model
 from shoal.env import EnvInfo, detect_environment
 from shoal.env.grace import PREEMPT_GRACE_S
 from shoal.errors import ShoalError
@@ -77,9 +77,22 @@ class Context:
         return self.rank == 0
 
     # Helpers.
-    def wrap(self, model: nn.Module, **ddp_kwargs: Any) -> nn.Module:
-        """``model`` on this process's device, in DDP when the job has more than one process."""
-        return apply_ddp(model, self.device, self.world_size, **ddp_kwargs)
+    def wrap(self, model: nn.Module, strategy: str = "ddp", **kwargs: Any) -> nn.Module:
+        """``model`` on this process's device, ready for the job's processes to train together.
+
+        ``strategy="ddp"`` (the default): in DistributedDataParallel when the job has more than one
+        process (``kwargs`` go to DDP). ``strategy="fsdp"``: sharded with FSDP2, each process holding
+        1/N of the parameters, gradients and optimizer state, for a model that does not fit one
+        process (docs/SHARDING.md)::
+
+            model = ctx.wrap(model, strategy="fsdp")               # or mixed_precision="bf16"
+            optimizer = torch.optim.AdamW(model.parameters())       # after wrapping: FSDP's are DTensors
+
+        With FSDP, ``mixed_precision="bf16"`` computes in bf16 (no autocast needed) and
+        ``cpu_offload=True`` (GPU only) keeps the shards in host memory; the model's forward is then
+        collective (every rank runs it), and so is ``shoal.distributed.wrap.model_state_dict(model)``
+        for saving the whole model. A bad strategy or option is one line and a HINT."""
+        return wrap_model(model, strategy=strategy, device=self.device, world_size=self.world_size, **kwargs)
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, **kwargs: Any):
         """This rank's shard of ``dataset`` in batches of ``batch_size`` (per process).

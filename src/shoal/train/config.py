@@ -86,6 +86,11 @@ class TrainConfig:
     (parameters and optimizer stay float32), or powersgd: torch's low-rank PowerSGD with error
     feedback (see --powersgd-rank; plain all-reduce for the first 10% of the steps), far fewer bytes;
     pays off when communication is the bottleneck (a slow network between nodes)."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How the model is spread over the processes: ddp (a whole copy in each, gradients all-reduced)
+    or fsdp (FSDP2: each process holds 1/N of the parameters, gradients and optimizer state; for a
+    model whose training state does not fit one process; docs/SHARDING.md). fsdp takes --amp bf16
+    (FSDP's mixed precision), not --amp fp16 nor --comm-hook."""
     powersgd_rank: int = 2
     """--comm-hook powersgd: rank of each gradient matrix's approximation (1-4 typical; higher sends
     more and is closer to the exact gradient)."""
@@ -97,6 +102,9 @@ class TrainConfig:
     """Keep the newest K checkpoints."""
     resume: str = field(default="auto", metadata={"metavar": "auto|never|PATH"})
     """auto: continue from the newest valid checkpoint in the output directory; never; or a ckpt-*.pt file."""
+    async_checkpoint: bool = False
+    """Write checkpoints in the background: training waits only for the copy to memory (sharded
+    checkpoints: always with --strategy fsdp)."""
     preempt_grace: float = field(default=PREEMPT_GRACE_S, metadata={"metavar": "S"})
     """After SIGTERM/SIGUSR1: checkpoint and exit within this many seconds."""
     tracker: str | None = field(default=None, metadata={"metavar": "wandb,tensorboard,mlflow"})
@@ -140,6 +148,7 @@ class TrainConfig:
             check_comm_hook(self.comm_hook)
         except ShoalError as err:
             raise ShoalError(f"--comm-hook: {err.message}", err.hint) from None
+        _check_strategy(self.strategy, self.comm_hook, self.amp)
         self.cadence  # noqa: B018  (parsed once here: a malformed --checkpoint-every fails now)
         if self.log_every < 0 or self.log_predictions < 0:
             raise ShoalError("--log-every and --log-predictions must be 0 or more", "pass 0 to turn them off")
@@ -178,6 +187,21 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _check_strategy(strategy: str, comm_hook: str, amp: str) -> None:
+    """--strategy, and what fsdp refuses, in the process that starts the workers (one line + HINT)."""
+    if strategy == "ddp":
+        return  # the default: nothing to import (this module stays free of torch)
+    from shoal.distributed.fsdp import check_strategy, refuse_comm_hook_with_fsdp
+
+    check_strategy(strategy)
+    refuse_comm_hook_with_fsdp(comm_hook, strategy)
+    if amp == "fp16":
+        raise ShoalError(
+            "--amp fp16 does not work with --strategy fsdp: FSDP has no loss scaler for fp16",
+            "use --amp bf16 with --strategy fsdp (FSDP computes in bf16, reduces in float32)",
+        )
 
 
 def _at_least_one(flag: str, value: int | None, hint: str | None = None) -> None:

@@ -8,10 +8,17 @@ from rank 0 alone, on the first ``--log-predictions`` test samples, with the unw
 forward on one rank would wait for the others).
 
 With no tracker every method returns at once: the per-step path costs one attribute test.
+
+Stragglers: when the launcher's watchdog watches the job (``$SHOAL_PROGRESS_DIR``), its latest
+verdict (``verdict.json`` there, written atomically) is read by rank 0 once per epoch; the ranks it
+names as stragglers go into the epoch's record (``"stragglers": [line, ...]`` in metrics.jsonl) and
+their number to the trackers (``epoch/stragglers``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,15 +27,24 @@ import torch
 from torch import nn
 
 from shoal.context import Context
+from shoal.distributed.fsdp import is_fsdp
 from shoal.distributed.wrap import unwrap_model
+from shoal.progress import ENV_DIR
 from shoal.tracking import create_tracker, reduce_metrics
 from shoal.tracking.predictions import Predictions
 from shoal.tracking.spec import parse_spec
 from shoal.train.config import TrainConfig
 
+VERDICT = "verdict.json"
+"""The watchdog's latest verdict in the progress directory: ``{"time": s, "stragglers": [{"rank",
+"node", "ratio", "line"}], "hang": null | {"line"}}``."""
+
 
 class Reports:
     """The run's tracker and the train-loss window between two logs."""
+
+    _stragglers_seen = False
+    """Once a straggler was reported, later epochs log ``epoch/stragglers`` too (0 when gone)."""
 
     def __init__(self, cfg: TrainConfig, ctx: Context, out: Path) -> None:
         self.tracker = create_tracker(
@@ -44,6 +60,9 @@ class Reports:
         self.every = cfg.log_every if on else 0
         self.predictions = cfg.log_predictions if on else 0
         self.device = ctx.device
+        self.is_main = ctx.is_main
+        self.progress: Any = None
+        """The rank's ProgressWriter (set by the trainer): the window's all-reduce is a collective."""
         self._start_window()
 
     def _start_window(self, samples: int = 0) -> None:
@@ -65,6 +84,8 @@ class Reports:
         if not self.every or step % self.every:
             return
         count = self.count.item()
+        if self.progress is not None:
+            self.progress.collective()
         stats = reduce_metrics({"loss": self.loss_sum.item() / max(count, 1.0)}, count=count)
         seconds = time.perf_counter() - self.window_started
         done = samples - self.window_samples
@@ -84,11 +105,35 @@ class Reports:
         """The epoch's record, and (rank 0) the predictions table of the first test samples."""
         if not (self.every or self.predictions):
             return
-        self.tracker.log_epoch(record, step=step)
-        if self.predictions and self.tracker.enabled:
+        stragglers = record.get("stragglers")
+        numbers = {key: value for key, value in record.items() if key != "stragglers"}
+        if stragglers is not None or self._stragglers_seen:
+            numbers["stragglers"] = len(stragglers or ())
+        self.tracker.log_epoch(numbers, step=step)
+        # An FSDP forward is collective: every rank runs the table's forward, rank 0 logs it.
+        sharded = is_fsdp(unwrap_model(model))
+        if self.predictions and (self.tracker.enabled or sharded):
             table = self._predictions(model, test, transform, workload)
-            if table is not None:
+            if table is not None and self.tracker.enabled:
                 self.tracker.log_predictions(table, step=step)
+
+    def stragglers(self) -> list[str]:
+        """Rank 0: the watchdog's straggler lines of its latest verdict (``[]`` without a watchdog,
+        a verdict or a straggler); other ranks: ``[]``. One small file read, once per epoch."""
+        if not self.is_main:
+            return []
+        directory = os.environ.get(ENV_DIR)
+        if not directory:
+            return []
+        try:
+            with open(Path(directory) / VERDICT) as f:
+                verdict = json.load(f)
+            lines = [str(s["line"]) for s in verdict.get("stragglers") or ()]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return []  # no verdict yet, or one this version cannot read: the record goes without
+        if lines:
+            self._stragglers_seen = True
+        return lines
 
     def _predictions(self, model: nn.Module, test: Any, transform: Any, workload: Any) -> Predictions | None:
         inputs, targets = _first_samples(test, self.predictions, self.device)

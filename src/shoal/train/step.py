@@ -5,6 +5,8 @@
 - :class:`EpochTally`: the running sums of the current epoch (checkpointed, so an epoch resumed in
   the middle still reports its whole loss);
 - :class:`GeneratorState`: a per-rank ``torch.Generator`` (augmentation) as a checkpointable object;
+- :class:`EvenBatches`: evaluation of an FSDP model, whose forward is collective, on every rank the
+  same number of forward passes (still every test sample counted once);
 - channels-last helpers: move conv models and their 4-D batches to NHWC memory.
 """
 
@@ -20,6 +22,7 @@ from torch import nn
 
 from shoal.distributed import collectives
 from shoal.distributed.collectives import all_reduce_sum
+from shoal.errors import ShoalError
 
 
 class Step:
@@ -33,8 +36,13 @@ class Step:
         device: torch.device,
         *,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+        progress: Any = None,
     ) -> None:
+        """``amp``: the autocast dtype (off, bf16, fp16); "off" for an FSDP model in mixed precision,
+        whose policy casts. ``progress``: the rank's :class:`~shoal.progress.ProgressWriter`, told
+        the phase (forward, backward, optimizer); a disabled one costs an attribute test."""
         self.model, self.optimizer = model, optimizer
+        self.progress = progress if progress is not None else _NO_PROGRESS
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
         self.autocast: Callable[[], Any] | None = (
             (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else None
@@ -45,13 +53,17 @@ class Step:
     def micro_batch(self, inputs: torch.Tensor, targets: torch.Tensor, *, weight: float, sync: bool) -> torch.Tensor:
         """Forward and backward one micro-batch; gradients are all-reduced only when ``sync``."""
         no_sync = getattr(self.model, "no_sync", None)
+        progress = self.progress
         with contextlib.nullcontext() if sync or no_sync is None else no_sync():
+            progress.phase("forward")
             with self.autocast() if self.autocast else contextlib.nullcontext():
                 loss = self.loss_fn(self.model(inputs), targets)
+            progress.phase("backward")  # DDP's all-reduce and FSDP's reduce-scatter run in here
             self.scaler.scale(loss * weight).backward()
         return loss.detach()
 
     def apply(self) -> None:
+        self.progress.phase("optimizer")
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -108,6 +120,85 @@ class GeneratorState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["state"])
+
+
+class EvenBatches:
+    """Exact evaluation of an FSDP model: every rank runs as many forward passes as the rank with
+    the most test batches.
+
+    The exact evaluation loader gives each test sample to one rank, so ranks may hold one batch
+    more or less. An FSDP forward all-gathers each block's parameters with every rank: a rank that
+    stopped early would leave the others waiting in that all-gather. Ranks short of batches run
+    *filler* batches (one real input, no target: 0 samples), whose loss and metrics count zero, so
+    the sums stay exact. ``loader`` wraps the test loader, ``loss_fn`` and ``metrics_fn`` the
+    workload's. Made once: ``batches`` is agreed on with one collective.
+    """
+
+    def __init__(self, loader: Any, batches: int) -> None:
+        self.inner, self.batches = loader, batches
+        self._filler: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, loader: Any) -> EvenBatches:
+        counts = torch.tensor([len(loader)], dtype=torch.int64)
+        if collectives.world_size() > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        return cls(loader, int(counts.item()))
+
+    def __iter__(self):
+        seen = 0
+        for batch in self.inner:
+            if self._filler is None:
+                inputs, targets = batch[0], batch[1]
+                self._filler = (inputs[:1], targets[:0])
+            seen += 1
+            yield batch
+        if seen < self.batches and self._filler is None:
+            raise ShoalError(
+                "a rank got no test sample to evaluate the FSDP model with (fewer test samples than processes)",
+                "use fewer processes, or a larger test set",
+            )
+        for _ in range(self.batches - seen):
+            yield self._filler
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def is_filler(self, targets: torch.Tensor) -> bool:
+        return self._filler is not None and targets is self._filler[1]
+
+    def loss_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable:
+        def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return outputs.new_zeros(()) if self.is_filler(targets) else fn(outputs, targets)
+
+        return loss
+
+    def metrics_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]) -> Callable:
+        names: list[str] = []
+
+        def metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+            if self.is_filler(targets):
+                return {name: outputs.new_zeros(()) for name in names}
+            sums = fn(outputs, targets)
+            names[:] = list(sums)
+            return sums
+
+        return metrics
+
+
+def accuracy_sums(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The default metric's per-batch sum: correct arg-max predictions (as :func:`shoal.evaluation.evaluate`)."""
+    return {"accuracy": (outputs.argmax(dim=1) == targets).sum()}
+
+
+class _NoProgress:
+    def phase(self, name: str, step: int | None = None) -> None:
+        pass
+
+
+_NO_PROGRESS = _NoProgress()
 
 
 def has_conv2d(model: nn.Module) -> bool:

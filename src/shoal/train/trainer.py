@@ -32,7 +32,15 @@ from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
 from shoal.train.reporting import Reports
-from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
+from shoal.train.step import (
+    EpochTally,
+    EvenBatches,
+    GeneratorState,
+    Step,
+    accuracy_sums,
+    has_conv2d,
+    in_channels_last,
+)
 from shoal.workloads import get_workload, short_name
 from shoal.workloads.base import Workload
 from shoal.workloads.blame import blame, checked_loss
@@ -119,7 +127,10 @@ def train(
             model = model.to(memory_format=torch.channels_last)
             data.train_transform = in_channels_last(data.train_transform)
             data.test_transform = in_channels_last(data.test_transform)
-        model = ctx.wrap(model)
+        fsdp = cfg.strategy == "fsdp"
+        # Under FSDP, --amp bf16 is FSDP's mixed precision (bf16 compute, float32 reduce and shards):
+        # its policy casts, so no autocast on top.
+        model = ctx.wrap(model, strategy=cfg.strategy, **({"mixed_precision": cfg.amp} if fsdp else {}))
         options = data.loader_options
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform, **options)
         eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
@@ -128,15 +139,20 @@ def train(
         # A no-op without DDP (one process); PowerSGD starts after 10% of the run, as torch advises.
         start = powersgd_start(plan.steps_per_epoch * plan.epochs)
         comm_hook = register_comm_hook(model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start)
+        # After wrapping: FSDP's parameters are DTensor shards, and the optimizer must hold those.
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
         schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
-        step = Step(model, optimizer, cfg.amp, ctx.device, loss_fn=loss_fn)
+        progress = ctx.progress()  # the watchdog's view of this rank; a no-op without a launcher's directory
+        reports.progress = progress
+        step = Step(model, optimizer, "off" if fsdp else cfg.amp, ctx.device, loss_fn=loss_fn, progress=progress)
         state = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader}
         state["tally"] = EpochTally(ctx.device)
         per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
         per_rank["comm_hook"] = comm_hook  # PowerSGD's error feedback and memories: exact resume
         run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
-        run.workload, run.loss_fn = workload, loss_fn
+        run.workload, run.loss_fn, run.progress = workload, loss_fn, progress
+        if fsdp:
+            test_loader = EvenBatches.of(test_loader)
         run.resume()
         derived = {"channels_last": channels_last, "start_method": started_by}
         _announce(run, derived, launch)
@@ -153,12 +169,17 @@ def train(
                 # trackers' state it holds is flushed to disk (a kill right after it loses nothing).
                 run.save(epoch_end=True)
                 run.next_epoch()
+        run.wait_for_checkpoint()
         model_path = None
         if not run.trained_now:
             ctx.print(f"shoal: the run in {out} is already complete ({plan.epochs} epochs): nothing to do")
+        # On every rank: under FSDP gathering the whole model is collective (rank 0 gets it, the
+        # others {}); under DDP it is the state dict's references, no copy.
+        progress.phase("checkpoint")
+        weights = model_state_dict(model)
         if outputs:
             if run.trained_now or not outputs.finished:
-                ctx.print(f"saved {outputs.save_model(model_state_dict(model))} and metrics in {outputs.directory}")
+                ctx.print(f"saved {outputs.save_model(weights)} and metrics in {outputs.directory}")
             model_path = outputs.model_path
         metrics = outputs.logged_epochs() if outputs else ([record] if record else [])
         failed = False
@@ -190,6 +211,7 @@ class _Run:
         self.trained_now = False
         self.workload: Workload | None = None
         self.loss_fn: Any = None
+        self.progress: Any = ctx.progress()
 
     @property
     def tally(self) -> EpochTally:
@@ -233,7 +255,9 @@ class _Run:
             epoch=self.epoch, step=self.global_step, epoch_end=epoch_end, final=final, force=force
         ):
             return None
+        self.progress.collective()
         self.tally.consolidate()
+        self.progress.phase("checkpoint")
         extra = {"epoch": self.epoch, "epoch_trained": self.epoch_trained, "epoch_logged": epoch_end}
         if self.outputs is not None:
             extra["config"] = self.cfg.to_dict()
@@ -241,6 +265,12 @@ class _Run:
         return self.checkpoints.save(
             epoch=self.epoch, step=self.global_step, objects=self.state, extra=extra, per_rank=self.per_rank
         )
+
+    def wait_for_checkpoint(self) -> None:
+        """Until an async checkpoint in flight is written (every rank, before returning or exiting)."""
+        wait = getattr(self.checkpoints, "wait", None)
+        if wait is not None:
+            wait()
 
     def next_epoch(self) -> None:
         self.epoch += 1
@@ -263,20 +293,34 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
     step_cadence = run.checkpoints.every.unit == "step"
     reports = run.reports
     reports.epoch_started()
-    started = time.perf_counter()
+    # The watchdog's record: the phase of every part of the step, and per step its compute time and
+    # its waits (for data; in the collectives the trainer calls itself). perf_counter reads the
+    # clock without a system call.
+    progress, clock = run.progress, time.perf_counter
+    step_samples, compute_s, wait_s = 0, 0.0, 0.0
+    started = clock()
+    progress.phase("data", run.global_step)
+    fetching = clock()
     for index, (inputs, targets) in enumerate(loader):
+        begun = clock()
+        wait_s += begun - fetching
         window_start = index - index % accum
         window = min(accum, batches - window_start)  # the last window of an epoch may be shorter
         last = index == window_start + window - 1
         loss = step.micro_batch(inputs, targets, weight=1.0 / window, sync=last)
-        tally.loss_sum += loss.double() * targets.shape[0]
-        tally.count += targets.shape[0]
-        reports.micro_batch(loss, targets.shape[0])
+        size = targets.shape[0]
+        tally.loss_sum += loss.double() * size
+        tally.count += size
+        step_samples += size
+        reports.micro_batch(loss, size)
         if bar is not None:
             bar.update(1)
             if index % postfix_every == 0:  # the only host sync of the step, and only now and then
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if not last:
+            compute_s += clock() - begun
+            progress.phase("data")
+            fetching = clock()
             continue
         schedule.apply(step.optimizer, run.epoch - 1 + position / num_samples)
         step.apply()
@@ -285,14 +329,22 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
         remaining = sampler.num_remaining
         position = num_samples - remaining
         run.epoch_trained = sampler.epoch_done and index == batches - 1
+        computed = clock()
+        compute_s += computed - begun
         reports.step(run.global_step, step.optimizer.param_groups[0]["lr"], tally.samples)
+        progress.collective()  # every rank agrees on a preemption (an all-reduce now and then)
         signum = preemption.requested()
+        progress.step_done(step_samples, compute_s, wait_s + clock() - computed)
+        step_samples, compute_s, wait_s = 0, 0.0, 0.0
         if signum or step_cadence:
-            tally.train_s += time.perf_counter() - started
-            started = time.perf_counter()
+            tally.train_s += clock() - started
+            started = clock()
             path = run.save(epoch_end=False, force=bool(signum))
             if signum:
+                run.wait_for_checkpoint()  # an async save must be on disk before the process exits
                 raise _preempted(run, signum, path)
+        progress.phase("data", run.global_step)
+        fetching = clock()
     if bar is not None:
         bar.close()
     tally.train_s += time.perf_counter() - started
@@ -303,23 +355,32 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
 def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> dict[str, Any]:
     """Evaluate and log the epoch's metrics (metrics.jsonl, the console); the loop then reports them
     to the trackers and checkpoints on the epoch cadence."""
-    ctx, tally = run.ctx, run.tally
+    ctx, tally, progress = run.ctx, run.tally, run.progress
     started = time.perf_counter()
+    progress.phase("evaluation")
     workload = run.workload
     # The default metric (accuracy) has known names: no broadcast of them per evaluation.
     own_metrics = workload is not None and type(workload).metrics is not Workload.metrics
+    loss_fn, metrics_fn = run.loss_fn, workload.metrics if own_metrics else None
+    names = None
+    if isinstance(test_loader, EvenBatches):  # FSDP: as many forwards on every rank, fillers count 0
+        names = None if own_metrics else ["accuracy"]
+        loss_fn, metrics_fn = test_loader.loss_fn(loss_fn), test_loader.metrics_fn(metrics_fn or accuracy_sums)
     scores = evaluate(
         model,
         test_loader,
-        loss_fn=run.loss_fn,
-        metrics_fn=workload.metrics if own_metrics else None,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        metric_names=names,
         autocast=step.autocast,
     )
     metrics = {f"test_{name}": value for name, value in scores.items() if name not in ("loss", "samples")}
     if workload is not None:
         derived = workload.derived_metrics({k: v for k, v in scores.items() if k != "samples"})
         metrics.update({f"test_{name}": float(value) for name, value in derived.items()})
+    progress.collective()
     loss_total, count = all_reduce_sum(torch.stack([tally.loss_sum, tally.count])).tolist()
+    progress.phase("evaluation")
     train_s = tally.train_s
     record = {
         "epoch": run.epoch,
@@ -333,6 +394,9 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
         "global_batch_size": run.plan.global_batch_size,
         "lr": step.optimizer.param_groups[0]["lr"],
     }
+    stragglers = run.reports.stragglers()
+    if stragglers:
+        record["stragglers"] = stragglers
     if run.outputs:
         run.outputs.log_epoch(record)
     shown = "".join(f"  {name.replace('accuracy', 'acc')} {value:.4f}" for name, value in metrics.items())
