@@ -102,6 +102,9 @@ class RankProgress:
     path: str = ""
     remote: bool = False
     """Read from another node's summary (:func:`from_summary`): its pid and clock are that node's."""
+    where: str = ""
+    """Where the rank's main thread is (``train.py:88 in load_batch``), once its launcher dumped its
+    stack on a hang and shared it; "" otherwise (never read from the record itself)."""
 
     @property
     def alive(self) -> bool:
@@ -310,5 +313,7 @@ def to_summary(records: list[RankProgress]) -> bytes:
 
 
 def from_summary(data: bytes) -> list[RankProgress]:
-    """Another node's records from its :func:`to_summary` (marked ``remote``)."""
-    return [RankProgress(**fields, remote=True) for fields in json.loads(data)]
+    """Another node's records from its :func:`to_summary` (marked ``remote``); fields this version
+    does not know (a newer launcher's) are left out."""
+    known = {f.name for f in dataclasses.fields(RankProgress)} - {"path", "remote"}
+    return [RankProgress(**{k: v for k, v in fields.items() if k in known}, remote=True) for fields in json.loads(data)]

@@ -11,7 +11,11 @@ function per worker: ``shoal train --nproc``, ``shoal demo``, ``shoal.fit``) bot
 - the workers' life: each dies with the launcher (:func:`shoal.launch.process.die_with_parent`),
   a forked one starts with default signal handlers, a program's stderr is tee'd into a per-rank log;
 - what the user sees: shoal's own start, restart and failure lines (torch's agent logs only with
-  ``verbose``), the failing rank's own traceback, one line when a signal stopped the job.
+  ``verbose``), the failing rank's own traceback, one line when a signal stopped the job;
+- the watch over the workers (:class:`shoal.launch.watchdog.JobWatch`): ``RUN_DIR/progress`` named
+  in ``SHOAL_PROGRESS_DIR`` and cleared at each attempt, the monitor beside torch's agent (hangs,
+  stragglers, ``--on-hang``), the progress shared with the other nodes through the rendezvous store,
+  and no worker left running when the launcher returns.
 """
 
 from __future__ import annotations
@@ -34,9 +38,18 @@ from shoal.launch.failures import describe_child_failure
 from shoal.launch.oom import memory_state
 from shoal.launch.ports import check_port_free
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
-from shoal.launch.rendezvous.handlers import MEMBERSHIP, SHARED_STORE_OPT_OUT, register_backends
+from shoal.launch.rendezvous.handlers import (
+    MEMBERSHIP,
+    ROUNDS,
+    SHARED_STORE_OPT_OUT,
+    STOPPING,
+    StopRequested,
+    register_backends,
+)
 from shoal.launch.rendezvous.plan import RendezvousPlan
+from shoal.launch.watchdog import HANG_EXIT_CODE, JobWatch
 from shoal.launch.worker_logs import recording_logs_specs, wait_for_tees
+from shoal.progress import ENV_DIR
 
 WORKER_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_shim.py")
 PREEMPTED_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGUSR1})
@@ -75,6 +88,15 @@ class Launch:
     threads_note: str = ""
     """The start lines' ``, OMP_NUM_THREADS=N (who set it)``, taken from the environment the launch
     began in (the workers' environment holds shoal's own value by the time they start)."""
+    run_dir: str = ""
+    """Where ``progress/`` and the hang reports (``hang-<time>/``) go; default ``log_dir`` (then kept
+    after a hang report, removed otherwise)."""
+    hang_timeout: float | None = None
+    """``--hang-timeout``: None derives it from the step time (docs/WATCHDOG.md)."""
+    on_hang: str = "report"
+    """``--on-hang``: report, stop or restart."""
+    watch: JobWatch | None = None
+    """The watch over this launch's workers, while it runs."""
 
 
 def run_workers(
@@ -123,14 +145,18 @@ def run_workers(
     # waits in a reference cycle would be finalised by a worker's garbage collector, whose C++
     # destructor then waits for a libuv thread that exists only here: a hang, or a SIGSEGV.
     gc.collect()
+    watch = launch.watch = _watch(config, launch)
     try:
         with (
-            _workers_environ(config, plan, launch.verbose),
+            _workers_environ(config, plan, launch.verbose, watch.progress_dir),
             _torch_logs(launch.verbose, launch.log_dir if launch.keep_logs else None),
         ):
+            watch.start()
             return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         wait_for_tees(recorder.stderrs.values())
+        if watch.event is not None:
+            raise _hang_failure(launch, watch, config) from None
         codes = {failure.exitcode for failure in err.failures.values()}
         if codes and codes <= PREEMPTED_CODES:
             # Every worker stopped for a preemption signal: they said so (and where the checkpoint
@@ -150,9 +176,13 @@ def run_workers(
         raise WorkersFailed(
             f"{launch.prog}: stopped by {signal_name(signum)}; {launch.stopped_note}", exit_code=128 + signum
         ) from None
+    except StopRequested:  # --on-hang stop, with restarts left: the agent's next rendezvous refused
+        raise _hang_failure(launch, watch, config) from None
     except Exception as err:
         from shoal.launch.rendezvous.explain import explain_failure, is_rendezvous_failure
 
+        if watch.stopping:  # the other nodes went on failing after this one stopped its workers
+            raise _hang_failure(launch, watch, config) from None
         if not is_rendezvous_failure(err):
             raise
         if not plan.single_node:
@@ -163,10 +193,52 @@ def run_workers(
             exit_code=1,
         ) from None
     finally:
+        # torch's agent stopped the workers (SIGTERM, SIGKILL after its shutdown timeout); a rank
+        # it lost track of, or one still dying, goes now: nothing outlives the launcher.
+        watch.close()
+        STOPPING.discard(config.run_id)
+        ROUNDS.pop(config.run_id, None)
+        if watch.monitor.events and str(watch.run_dir) == launch.log_dir:
+            launch.keep_logs = True  # the hang reports' stacks live there: say where, keep them
         gc.collect()  # this launch's stores: their threads stop and their ports close now
         if not launch.keep_logs and launch.log_dir:
             shutil.rmtree(launch.log_dir, ignore_errors=True)
         sys.stdout.flush()
+
+
+def _watch(config: Any, launch: Launch) -> JobWatch:
+    """This launch's watch: progress under the run directory (default the log directory), shared
+    with the other nodes through the round's rendezvous store."""
+    run_id = config.run_id
+
+    def publish(data: bytes) -> None:
+        round_ = ROUNDS.get(run_id)
+        if round_ is not None and round_.nodes > 1:
+            round_.store.set(f"shoal/progress/{round_.node_rank}", data)
+
+    def peers() -> list[bytes]:
+        round_ = ROUNDS.get(run_id)
+        if round_ is None or round_.nodes <= 1:
+            return []
+        keys = [f"shoal/progress/{rank}" for rank in range(round_.nodes) if rank != round_.node_rank]
+        return [round_.store.get(key) for key in keys if round_.store.check([key])]
+
+    return JobWatch(
+        launch.run_dir or launch.log_dir or ".", hang_timeout=launch.hang_timeout, on_hang=launch.on_hang,
+        on_stop=lambda: STOPPING.add(run_id), publish=publish, peers=peers,
+    )  # fmt: skip
+
+
+def _hang_failure(launch: Launch, watch: JobWatch, config: Any) -> WorkersFailed:
+    """The launch's end after ``--on-hang stop`` (or ``restart`` with no restart left): the report
+    is the message's last lines."""
+    event = watch.event
+    assert event is not None
+    if watch.stopping:
+        what = "stopped the workers: they hung (--on-hang stop)"
+    else:
+        what = f"the workers hung and no restart is left (--max-restarts {config.max_restarts}; --on-hang restart)"
+    return WorkersFailed(f"{launch.prog}: {what}\n{event.report}", exit_code=HANG_EXIT_CODE)
 
 
 def function_worker(function: Callable[..., Any], *args: Any) -> Any:
@@ -192,8 +264,12 @@ def _apply_plan(config: Any, plan: RendezvousPlan) -> None:
 
 
 @contextlib.contextmanager
-def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool) -> Iterator[None]:
+def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool, progress_dir: Any = None) -> Iterator[None]:
     """Set what the workers inherit (the agent copies os.environ into them); restore afterwards.
+
+    ``SHOAL_PROGRESS_DIR``: this launch's progress directory (always this launcher's, even when the
+    launcher itself runs in a job that had one); ``SHOAL_NODE_NAME``, across nodes unless set: this
+    node's address (the machines' host names may all be alike, as in namespaces or pods).
 
     torch's launcher writes os.environ too (TORCHELASTIC_SIGNALS_TO_HANDLE): the whole mapping is
     restored, so a library call that launches workers leaves its caller's environment as it was.
@@ -202,7 +278,11 @@ def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool) -> Iterat
     extra = {"OMP_NUM_THREADS": str(threads_per_process(config.nproc_per_node)), **plan.environ}
     if not verbose:  # c10d/gloo's C++ warnings (a client's host name not resolving...): --verbose
         extra["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    if not plan.single_node and config.local_addr:
+        extra["SHOAL_NODE_NAME"] = config.local_addr
     os.environ.update({k: v for k, v in extra.items() if k not in os.environ})
+    if progress_dir is not None:
+        os.environ[ENV_DIR] = str(progress_dir)
     os.environ[SHARED_STORE_OPT_OUT] = "1"  # shoal serves the workers' store (see handlers)
     try:
         yield
@@ -259,7 +339,10 @@ def _threads_note(config: Any, environ: Mapping[str, str]) -> str:
 
 
 def _on_start(launch: Launch, config: Any, env: dict[str, str]) -> None:
-    """One line per (re)start of the workers, from local rank 0's environment."""
+    """One line per (re)start of the workers, from local rank 0's environment; the previous
+    attempt's progress records go."""
+    if launch.watch is not None:
+        launch.watch.new_attempt()
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     first, nproc = int(env["RANK"]), config.nproc_per_node
     ranks = f"rank {first}" if nproc == 1 else f"ranks {first}-{first + nproc - 1}"

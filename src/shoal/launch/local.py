@@ -66,6 +66,7 @@ def launch_local(
     max_restarts: int = 0,
     start_method: str = "spawn",
     options: LaunchOptions | None = None,
+    run_dir: str | os.PathLike | None = None,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` in worker processes on this node and wait for them.
 
@@ -76,6 +77,11 @@ def launch_local(
     ``start_method``: ``spawn`` (fresh interpreters that import everything again) or ``fork``
     (copies of this process: seconds sooner to the first step, but this process must not have run
     torch work on several threads or initialised CUDA first).
+
+    ``run_dir``: the run's directory (``shoal train``'s ``--out``): the workers' progress goes to
+    ``RUN_DIR/progress`` (``shoal status RUN_DIR``), hang reports to ``RUN_DIR/hang-<time>/``;
+    default, the launch's temporary log directory (kept only after a hang report). The options'
+    ``hang_timeout`` and ``on_hang`` drive the watchdog (docs/WATCHDOG.md).
 
     Raises :class:`~shoal.launch.core.WorkersFailed` carrying the failing rank's own traceback
     (the other workers are stopped by the agent first), and ShoalError when the nodes cannot meet.
@@ -103,7 +109,10 @@ def launch_local(
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         local_addr=options.local_addr,
     )
-    launch = Launch(plan=plan, prog="shoal", log_dir=log_dir, verbose=options.verbose)
+    launch = Launch(
+        plan=plan, prog="shoal", log_dir=log_dir, verbose=options.verbose, run_dir=str(run_dir or ""),
+        hang_timeout=options.hang_timeout, on_hang=options.on_hang,
+    )  # fmt: skip
     return run_workers(config, entrypoint, args, launch)
 
 

@@ -29,6 +29,7 @@ from shoal.launch.options import DEFAULT_JOIN_TIMEOUT_S, LaunchOptions, check_jo
 from shoal.launch.pods import classic_defaults, classic_pod, classic_pod_line, nproc_from
 from shoal.launch.process import process_started
 from shoal.launch.rendezvous import plan_for
+from shoal.launch.watchdog import ON_HANG, hang_options
 
 DESCRIPTION = """\
 Launch SCRIPT as N worker processes per node: a drop-in for torchrun (every torchrun flag works, in
@@ -47,7 +48,10 @@ both spellings), run by torch's own elastic agent. What shoal adds:
   - in a pod with only MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE > 1 (Run:ai, training-operator
     before 1.7): node RANK of WORLD_SIZE meeting on MASTER_ADDR:MASTER_PORT, one worker per GPU;
   - started as one rank of a larger job (srun, mpirun, torchrun) or in an allocation of more tasks
-    than it starts, with no rendezvous given: an error, never a job of its own per copy."""
+    than it starts, with no rendezvous given: an error, never a job of its own per copy;
+  - a script that reports its progress (`progress = shoal.init().progress()`) is watched: a hang is
+    reported with every rank's phase and source line (--hang-timeout, --on-hang), a straggler is
+    named, and `shoal status` shows each rank live (docs/WATCHDOG.md)."""
 
 EXAMPLES = """\
 examples:
@@ -61,9 +65,14 @@ examples:
   shoal run --nnodes 2:4 --nproc 4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 \\
       --max-restarts 3 train.py
   shoal run --nproc 2 -m shoal demo all-reduce   # check that collectives work
+  shoal run --nproc 2 --hang-timeout 60 --on-hang stop train.py   # fail, with the report, on a hang
+  shoal status                                   # from another terminal: where each rank is
 """
 
 
+RUN_DIR_PREFIX = "shoal-run-"
+"""``shoal run`` without ``--log-dir``: its run directory is a temporary ``shoal-run-*`` (what
+``shoal status`` with no argument looks for)."""
 HELP_WIDTH = 100
 """Columns of the help text frozen in :mod:`shoal.launch.run_help`."""
 
@@ -97,6 +106,20 @@ def build_parser(width: int | None = None) -> argparse.ArgumentParser:
         metavar="S",
         help=f"several nodes: fail when they have not all arrived after S seconds (default {DEFAULT_JOIN_TIMEOUT_S:g})",
     )
+    group.add_argument(
+        "--hang-timeout",
+        metavar="S",
+        default=None,
+        help="report a hang when no rank made progress for S seconds (default: 10 x the step time, at "
+        "least 30; only for scripts that report progress: docs/WATCHDOG.md)",
+    )
+    group.add_argument(
+        "--on-hang",
+        choices=ON_HANG,
+        default="report",
+        help="after a hang report: only report (default), stop the workers and fail, or restart them "
+        "(counts against --max-restarts)",
+    )
     group.add_argument("--verbose", action="store_true", help="show torch's elastic agent logs too")
     return parser
 
@@ -122,18 +145,20 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     plan = plan_for(options, started=started)
     user_log_dir = args.log_dir
     # Workers' stderr must land in files to be read back after a failure; keep them only as long
-    # as the run unless the user asked for a log dir.
-    args.log_dir = user_log_dir or tempfile.mkdtemp(prefix="shoal-run-")
+    # as the run unless the user asked for a log dir (or a hang was reported: its stacks are there).
+    # The log directory is the run directory: progress/ (`shoal status`) and hang-<time>/ go there.
+    args.log_dir = user_log_dir or tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
+    launch = Launch(
+        plan=plan, prog="shoal run", announce_single_node=True, log_dir=args.log_dir,
+        keep_logs=bool(user_log_dir), verbose=options.verbose, run_dir=args.log_dir,
+        hang_timeout=options.hang_timeout, on_hang=options.on_hang,
+    )  # fmt: skip
     try:
         config, cmd, cmd_args = _torch_config(args, options)
-        launch = Launch(
-            plan=plan, prog="shoal run", announce_single_node=True, log_dir=args.log_dir,
-            keep_logs=bool(user_log_dir), verbose=options.verbose,
-        )  # fmt: skip
         run_workers(config, cmd, tuple(cmd_args), launch)
         return 0
     finally:
-        if not user_log_dir:
+        if not (user_log_dir or launch.keep_logs):  # kept after a hang report: the report names it
             shutil.rmtree(args.log_dir, ignore_errors=True)
 
 
@@ -173,7 +198,11 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             f"--rdzv-backend {args.rdzv_backend}: shoal run supports the static and c10d rendezvous",
             "use --rdzv-backend c10d (no etcd server needed), or torchrun itself for etcd",
         )
-    common = dict(nproc=nproc, max_restarts=args.max_restarts, join_timeout=args.join_timeout, verbose=args.verbose)
+    hang_timeout, on_hang = hang_options(args.hang_timeout, args.on_hang)
+    common = dict(
+        nproc=nproc, max_restarts=args.max_restarts, join_timeout=args.join_timeout, verbose=args.verbose,
+        hang_timeout=hang_timeout, on_hang=on_hang,
+    )  # fmt: skip
     # torchrun's --master-addr defaults to 127.0.0.1: one node with no port or endpoint of its own
     # is a standalone job, on a free port.
     if args.standalone or (max_nodes == 1 and args.master_port is None and not args.rdzv_endpoint):

@@ -17,6 +17,8 @@ records with the other launchers every ``share_s`` and judges the whole job.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import signal
@@ -43,6 +45,15 @@ SLOW_PHASES = frozenset({"start", "checkpoint", "evaluation"})
 """Phases that may legitimately take much longer than a step: when every rank is in one of them the
 timeout is ``SLOW_FACTOR`` times longer."""
 SLOW_FACTOR = 4.0
+STOP_GRACE_S = 5.0
+"""``--on-hang stop|restart``: how long a hung rank gets after SIGTERM before SIGKILL (a rank blocked in
+a collective runs no Python handler; one that does, such as the preemption handler, gets to exit)."""
+HANG_EXIT_CODE = 124
+"""``--on-hang stop``: the launcher's exit status (as GNU ``timeout``'s when the command timed out)."""
+VERDICT_FILE = "verdict.json"
+"""The monitor's verdict in the progress directory, rewritten (tmp + rename) whenever it changes:
+``{"time": unix s, "stragglers": [{"rank", "node", "ratio", "line"}], "hang": null or {"line"}}``.
+The trainer reads it at each epoch (stragglers in metrics.jsonl)."""
 
 
 ON_HANG = ("report", "stop", "restart")
@@ -114,6 +125,11 @@ class HangDetector:
     warmup_steps: int = WARMUP_STEPS
     _seen: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # rank -> (pid, seq, since)
     _reported: bool = False
+
+    @property
+    def reported(self) -> bool:
+        """A hang was reported and no rank progressed since."""
+        return self._reported
 
     def timeout(self, ranks: Sequence[RankProgress]) -> float:
         if self.timeout_s is not None:
@@ -210,7 +226,8 @@ def hang_report(hang: Hang, stacks: dict[int, str], saved_in: str | os.PathLike 
     lines = [f"shoal: no rank made progress for {hang.stalled_s:.0f} s (hang timeout {hang.timeout_s:.0f} s)"]
 
     def at(r: RankProgress) -> str:
-        place = where(stacks.get(r.rank, ""))
+        # A rank of another node: the ``where`` its own launcher shared after dumping its stack.
+        place = where(stacks[r.rank]) if r.rank in stacks else r.where
         return f" at {place}" if place else ""
 
     parts = []
@@ -222,7 +239,9 @@ def hang_report(hang: Hang, stacks: dict[int, str], saved_in: str | os.PathLike 
         who = f"rank {ranks[0]} {'waits' if waiting else 'is'} in"
     else:
         who = f"ranks {format_ranks(ranks)} {'wait' if waiting else 'are'} in"
-    parts.append(f"{who} {_activity(majority[0])} at step {majority[0].step}{at(majority[0])}")
+    # The group's place: the first of its ranks whose place is known (a remote one may not be).
+    shown = next((r for r in majority if at(r)), majority[0])
+    parts.append(f"{who} {_activity(majority[0])} at step {majority[0].step}{at(shown)}")
     lines.append("; ".join(parts))
     if saved_in is not None:
         lines.append(f"full stacks: {saved_in}")
@@ -350,6 +369,26 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux; [] elsewhere), from ``/proc/PID/task/*/children``."""
+    found: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(child) for child in path.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return sorted(set(found))
+
+
+def _helper(pid: int) -> bool:
+    """A multiprocessing helper (resource tracker, fork server) rather than a worker."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"multiprocessing" in cmdline and (b"resource_tracker" in cmdline or b"forkserver" in cmdline)
+
+
 # -- the monitor -----------------------------------------------------------------------------------
 
 
@@ -362,12 +401,31 @@ class HangEvent:
     hang: Hang
 
 
+def write_verdict(path: str | os.PathLike, stragglers: Sequence[dict], hang_line: str | None) -> None:
+    """:data:`VERDICT_FILE`'s content, written atomically (a reader sees the old or the new one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "time": time.time(),
+        "stragglers": list(stragglers),
+        "hang": None if hang_line is None else {"line": hang_line},
+    }
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(data) + "\n")
+    os.replace(temporary, path)
+
+
 class Monitor:
     """A daemon thread polling ``progress_dir`` every ``interval_s``: on a hang it dumps every live
     rank's stack into ``run_dir/hang-<UTC time>/rank-N.txt``, writes ``report.txt`` there, prints the
     report to stderr and calls ``on_hang(event)`` (the caller decides: report, stop or restart).
     Every ``window_s`` it judges stragglers from the ranks' running totals and prints one line per
-    newly named straggler (``on_straggler(line)`` instead when given)."""
+    newly named straggler (``on_straggler(line)`` instead when given). With ``verdict_path`` it
+    rewrites that file (:data:`VERDICT_FILE`) whenever the straggler or hang verdict changes.
+
+    Several nodes: ``publish(data)`` / ``peers()`` share the records every ``share_s``. On a hang each
+    node's monitor dumps its own ranks' stacks and publishes a short ``where`` per rank at once; a
+    report naming ranks of other nodes waits up to ``peer_wait_s`` for theirs."""
 
     def __init__(
         self,
@@ -383,6 +441,8 @@ class Monitor:
         publish: Callable[[bytes], None] | None = None,
         peers: Callable[[], list[bytes]] | None = None,
         share_s: float = 5.0,
+        verdict_path: str | os.PathLike | None = None,
+        peer_wait_s: float | None = None,
     ) -> None:
         self.progress_dir = Path(progress_dir)
         self.run_dir = Path(run_dir)
@@ -394,11 +454,17 @@ class Monitor:
         self.window_s = window_s
         self.events: list[HangEvent] = []
         self.stragglers: set[int] = set()
+        """Every rank named a straggler so far (each line is printed once)."""
+        self.verdict_path = Path(verdict_path) if verdict_path is not None else None
+        self._current: dict[int, dict] = {}  # the stragglers of the latest judged window
+        self._hang_line: str | None = None
+        self._where: dict[int, str] = {}  # this node's ranks, from the stacks of the current hang
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shoal-watchdog", daemon=True)
         self._window_start: dict[int, tuple[int, float]] = {}
         self._window_at = 0.0
         self.publish, self.peers, self.share_s = publish, peers, share_s
+        self.peer_wait_s = 2 * share_s + 2 if peer_wait_s is None else peer_wait_s
         self._shared_at = -float("inf")
         self._remote: list[RankProgress] = []
         self._share_failed = False
@@ -430,6 +496,9 @@ class Monitor:
         own = {r.rank for r in ranks}
         ranks += [r for r in self._remote if r.rank not in own]
         hang = self.detector.observe(now, ranks)
+        if not self.detector.reported and (self._hang_line is not None or self._where):
+            self._hang_line, self._where = None, {}  # progress again: the hang is over
+            self._write_verdict()
         if now - self._window_at >= self.window_s:
             self._judge(ranks)
             self._window_at = now
@@ -437,16 +506,19 @@ class Monitor:
             return None
         event = self._report(hang)
         self.events.append(event)
+        lines = event.report.splitlines()
+        self._hang_line = lines[1] if len(lines) > 1 else lines[0]
+        self._write_verdict()
         if self.on_hang is not None:
             self.on_hang(event)
         return event
 
-    def _share(self, local: list[RankProgress]) -> None:
-        """Publish this node's records and fetch the other nodes' (through the rendezvous store, by
-        the callables the launch core hands in); a failure keeps the last ones and is said once."""
+    def _share(self, local: list[RankProgress] | None) -> None:
+        """Publish this node's records (with each rank's ``where`` during a hang; nothing when
+        ``local`` is None) and fetch the other nodes'; a failure keeps the last ones, said once."""
         try:
-            if self.publish is not None:
-                self.publish(to_summary(local))
+            if self.publish is not None and local is not None:
+                self.publish(to_summary([dataclasses.replace(r, where=self._where.get(r.rank, "")) for r in local]))
             if self.peers is not None:
                 self._remote = [r for data in self.peers() for r in from_summary(data)]
         except Exception as err:
@@ -458,16 +530,36 @@ class Monitor:
         directory = self.run_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
         directory.mkdir(parents=True, exist_ok=True)
         stacks = dump_all_stacks([r for r in hang.ranks if not r.remote and r.alive])
+        self._where = {rank: where(text) for rank, text in stacks.items()}
         for r in hang.ranks:
             if r.remote:
                 continue  # its own launcher dumps it, under its run directory
             text = stacks.get(r.rank) or "(no stack: the rank did not register the stacks signal, or is gone)\n"
             head = f"rank {r.rank} pid {r.pid} node {r.host} step {r.step} phase {_activity(r)}\n\n"
             (directory / f"rank-{r.rank}.txt").write_text(head + text)
+        if any(r.remote for r in hang.ranks):
+            self._share(read_progress(self.progress_dir))  # where this node's ranks are, for the others
+            hang = self._remote_places(hang)
         report = hang_report(hang, stacks, saved_in=directory)
         (directory / "report.txt").write_text(report + "\n")
         print(report, file=sys.stderr, flush=True)
         return HangEvent(report, directory, hang)
+
+    def _remote_places(self, hang: Hang) -> Hang:
+        """The hang with the other nodes' ranks' ``where``, once their launchers (which see the same
+        hang within a share period) dumped and published them; at most ``peer_wait_s``."""
+        deadline = time.monotonic() + self.peer_wait_s
+        while True:
+            self._share(None)  # fetch only
+            latest = {r.rank: r for r in self._remote if r.where}
+            ranks = [
+                dataclasses.replace(r, where=latest[r.rank].where) if r.remote and r.rank in latest else r
+                for r in hang.ranks
+            ]
+            hang = dataclasses.replace(hang, ranks=ranks)
+            if all(r.where for r in ranks if r.remote) or time.monotonic() >= deadline or self._stop.is_set():
+                return hang
+            time.sleep(0.5)
 
     def _judge(self, ranks: Sequence[RankProgress]) -> None:
         compute: dict[int, float] = {}
@@ -478,11 +570,108 @@ class Monitor:
             if r.steps_timed > steps:
                 compute[r.rank] = (r.total_compute_s - total) / (r.steps_timed - steps)
             self._window_start[r.rank] = (r.steps_timed, r.total_compute_s)
+        if not compute:
+            return  # no step in this window (a hang, a restart): the verdict stands
+        current = {}
         for rank in self.judge.window(compute):
+            line = straggler_line(rank, ranks, compute)
+            others = statistics.median(v for r, v in compute.items() if r != rank)
+            host = next((r.host for r in ranks if r.rank == rank), "?")
+            current[rank] = {"rank": rank, "node": host, "ratio": round(compute[rank] / others, 2), "line": line}
             if rank not in self.stragglers:
                 self.stragglers.add(rank)
-                line = straggler_line(rank, ranks, compute)
                 if self.on_straggler is not None:
                     self.on_straggler(line)
                 else:
                     print(line, file=sys.stderr, flush=True)
+        changed = set(current) != set(self._current)
+        self._current = current
+        if changed:
+            self._write_verdict()
+
+    def _write_verdict(self) -> None:
+        if self.verdict_path is None:
+            return
+        try:
+            write_verdict(self.verdict_path, [self._current[r] for r in sorted(self._current)], self._hang_line)
+        except OSError as err:
+            print(f"shoal: watchdog: cannot write {self.verdict_path}: {err}", file=sys.stderr, flush=True)
+
+
+# -- one launch's watch ----------------------------------------------------------------------------
+
+
+class JobWatch:
+    """What the launch core runs beside torch's agent: the progress directory ``RUN_DIR/progress``
+    (cleared at each attempt of the workers), a :class:`Monitor` over it, and ``--on-hang``.
+
+    ``report``: the monitor's report only. ``stop``: ``on_stop()`` first (the launch core keeps the
+    agent from restarting), then :func:`stop_processes` on this node's workers; :attr:`stopping`
+    tells the launch core to fail with the report. ``restart``: the same stop, and torch's agent
+    starts the next attempt (counted against ``--max-restarts``). :meth:`close` stops the monitor and
+    any worker still there (SIGTERM, SIGKILL after the grace): nothing outlives the launcher.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        hang_timeout: float | None = None,
+        on_hang: str = "report",
+        grace_s: float = STOP_GRACE_S,
+        on_stop: Callable[[], None] | None = None,
+        publish: Callable[[bytes], None] | None = None,
+        peers: Callable[[], list[bytes]] | None = None,
+        window_s: float | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.progress_dir = self.run_dir / "progress"
+        self.action = on_hang
+        self.grace_s = grace_s
+        self.on_stop = on_stop
+        self.event: HangEvent | None = None
+        """The hang that made this launcher stop its workers (``stop`` and ``restart``)."""
+        self.stopping = False
+        """``--on-hang stop`` acted: the launch fails with the report."""
+        self._launcher = os.getpid()
+        self._before = set(children(self._launcher))
+        if window_s is None:
+            window_s = float(os.environ.get("SHOAL_STRAGGLER_WINDOW_S") or 10.0)
+        self.monitor = Monitor(
+            self.progress_dir, self.run_dir, detector=HangDetector(timeout_s=hang_timeout), on_hang=self._on_hang,
+            window_s=window_s, publish=publish, peers=peers, verdict_path=self.progress_dir / VERDICT_FILE,
+        )  # fmt: skip
+
+    def start(self) -> JobWatch:
+        self.progress_dir.mkdir(parents=True, exist_ok=True)
+        self.new_attempt()
+        self.monitor.start()
+        return self
+
+    def new_attempt(self) -> None:
+        """Before the workers (re)start: the previous attempt's records, stacks and verdict go."""
+        for pattern in ("rank-*.progress", "rank-*.progress.tmp-*", "rank-*.stacks", VERDICT_FILE):
+            for path in self.progress_dir.glob(pattern):
+                path.unlink(missing_ok=True)
+
+    def worker_pids(self) -> list[int]:
+        """This launcher's children started since the watch began (the agent's workers), helpers of
+        multiprocessing left out."""
+        return [pid for pid in children(self._launcher) if pid not in self._before and not _helper(pid)]
+
+    def _on_hang(self, event: HangEvent) -> None:
+        if self.action == "report":
+            return
+        self.event = event
+        if self.action == "stop":
+            self.stopping = True
+            if self.on_stop is not None:
+                self.on_stop()
+        local = {r.pid for r in event.hang.ranks if not r.remote}
+        stop_processes(sorted(local | set(self.worker_pids())), self.grace_s)
+
+    def close(self, grace_s: float = 2.0) -> list[int]:
+        """Stop the monitor, then any worker still running (torch's agent stopped them already, or
+        tried: a rank blocked in a collective ignores SIGTERM). Returns the PIDs that needed SIGKILL."""
+        self.monitor.stop()
+        return stop_processes(self.worker_pids(), grace_s)

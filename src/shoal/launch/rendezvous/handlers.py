@@ -47,6 +47,12 @@ SHARED_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 MEMBERSHIP: dict[str, list[MembershipChange]] = {}
 """Run id -> the membership change of every round but the first, as this node saw it (read by the
 launch core for its restart line)."""
+ROUNDS: dict[str, Round] = {}
+"""Run id -> this node's latest round (the round's store, this node's rank, the node count): the
+launch core's watchdog shares its progress summary through that store."""
+STOPPING: set[str] = set()
+"""Run ids whose launcher stopped its workers for good (``--on-hang stop``): the agent's next
+rendezvous (a restart) raises :class:`StopRequested` instead."""
 _CLOSED_KEY = "shoal/closed"
 _WORKERS_ADDR, _WORKERS_PORT = "shoal/workers_addr", "shoal/workers_port"
 _CHECK_EVERY_S = 1.0
@@ -68,6 +74,24 @@ class JoinFailed(Exception):
 
 class NodeLeft(Exception):
     """Another node ended the job (its workers failed for good, or it lost the store)."""
+
+
+class StopRequested(Exception):
+    """The launcher stopped its workers for good: torch's agent must not start another attempt."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One rendezvous round as this node joined it."""
+
+    store: Any
+    node_rank: int
+    nodes: int
+
+
+def _check_not_stopping(run_id: str) -> None:
+    if run_id in STOPPING:
+        raise StopRequested(f"the workers of {run_id} were stopped for good (--on-hang stop)")
 
 
 @dataclass(frozen=True)
@@ -229,6 +253,7 @@ def _create_c10d_handler(params: Any) -> Any:
         def next_rendezvous(self) -> Any:
             from torch.distributed.elastic.rendezvous.api import RendezvousInfo
 
+            _check_not_stopping(params.run_id)
             try:
                 info = inner.next_rendezvous()
             except RendezvousClosedError as err:
@@ -237,6 +262,7 @@ def _create_c10d_handler(params: Any) -> Any:
                 raise JoinFailed(err, arrived(backend, inner), max_nodes) from err
             self.note_membership(participants(backend))
             store_info = self.workers.publish(info.rank, info.store)
+            ROUNDS[params.run_id] = Round(info.store, info.rank, info.world_size)
             return RendezvousInfo(info.store, info.rank, info.world_size, store_info)
 
         def note_membership(self, now: set[str] | None) -> None:
@@ -250,6 +276,7 @@ def _create_c10d_handler(params: Any) -> Any:
             self.members = now
 
     MEMBERSHIP.pop(params.run_id, None)
+    ROUNDS.pop(params.run_id, None)
     return ShoalC10dHandler(inner, params.endpoint, workers)
 
 
@@ -313,11 +340,14 @@ def _create_static_handler(params: Any) -> Any:
         store: Any = None
 
         def next_rendezvous(self) -> Any:
+            _check_not_stopping(params.run_id)
             if self.store is None:
                 self.store = self._connect()
             round_store = dist.PrefixStore(f"{params.run_id}/round{self.round}/", self.store)
             self.round += 1
-            return RendezvousInfo(round_store, rank, world_size, self.workers.publish(rank, round_store))
+            info = RendezvousInfo(round_store, rank, world_size, self.workers.publish(rank, round_store))
+            ROUNDS[params.run_id] = Round(round_store, rank, world_size)
+            return info
 
         def _connect(self) -> Any:
             remaining = timeout if deadline is None else max(1.0, deadline - time.monotonic())
@@ -348,6 +378,7 @@ def _create_static_handler(params: Any) -> Any:
                     pass
             return True
 
+    ROUNDS.pop(params.run_id, None)
     return ShoalStaticHandler(_NoInner(), params.endpoint, workers)
 
 
