@@ -305,6 +305,45 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+def inspect_sharded(path: str | os.PathLike) -> dict[str, Any]:
+    """Check a sharded checkpoint without loading its tensors, in one process (no collective), and
+    return ``{"meta": shoal.json, "extra": its extra values}``; a :class:`ShoalError` says what is
+    wrong. Checked: ``shoal.json``, DCP's ``.metadata`` (it unpickles), every shard file it names
+    present and long enough for every item it holds (a truncated or missing shard), and the small
+    shoal record (extra, per-rank state) loading with ``weights_only``. Bytes flipped inside a
+    shard are not detected (DCP keeps no checksums): the load itself reports what it can."""
+    path = Path(path)
+    meta = read_meta(path)
+
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(path))
+    try:
+        metadata = reader.read_metadata()
+    except Exception as err:  # truncated or damaged pickle
+        raise ShoalError(f"{path} has an unreadable DCP .metadata: {first_line(err)}", "delete it") from None
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        end = int(info.offset) + int(info.length)
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, end in sorted(needed.items()):
+        try:
+            size = (path / name).stat().st_size
+        except OSError:
+            raise ShoalError(f"{path} is incomplete: shard {name} is missing", "delete it") from None
+        if size < end:
+            raise ShoalError(f"{path} is truncated: shard {name} has {size} of {end} bytes", "delete it")
+    state: dict[str, Any] = {"shoal": b""}
+    try:
+        with _quiet_single_process():
+            dcp.load(state, storage_reader=reader, planner=_SafeLoadPlanner(), no_dist=True)
+        blob = torch.load(io.BytesIO(state["shoal"]), weights_only=True)
+        extra = dict(blob["extra"])
+    except (Exception, CheckpointException) as err:
+        raise ShoalError(f"{path} holds a record that does not load safely: {_reason(err)}", "delete it") from None
+    return {"meta": meta, "extra": extra}
+
+
 def checkpoint_name(epoch: int, step: int) -> str:
     """The directory name the checkpoint manager's files would have: ``ckpt-e00001-s000000100.dcp``."""
     return f"ckpt-e{int(epoch):05d}-s{int(step):09d}{SUFFIX}"

@@ -44,7 +44,8 @@ def remove_temporaries(directory: str | os.PathLike, target_glob: str) -> None:
     """Delete what :func:`atomic_write` runs that were killed left behind for targets matching
     ``target_glob`` (a SIGKILL skips its clean-up). Only for a directory no other writer is using."""
     for stale in Path(directory).glob(f"{TMP_PREFIX}{target_glob}.*"):
-        stale.unlink(missing_ok=True)
+        if not stale.is_dir():  # a killed sharded save's directory is sharded.remove_stale's
+            stale.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -1,0 +1,203 @@
+"""The checkpoint manager with sharded (.dcp) checkpoints in real processes (run by
+tests/checkpoint/test_manager_sharded.py), under torchrun (gloo) or as one plain process.
+
+Every run trains a TinyGPT ``tiny`` with Adam; each step's batch is drawn from the global RNG
+(each rank seeded differently), so an exact resume needs the RNG states back, and a per-rank
+counter and a shared data position ride along. Modes:
+
+* ``train DIR STRATEGY FORMAT STEPS [resume]``: STRATEGY ``fsdp``/``ddp``/``none``, FORMAT ``dcp``
+  (sharded), ``async`` (sharded, async) or ``pt``; saves every 2 steps with keep=2 into DIR; rank 0
+  writes the full model and optimizer state at every save (``DIR/../full-<step>.pt`` ...) and at
+  the end ``DIR.final.pt`` (plus every rank's next random draw, per-rank counter and the position).
+  With ``resume``, it first resumes the newest checkpoint in DIR (so a copy of a checkpoint of
+  another strategy or format, or of another world size).
+* ``load RESULT STRATEGY CKPT REFERENCE``: loads CKPT into a fresh model with
+  :meth:`CheckpointManager.load_into` and writes how far its full state is from REFERENCE.
+* ``kill DIR``: an async sharded save, then a second one, during which rank 0 SIGKILLs the whole
+  job (its process group: torchrun and every worker) once the first shard file appears.
+"""
+
+import copy
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from shoal.checkpoint.manager import CheckpointManager
+from shoal.distributed.fsdp import apply_fsdp
+from shoal.distributed.wrap import apply_ddp, model_state_dict
+from shoal.workloads.language_model import TinyGPT, lm_loss
+
+if "RANK" in os.environ:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+else:
+    rank, world = 0, 1
+torch.set_num_threads(1)
+cpu = torch.device("cpu")
+
+
+class Counter:
+    def __init__(self, value=0):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def build(strategy, preset="tiny"):
+    torch.manual_seed(0)
+    model = TinyGPT.preset(preset)
+    if strategy == "fsdp":
+        model = apply_fsdp(model, device=cpu)
+    elif strategy == "ddp":
+        model = apply_ddp(model, cpu, world)
+    torch.manual_seed(100 + rank)  # the batches: each rank its own stream, in the checkpoint
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def step(model, opt):
+    x = torch.randint(0, 256, (2, 32))  # the tiny preset's sequence length
+    lm_loss(model(x)[:, :-1], x[:, 1:]).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def full_state(model, opt):
+    """The whole model and optimizer state, plain tensors keyed by name, on rank 0 (collective)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = {"model": model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
+    return copy.deepcopy(state)
+
+
+def everyone(mine):
+    out = [None] * world
+    if world > 1:
+        dist.all_gather_object(out, mine)
+    else:
+        out = [mine]
+    return out
+
+
+def train(directory, strategy, fmt, steps, resume=False):
+    directory = Path(directory)
+    model, opt = build(strategy)
+    position, counter = Counter(0), Counter(1000 * rank)
+    state = {"model": model, "optimizer": opt, "position": position}
+    per_rank = {"counter": counter}
+    manager = CheckpointManager(directory, every="2steps", keep=2, sharded=fmt != "pt", async_save=fmt == "async")
+    start = 0
+    if resume:
+        found = manager.resume(state, per_rank=per_rank)
+        assert found is not None and found.step == position.value, (found, position.value)
+        start = found.step
+        if rank == 0:
+            print(f"resumed {found.path.name} (saved by {found.world_size}) extra={found.extra}", flush=True)
+    for done in range(start + 1, steps + 1):
+        step(model, opt)
+        position.value, counter.value = done, counter.value + 1
+        if manager.due(epoch=1, step=done, epoch_end=False):
+            reference = full_state(model, opt)
+            manager.maybe_save(epoch=1, step=done, epoch_end=False, objects=state, per_rank=per_rank, extra={"x": done})
+            if rank == 0:
+                torch.save(reference, f"{directory}.full-{done}.pt")
+        # An async save goes on in the background while the next step changes every weight.
+    manager.wait()
+    final = full_state(model, opt)
+    ends = everyone({"draw": torch.rand(1).item(), "counter": counter.value})
+    if rank == 0:
+        torch.save({"state": final, "ranks": ends, "position": position.value}, f"{directory}.final.pt")
+
+
+def load(result_path, strategy, ckpt, reference_path):
+    model, opt = build(strategy)
+    position, counter = Counter(-1), Counter(-1)
+    found = CheckpointManager(Path(ckpt).parent).load_into(
+        ckpt, {"model": model, "optimizer": opt, "position": position}, per_rank={"counter": counter}
+    )
+    got = full_state(model, opt)
+    counters = everyone(counter.value)
+    step(model, opt)  # the loaded optimizer steps
+    if rank == 0:
+        reference = torch.load(reference_path, weights_only=True)
+        diffs = {}
+        for part in ("model", "optim"):
+            ref, mine = flat(reference[part]), flat(got[part])
+            assert sorted(ref) == sorted(mine), sorted(set(ref) ^ set(mine))
+            for key, value in ref.items():
+                if isinstance(value, torch.Tensor):
+                    diffs[f"{part}.{key}"] = (mine[key].float() - value.float()).abs().max().item()
+                else:
+                    diffs[f"{part}.{key}"] = 0.0 if mine[key] == value else float("inf")
+        result = {
+            "values": len(diffs),
+            "max_diff": max(diffs.values()),
+            "worst": max(diffs, key=diffs.get),
+            "step": found.step,
+            "epoch": found.epoch,
+            "extra": found.extra,
+            "saved_world": found.world_size,
+            "position": position.value,
+            "counters": counters,
+        }
+        Path(result_path).write_text(json.dumps(result))
+
+
+def flat(tree, prefix=""):
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flat(v, f"{prefix}{k}."))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(flat(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
+
+
+def kill(directory):
+    directory = Path(directory)
+    model, opt = build("fsdp", preset="small")
+    manager = CheckpointManager(directory, every="1steps", keep=2, async_save=True)
+    state = {"model": model, "optimizer": opt, "position": Counter(1)}
+    step(model, opt)
+    reference = full_state(model, opt)
+    manager.save(epoch=1, step=1, objects=state)
+    manager.wait()
+    if rank == 0:
+        torch.save(reference, f"{directory}.full-1.pt")
+    step(model, opt)
+    state["position"].value = 2
+    manager.save(epoch=1, step=2, objects=state)
+    if rank == 0:
+        # Kill the whole job (torchrun and every worker: the session the test started) while the
+        # shards are written from DCP's background thread.
+        tmp = directory / ".tmp-ckpt-e00001-s000000002.dcp"
+        deadline = time.monotonic() + 60
+        while not any(tmp.glob("*.distcp")) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        Path(f"{directory}.killing").write_text(" ".join(sorted(p.name for p in tmp.iterdir())))
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    manager.wait()
+
+
+mode = sys.argv[1]
+if mode == "train":
+    train(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), resume=sys.argv[6:] == ["resume"])
+elif mode == "load":
+    load(*sys.argv[2:6])
+elif mode == "kill":
+    kill(sys.argv[2])
+if world > 1:
+    dist.barrier()
+    dist.destroy_process_group()
