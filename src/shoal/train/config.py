@@ -103,8 +103,8 @@ class TrainConfig:
     resume: str = field(default="auto", metadata={"metavar": "auto|never|PATH"})
     """auto: continue from the newest valid checkpoint in the output directory; never; or a ckpt-*.pt file."""
     async_checkpoint: bool = False
-    """Write checkpoints in the background: training waits only for the copy to memory (sharded
-    checkpoints: always with --strategy fsdp)."""
+    """Write checkpoints in the background: training waits only for the copy to memory. They are
+    sharded (.dcp directories, every process writes its part), as with --strategy fsdp always."""
     preempt_grace: float = field(default=PREEMPT_GRACE_S, metadata={"metavar": "S"})
     """After SIGTERM/SIGUSR1: checkpoint and exit within this many seconds."""
     tracker: str | None = field(default=None, metadata={"metavar": "wandb,tensorboard,mlflow"})
@@ -148,7 +148,7 @@ class TrainConfig:
             check_comm_hook(self.comm_hook)
         except ShoalError as err:
             raise ShoalError(f"--comm-hook: {err.message}", err.hint) from None
-        _check_strategy(self.strategy, self.comm_hook, self.amp)
+        _check_strategy(self.strategy, self.comm_hook, self.amp, self.channels_last)
         self.cadence  # noqa: B018  (parsed once here: a malformed --checkpoint-every fails now)
         if self.log_every < 0 or self.log_predictions < 0:
             raise ShoalError("--log-every and --log-predictions must be 0 or more", "pass 0 to turn them off")
@@ -189,7 +189,7 @@ class TrainConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _check_strategy(strategy: str, comm_hook: str, amp: str) -> None:
+def _check_strategy(strategy: str, comm_hook: str, amp: str, channels_last: bool | None) -> None:
     """--strategy, and what fsdp refuses, in the process that starts the workers (one line + HINT)."""
     if strategy == "ddp":
         return  # the default: nothing to import (this module stays free of torch)
@@ -201,6 +201,11 @@ def _check_strategy(strategy: str, comm_hook: str, amp: str) -> None:
         raise ShoalError(
             "--amp fp16 does not work with --strategy fsdp: FSDP has no loss scaler for fp16",
             "use --amp bf16 with --strategy fsdp (FSDP computes in bf16, reduces in float32)",
+        )
+    if channels_last:
+        raise ShoalError(
+            "--channels-last does not work with --strategy fsdp: FSDP shards contiguous parameters only",
+            "drop --channels-last (fsdp trains conv models in the default memory format)",
         )
 
 

@@ -122,12 +122,14 @@ def train(
                 "return the model (an nn.Module) from build_model()",
             )
         loss_fn = checked_loss(workload)
-        channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model)
+        fsdp = cfg.strategy == "fsdp"
+        # FSDP2 shards contiguous parameters only: no channels-last weights under fsdp (refused by
+        # the config when asked for).
+        channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model) and not fsdp
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
             data.train_transform = in_channels_last(data.train_transform)
             data.test_transform = in_channels_last(data.test_transform)
-        fsdp = cfg.strategy == "fsdp"
         # Under FSDP, --amp bf16 is FSDP's mixed precision (bf16 compute, float32 reduce and shards):
         # its policy casts, so no autocast on top.
         model = ctx.wrap(model, strategy=cfg.strategy, **({"mixed_precision": cfg.amp} if fsdp else {}))
@@ -175,6 +177,7 @@ def train(
             ctx.print(f"shoal: the run in {out} is already complete ({plan.epochs} epochs): nothing to do")
         # On every rank: under FSDP gathering the whole model is collective (rank 0 gets it, the
         # others {}); under DDP it is the state dict's references, no copy.
+        run.sync_buffers()
         progress.phase("checkpoint")
         weights = model_state_dict(model)
         if outputs:
@@ -212,6 +215,7 @@ class _Run:
         self.workload: Workload | None = None
         self.loss_fn: Any = None
         self.progress: Any = ctx.progress()
+        self.buffers = [b for b in state["model"].buffers() if b.numel()]
 
     @property
     def tally(self) -> EpochTally:
@@ -257,6 +261,7 @@ class _Run:
             return None
         self.progress.collective()
         self.tally.consolidate()
+        self.sync_buffers()
         self.progress.phase("checkpoint")
         extra = {"epoch": self.epoch, "epoch_trained": self.epoch_trained, "epoch_logged": epoch_end}
         if self.outputs is not None:
@@ -266,11 +271,25 @@ class _Run:
             epoch=self.epoch, step=self.global_step, objects=self.state, extra=extra, per_rank=self.per_rank
         )
 
+    def sync_buffers(self) -> None:
+        """Rank 0's buffers (BatchNorm's running statistics) to every rank, before evaluations and saves.
+
+        Rank 0's are the model's (model.pt, the checkpoint), and every rank must evaluate with them
+        for the evaluation to be the saved model's. Neither wrapper guarantees it: FSDP shards
+        parameters, not buffers, and never broadcasts them, so each rank's statistics follow its own
+        batches; DDP broadcasts rank 0's before each forward, which then updates them with the rank's
+        own batch. Training is unaffected (it uses each batch's statistics)."""
+        if self.ctx.world_size <= 1 or not self.buffers:
+            return
+        import torch.distributed as dist
+
+        self.progress.collective()
+        for buffer in self.buffers:
+            dist.broadcast(buffer, src=0)
+
     def wait_for_checkpoint(self) -> None:
         """Until an async checkpoint in flight is written (every rank, before returning or exiting)."""
-        wait = getattr(self.checkpoints, "wait", None)
-        if wait is not None:
-            wait()
+        self.checkpoints.wait()
 
     def next_epoch(self) -> None:
         self.epoch += 1
@@ -357,6 +376,7 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
     to the trackers and checkpoints on the epoch cadence."""
     ctx, tally, progress = run.ctx, run.tally, run.progress
     started = time.perf_counter()
+    run.sync_buffers()
     progress.phase("evaluation")
     workload = run.workload
     # The default metric (accuracy) has known names: no broadcast of them per evaluation.
@@ -436,7 +456,16 @@ def _open_run(cfg: TrainConfig, ctx: Context) -> tuple[Path, RunOutputs | None, 
     out = Path(cfg.out or broadcast_object(default_out_dir(short_name(cfg.workload)) if ctx.is_main else None))
     outputs = RunOutputs(prepare_out_dir(out)) if ctx.is_main else None
     directory = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else out / "checkpoints"
-    return out, outputs, CheckpointManager(directory, every=cfg.cadence, keep=cfg.keep)
+    # FSDP's model and optimizer are sharded: every rank writes its shards (DCP). An async save is a
+    # DCP save too, whatever the strategy.
+    manager = CheckpointManager(
+        directory,
+        every=cfg.cadence,
+        keep=cfg.keep,
+        sharded=cfg.strategy == "fsdp",
+        async_save=cfg.async_checkpoint,
+    )
+    return out, outputs, manager
 
 
 def _announce(run: _Run, derived: dict[str, Any], launch: dict[str, Any] | None) -> None:
@@ -447,7 +476,14 @@ def _announce(run: _Run, derived: dict[str, Any], launch: dict[str, Any] | None)
     ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
     if cfg.comm_hook != "none":
         ctx.print(f"  comm hook {cfg.comm_hook}: {run.per_rank['comm_hook'].description}")
-    ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep})")
+    kind = ", sharded" if run.checkpoints.sharded else ""
+    kind += ", written in the background" if run.checkpoints.async_save else ""
+    ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep}{kind})")
+    if cfg.strategy == "fsdp":
+        ctx.print(
+            f"  model sharded by FSDP over {ctx.world_size} processes"
+            + (" (bf16 compute)" if cfg.amp == "bf16" else "")
+        )
     if run.resumed_from is not None:
         where = "training" if not run.epoch_trained else "evaluation"
         ctx.print(f"  resuming from {run.resumed_from}: epoch {run.epoch}, step {run.global_step} ({where})")
