@@ -36,7 +36,12 @@ def _add_hosts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", metavar="H:N,...", help="hosts and their slots (processes), e.g. node1:2,node2:2")
     p.add_argument("--hostfile", metavar="FILE", help="Open MPI hostfile: one `HOST slots=N` per line")
     p.add_argument(
-        "--nproc-per-node", type=int, default=1, metavar="N", help="slots of a host given without :N (default 1)"
+        "--nproc-per-node",
+        dest="nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="slots of a host given without :N (default 1)",
     )
 
 
@@ -257,14 +262,14 @@ def _env(args: argparse.Namespace, python: str):
 def _hosts(args: argparse.Namespace, *, required: bool):
     from shoal.jobs.hosts.options import parse_hosts, read_hostfile
 
-    if args.nproc_per_node < 1:
-        raise ShoalError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}", "give 1 or more")
+    if args.nproc < 1:
+        raise ShoalError(f"--nproc-per-node must be at least 1, got {args.nproc}", "give 1 or more")
     if args.hosts and args.hostfile:
         raise ShoalError("--hosts and --hostfile both given", "give one of them")
     if args.hostfile:
         return read_hostfile(args.hostfile)
     if args.hosts is not None:
-        return parse_hosts(args.hosts, args.nproc_per_node)
+        return parse_hosts(args.hosts, args.nproc)
     if required:
         raise ShoalError("no hosts given", "give --hosts node1:2,node2:2 (HOST:SLOTS,...) or --hostfile FILE")
     return ()

@@ -42,6 +42,7 @@ def _add_pod(p: argparse.ArgumentParser, *, nodes_help: str) -> None:
     p.add_argument("--nodes", type=int, default=1, metavar="N", help=nodes_help)
     p.add_argument(
         "--nproc-per-node",
+        dest="nproc",
         default="auto",
         metavar="N|auto",
         help="processes per pod (default auto: one per GPU, or one on CPU)",
@@ -165,7 +166,7 @@ def _spec(args: argparse.Namespace, **pod_extra):
         command=args.command,
         job_name=args.name,
         nodes=args.nodes,
-        nproc=parse_nproc(args.nproc_per_node),
+        nproc=parse_nproc(args.nproc),
         gpus_per_node=args.gpus_per_node,
         max_restarts=args.max_restarts,
         master_port=getattr(args, "master_port", None),

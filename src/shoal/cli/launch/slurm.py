@@ -19,7 +19,11 @@ def slurm_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes to allocate (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs per node (default 0)")
     p.add_argument(
-        "--nproc-per-node", type=int, metavar="P", help="processes per node (default: --gpus-per-node, or 1)"
+        "--nproc-per-node",
+        dest="nproc",
+        type=int,
+        metavar="P",
+        help="processes per node (default: --gpus-per-node, or 1)",
     )
     p.add_argument("--cpus-per-node", type=int, metavar="C", help="cores per node (default: one per process)")
     p.add_argument("--partition", "-p", help="Slurm partition")
@@ -51,7 +55,7 @@ def run_slurm(args: argparse.Namespace) -> int:
     from shoal.jobs.slurm import SBATCH_HINT, SBATCH_MARKER, SlurmOptions, render_sbatch, submit_sbatch
     from shoal.jobs.spec import JobSpec, parse_env
 
-    nproc = args.nproc_per_node if args.nproc_per_node is not None else max(1, args.gpus_per_node)
+    nproc = args.nproc if args.nproc is not None else max(1, args.gpus_per_node)
     spec = JobSpec(
         command=args.command,
         nodes=args.nodes,
