@@ -380,6 +380,26 @@ def children(pid: int) -> list[int]:
     return sorted(set(found))
 
 
+def descendants(pids: Iterable[int]) -> list[int]:
+    """``pids``' children, their children, and so on (not ``pids`` themselves)."""
+    found: list[int] = []
+    todo = list(pids)
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def started_at(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), to tell it from a later one with its PID."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _helper(pid: int) -> bool:
     """A multiprocessing helper (resource tracker, fork server) rather than a worker."""
     try:
@@ -443,7 +463,9 @@ class Monitor:
         share_s: float = 5.0,
         verdict_path: str | os.PathLike | None = None,
         peer_wait_s: float | None = None,
+        on_poll: Callable[[], None] | None = None,
     ) -> None:
+        self.on_poll = on_poll
         self.progress_dir = Path(progress_dir)
         self.run_dir = Path(run_dir)
         self.detector = detector or HangDetector()
@@ -489,6 +511,8 @@ class Monitor:
     def poll(self, now: float | None = None) -> HangEvent | None:
         """One look at the channel (the thread calls this every ``interval_s``)."""
         now = time.monotonic() if now is None else now
+        if self.on_poll is not None:
+            self.on_poll()
         ranks = read_progress(self.progress_dir)
         if now - self._shared_at >= self.share_s:
             self._shared_at = now
@@ -635,11 +659,13 @@ class JobWatch:
         """``--on-hang stop`` acted: the launch fails with the report."""
         self._launcher = os.getpid()
         self._before = set(children(self._launcher))
+        self._known: dict[int, int | None] = {}  # pid -> start time: workers and their descendants
         if window_s is None:
             window_s = float(os.environ.get("SHOAL_STRAGGLER_WINDOW_S") or 10.0)
         self.monitor = Monitor(
             self.progress_dir, self.run_dir, detector=HangDetector(timeout_s=hang_timeout), on_hang=self._on_hang,
             window_s=window_s, publish=publish, peers=peers, verdict_path=self.progress_dir / VERDICT_FILE,
+            on_poll=self.track,
         )  # fmt: skip
 
     def start(self) -> JobWatch:
@@ -659,6 +685,23 @@ class JobWatch:
         multiprocessing left out."""
         return [pid for pid in children(self._launcher) if pid not in self._before and not _helper(pid)]
 
+    def track(self) -> list[int]:
+        """The workers and every process they started (a DataLoader's workers...), remembered (each
+        second, by the monitor): a loader worker blocked in ``__getitem__`` never notices that its
+        rank is gone, and its parent can no longer be asked for it once stopped."""
+        workers = self.worker_pids()
+        tree = workers + descendants(workers)
+        for pid in tree:
+            if pid not in self._known:
+                self._known[pid] = started_at(pid)
+        return tree
+
+    def _remaining(self) -> list[int]:
+        """Every process of the workers' trees ever seen that still runs (the same process: its
+        start time matches), and the workers now."""
+        self.track()
+        return sorted(pid for pid, start in self._known.items() if _alive(pid) and started_at(pid) == start)
+
     def _on_hang(self, event: HangEvent) -> None:
         if self.action == "report":
             return
@@ -667,11 +710,18 @@ class JobWatch:
             self.stopping = True
             if self.on_stop is not None:
                 self.on_stop()
+        else:
+            print(
+                "shoal: --on-hang restart: stopping the workers; torch's agent starts them again "
+                "(from the last checkpoint, if the job resumes)",
+                file=sys.stderr,
+                flush=True,
+            )
         local = {r.pid for r in event.hang.ranks if not r.remote}
-        stop_processes(sorted(local | set(self.worker_pids())), self.grace_s)
+        stop_processes(sorted(local | set(self._remaining())), self.grace_s)
 
     def close(self, grace_s: float = 2.0) -> list[int]:
         """Stop the monitor, then any worker still running (torch's agent stopped them already, or
         tried: a rank blocked in a collective ignores SIGTERM). Returns the PIDs that needed SIGKILL."""
         self.monitor.stop()
-        return stop_processes(self.worker_pids(), grace_s)
+        return stop_processes(self._remaining(), grace_s)

@@ -8,9 +8,12 @@ Environment:
                step FAULT_STEP on) | blip (the rank is slow for BLIP_STEPS steps only)
   FAULT_RANK   the rank that misbehaves (default 1)
   FAULT_STEP   the step where it starts (default 5)
+  HANG_MARK    a file where the blocking rank writes the time the hang began
   FAULT_ONCE=1 only in the first attempt (TORCHELASTIC_RESTART_COUNT=0): a restart gets past it
-  STEPS        steps in all (default 40); STEP_S: compute per step (default 0.02 s, busy CPU)
-  OUT          a directory for the checkpoint (the step, every CKPT_EVERY steps) and done-<rank>
+  STEPS        steps in all (default 40); STEP_S: compute per step (default 0.02 s)
+  COMPUTE      sleep (default: the same wall time on a loaded machine) | work (WORK_ITERS iterations
+               of busy CPU per step: a throttled CPU makes them longer)
+  OUT          a directory for the checkpoint (the step, every CKPT_EVERY steps) and pid-<rank>
 Prints ``resumed at step N`` when it starts from a checkpoint and ``finished`` at the end.
 """
 
@@ -37,6 +40,10 @@ ARMED = FIRST_ATTEMPT or os.environ.get("FAULT_ONCE") != "1"
 
 
 def block_forever():
+    mark = os.environ.get("HANG_MARK")
+    if mark:  # when the hang began, for a test timing the report
+        with open(mark, "w") as f:
+            f.write(str(time.time()))
     while True:
         time.sleep(3600)  # the hang
 
@@ -46,12 +53,13 @@ def faulty(rank, step, kind):
 
 
 def compute(seconds):
-    """Busy CPU for ``seconds`` (a throttled CPU makes it longer, as it would a real step)."""
-    end = time.thread_time() + seconds
-    x = 1.0
-    while time.thread_time() < end:
-        x = x * 1.0000001 + 1e-9
-    return x
+    if os.environ.get("COMPUTE") == "work":
+        x = 1.0
+        for _ in range(int(os.environ.get("WORK_ITERS", 200000))):
+            x = x * 1.0000001 + 1e-9
+        return x
+    time.sleep(seconds)
+    return 0.0
 
 
 class Samples(torch.utils.data.Dataset):
@@ -89,6 +97,9 @@ def main():
     ctx = shoal.init()
     progress = ctx.progress()
     rank = ctx.rank
+    if OUT:
+        with open(os.path.join(OUT, f"pid-{rank}"), "a") as f:
+            f.write(f"{os.getpid()}\n")
     start = load_checkpoint()
     if start:
         ctx.print(f"resumed at step {start}", flush=True)

@@ -1,0 +1,257 @@
+"""Injected faults under ``shoal run``, real processes: each hang is named (rank, node, phase, source
+line) within 60 s, ``--on-hang stop`` fails with the report last and leaves no process, ``--on-hang
+restart`` resumes and finishes, a straggler is named and a blip is not, a clean run says nothing.
+
+The workers run tests/launch/scripts/hang_faults.py (``ctx = shoal.init(); progress =
+ctx.progress()``; the fault chosen by FAULT, FAULT_RANK, FAULT_STEP).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.helpers import clean_env, describe, shoal_on, wait_all
+from cluster.netns import netns_unavailable, node_pair
+
+pytestmark = pytest.mark.multiprocess
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "hang_faults.py")
+REPORT_HEAD = re.compile(r"^shoal: no rank made progress for \d+ s \(hang timeout \d+ s\)$", re.M)
+
+
+def _env(out: Path, **fault: str) -> dict[str, str]:
+    env = clean_env(OUT=str(out), PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in fault.items()})
+    return env
+
+
+def _shoal_run(tmp_path: Path, *flags: str, timeout: float = 150, **fault) -> tuple[subprocess.CompletedProcess, Path]:
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(run_dir), *flags, SCRIPT]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(out, **fault))
+    return proc, run_dir
+
+
+def _pids(out: Path) -> list[int]:
+    return [int(line) for path in out.glob("pid-*") for line in path.read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _report_is_last(output: str) -> list[str]:
+    """The report's lines, checked to be the output's last lines after the stop line."""
+    lines = output.rstrip().splitlines()
+    assert lines[-4] == "shoal run: stopped the workers: they hung (--on-hang stop)", output[-3000:]
+    assert REPORT_HEAD.match(lines[-3]), output[-3000:]
+    assert lines[-1].startswith("full stacks: "), output[-3000:]
+    return lines[-3:]
+
+
+def _check_stopped(proc: subprocess.CompletedProcess, tmp_path: Path) -> list[str]:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 124, output[-3000:]
+    report = _report_is_last(proc.stderr)
+    pids = _pids(tmp_path / "out")
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], pids
+    stacks = Path(report[2].removeprefix("full stacks: "))
+    assert sorted(p.name for p in stacks.iterdir()) == ["rank-0.txt", "rank-1.txt", "report.txt"]
+    assert "hang_faults.py" in (stacks / "rank-1.txt").read_text()
+    return report
+
+
+def test_a_rank_blocked_in_its_step_is_named_and_stop_leaves_no_process(tmp_path):
+    proc, _ = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="block")
+    report = _check_stopped(proc, tmp_path)
+    assert re.fullmatch(
+        r"rank 1 \(node \S+\) is in forward at step 5 at hang_faults\.py:\d+ in block_forever; "
+        r"rank 0 waits in collective #6 at step 5 at hang_faults\.py:\d+ in main",
+        report[1],
+    ), report
+
+
+def test_a_rank_that_skipped_an_all_reduce_is_named_where_it_waits(tmp_path):
+    # Rank 1 skips the all-reduce of step 5, runs one collective short to the end and waits in the
+    # final barrier; rank 0 waits in the all-reduce of step 39 that rank 1 never calls.
+    proc, _ = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="skip", STEPS="40")
+    report = _check_stopped(proc, tmp_path)
+    assert re.fullmatch(
+        r"rank 1 \(node \S+\) is in collective #40 at step 40 at hang_faults\.py:\d+ in main; "
+        r"rank 0 waits in collective #40 at step 39 at hang_faults\.py:\d+ in main",
+        report[1],
+    ), report
+
+
+def test_a_data_loader_worker_that_stops_is_named_in_data(tmp_path):
+    proc, _ = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="loader")
+    report = _check_stopped(proc, tmp_path)
+    assert re.fullmatch(
+        r"rank 1 \(node \S+\) is in data at step 5 at hang_faults\.py:\d+ in main; "
+        r"rank 0 waits in collective #6 at step 5 at hang_faults\.py:\d+ in main",
+        report[1],
+    ), report
+
+
+def test_a_rank_stuck_in_a_checkpoint_write_is_named_in_checkpoint(tmp_path):
+    proc, run_dir = _shoal_run(
+        tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="checkpoint", FAULT_STEP="10"
+    )
+    report = _check_stopped(proc, tmp_path)
+    assert re.fullmatch(
+        r"rank 1 \(node \S+\) is in checkpoint at step 10 at hang_faults\.py:\d+ in block_forever; "
+        r"rank 0 waits in collective #11 at step 10 at hang_faults\.py:\d+ in main",
+        report[1],
+    ), report
+    verdict = json.loads((run_dir / "progress" / "verdict.json").read_text())
+    assert verdict["hang"] == {"line": report[1]} and verdict["stragglers"] == []
+
+
+@pytest.mark.slow
+def test_on_hang_restart_resumes_from_the_checkpoint_and_finishes(tmp_path):
+    proc, _ = _shoal_run(
+        tmp_path, "--hang-timeout", "5", "--on-hang", "restart", "--max-restarts", "1",
+        FAULT="block", FAULT_STEP="7", FAULT_ONCE="1", STEPS="15",
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert len(REPORT_HEAD.findall(proc.stderr)) == 1, output[-3000:]
+    assert "rank 1 (node " in proc.stderr and "is in forward at step 7" in proc.stderr
+    assert "restarting the workers (restart 1 of 1)" in output, output[-3000:]
+    assert "resumed at step 5" in proc.stdout and proc.stdout.rstrip().endswith("finished"), output[-3000:]
+    assert not [pid for pid in _pids(tmp_path / "out") if _alive(pid)]
+
+
+@pytest.mark.slow
+def test_with_defaults_a_hang_is_reported_within_60_s_of_its_start(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(tmp_path / "run"), SCRIPT]
+    env = _env(out, FAULT="block", FAULT_STEP="30", STEPS="60", HANG_MARK=str(out / "hang-started"))
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    reported = None
+    try:
+        for line in proc.stderr:
+            if REPORT_HEAD.match(line.rstrip()):
+                reported = time.time()
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)  # --on-hang report: the job goes on until stopped
+        proc.wait(timeout=60)
+    assert reported is not None
+    started = float((out / "hang-started").read_text())
+    delay = reported - started
+    print(f"hang start -> report with defaults: {delay:.1f} s")
+    assert delay <= 60
+    assert not [pid for pid in _pids(out) if _alive(pid)]
+
+
+def _throttle(pid_file: Path, stop: threading.Event, duty: float = 0.75, period: float = 0.04) -> None:
+    """Throttle one rank's CPU the way cpu.max does: stopped ``duty`` of every ``period`` (SIGSTOP /
+    SIGCONT; this machine's kernel does not enforce CFS bandwidth limits: nr_throttled stays 0)."""
+    while not pid_file.exists() and not stop.is_set():
+        time.sleep(0.05)
+    if stop.is_set():
+        return
+    pid = int(pid_file.read_text().split()[0])
+    try:
+        while not stop.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(period * duty)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(period * (1 - duty))
+    except ProcessLookupError:
+        pass
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+def test_a_throttled_rank_is_named_a_straggler(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    stop = threading.Event()
+    throttler = threading.Thread(target=_throttle, args=(out / "pid-1", stop), daemon=True)
+    throttler.start()
+    try:
+        proc, run_dir = _shoal_run(
+            tmp_path, COMPUTE="work", WORK_ITERS="100000", STEPS="150", SHOAL_STRAGGLER_WINDOW_S="2"
+        )
+    finally:
+        stop.set()
+        throttler.join()
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    lines = re.findall(r"^shoal: rank \d+ .* straggles: .*$", proc.stderr, re.M)
+    assert len(lines) == 1 and lines[0].startswith("shoal: rank 1 (node "), output[-3000:]
+    verdict = json.loads((run_dir / "progress" / "verdict.json").read_text())
+    assert [s["rank"] for s in verdict["stragglers"]] == [1] and verdict["hang"] is None
+    assert verdict["stragglers"][0]["ratio"] > 1.3 and verdict["stragglers"][0]["line"] == lines[0]
+    assert "no rank made progress" not in output
+
+
+@pytest.mark.parametrize("fault", ["none", "blip"])
+def test_a_clean_run_or_a_blip_reports_no_hang_and_no_straggler(tmp_path, fault):
+    # A blip: rank 1 computes 3x longer for 10 steps (0.6 s, one window of 2 s at most).
+    proc, run_dir = _shoal_run(
+        tmp_path, FAULT=fault, FAULT_STEP="40", BLIP_STEPS="10", STEPS="150", SHOAL_STRAGGLER_WINDOW_S="2"
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "no rank made progress" not in output and "straggles" not in output, output[-3000:]
+    assert not list(run_dir.glob("hang-*"))
+    verdict = run_dir / "progress" / "verdict.json"
+    assert not verdict.exists() or json.loads(verdict.read_text())["stragglers"] == []
+
+
+@pytest.mark.slow
+def test_two_nodes_the_report_on_node_0_names_the_hung_rank_of_node_1(tmp_path):
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(f"two namespaced nodes cannot be made here: {reason}")
+    with node_pair(subnet=22) as (a, b):
+        launched = []
+        for node, rank in ((a, 0), (b, 1)):
+            out = tmp_path / f"out{rank}"
+            out.mkdir()
+            args = [
+                "run", "--nproc", "2", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", a.addr,
+                "--master-port", "29622", "--log-dir", str(tmp_path / f"run{rank}"), "--hang-timeout", "5",
+                "--on-hang", "stop", SCRIPT,
+            ]  # fmt: skip
+            env = _env(out, FAULT="block", FAULT_RANK="3", FAULT_STEP="5")
+            launched.append(shoal_on(node, args, tmp_path / f"node{rank}.log", env=env))
+        wait_all(launched, timeout=150)
+        text = describe(launched)
+        for item in launched:
+            assert item.returncode == 124, text
+        node0 = launched[0].output
+        named = re.search(
+            r"^rank 3 \(node (\S+)\) is in forward at step 5 at hang_faults\.py:\d+ in block_forever;.*$", node0, re.M
+        )
+        assert named and named.group(1) == b.addr, text
+        assert re.search(r"ranks 0-2 wait in collective #6 at step 5 at hang_faults\.py:\d+ in main", named.group(0)), (
+            text
+        )
+        for rank in (0, 1):
+            saved = list((tmp_path / f"run{rank}").glob("hang-*/rank-*.txt"))
+            assert sorted(p.name for p in saved) == [f"rank-{2 * rank}.txt", f"rank-{2 * rank + 1}.txt"], text
+            assert not [pid for pid in _pids(tmp_path / f"out{rank}") if _alive(pid)]
