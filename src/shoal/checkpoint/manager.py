@@ -191,6 +191,7 @@ class CheckpointManager:
         if self.sharded:
             return self._save_sharded(epoch=epoch, step=step, objects=objects, extra=extra, per_rank=per_rank)
         _refuse_fsdp(objects)
+        wait_pending()  # an async sharded save in flight commits (pointer, retention) first
         mine = {"rng": capture_rng(), "objects": {name: obj.state_dict() for name, obj in (per_rank or {}).items()}}
         ranks = _gather(mine)
         path = None
@@ -286,6 +287,7 @@ class CheckpointManager:
         (:func:`~shoal.checkpoint.sharded.inspect_sharded`); what comes back holds its epoch, step
         and extra, and :func:`restore` loads the state (collectively, resharded for this job).
         """
+        wait_pending()  # an async save in flight is committed (or has failed) before the listing
         chosen: str | None = None
         error: tuple[str, str] | None = None
         payload: dict[str, Any] | None = None
@@ -341,6 +343,7 @@ class CheckpointManager:
     def load(self, path: str | os.PathLike, map_location: Any = "cpu") -> Checkpoint:
         """Load one given checkpoint (``--resume PATH``): a ``.pt`` file, read by each rank, or a
         ``.dcp`` directory, checked by rank 0 (collective; :func:`restore` then reads its state)."""
+        wait_pending()
         path = Path(path)
         if path.is_dir():
             payload, problem = _try_sharded(path) if collectives.rank() == 0 else (None, None)

@@ -5,16 +5,20 @@ Every run trains a TinyGPT ``tiny`` with Adam; each step's batch is drawn from t
 (each rank seeded differently), so an exact resume needs the RNG states back, and a per-rank
 counter and a shared data position ride along. Modes:
 
-* ``train DIR STRATEGY FORMAT STEPS [resume]``: STRATEGY ``fsdp``/``ddp``/``none``, FORMAT ``dcp``
+Each argument is one job, its fields joined by ``:``; the jobs run one after the other in the
+same processes.
+
+* ``train:DIR:STRATEGY:FORMAT:STEPS[:resume]``: STRATEGY ``fsdp``/``ddp``/``none``, FORMAT ``dcp``
   (sharded), ``async`` (sharded, async) or ``pt``; saves every 2 steps with keep=2 into DIR; rank 0
   writes the full model and optimizer state at every save (``DIR/../full-<step>.pt`` ...) and at
   the end ``DIR.final.pt`` (plus every rank's next random draw, per-rank counter and the position).
   With ``resume``, it first resumes the newest checkpoint in DIR (so a copy of a checkpoint of
   another strategy or format, or of another world size).
-* ``load RESULT STRATEGY CKPT REFERENCE``: loads CKPT into a fresh model with
+* ``load:RESULT:STRATEGY:CKPT:REFERENCE``: loads CKPT into a fresh model with
   :meth:`CheckpointManager.load_into` and writes how far its full state is from REFERENCE.
-* ``kill DIR``: an async sharded save, then a second one, during which rank 0 SIGKILLs the whole
-  job (its process group: torchrun and every worker) once the first shard file appears.
+* ``refuse:RESULT``: a ``.pt`` manager given an FSDP model refuses it, on every rank.
+* ``kill:DIR``: an async sharded save, then a second one, during which rank 0 SIGKILLs the whole
+  job (torchrun and every worker) once the first shard file appears.
 """
 
 import copy
@@ -167,6 +171,7 @@ def flat(tree, prefix=""):
 
 def kill(directory):
     directory = Path(directory)
+    pids = everyone(os.getpid())
     model, opt = build("fsdp", preset="small")
     manager = CheckpointManager(directory, every="1steps", keep=2, async_save=True)
     state = {"model": model, "optimizer": opt, "position": Counter(1)}
@@ -187,17 +192,41 @@ def kill(directory):
         while not any(tmp.glob("*.distcp")) and time.monotonic() < deadline:
             time.sleep(0.0005)
         Path(f"{directory}.killing").write_text(" ".join(sorted(p.name for p in tmp.iterdir())))
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)  # torchrun (the test made it a group leader)
+        for pid in pids:  # torch's agent starts each worker in a session of its own
+            if pid != os.getpid():
+                os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
     manager.wait()
 
 
-mode = sys.argv[1]
-if mode == "train":
-    train(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), resume=sys.argv[6:] == ["resume"])
-elif mode == "load":
-    load(*sys.argv[2:6])
-elif mode == "kill":
-    kill(sys.argv[2])
+def refuse(result_path):
+    """A .pt manager refuses an FSDP model (its rank-0 gather would hang) on every rank, at once."""
+    from shoal.errors import ShoalError
+
+    model, opt = build("fsdp")
+    step(model, opt)
+    try:
+        CheckpointManager(Path(result_path).parent / "refused").save(epoch=1, step=1, objects={"model": model})
+        message = None
+    except ShoalError as err:
+        message = f"{err.message} HINT: {err.hint}"
+    messages = everyone(message)
+    if rank == 0:
+        Path(result_path).write_text(json.dumps(messages))
+
+
+# Several jobs in one launch (the test's launches are its cost): JOB[:ARG...] each.
+for job in sys.argv[1:]:
+    mode, *args = job.split(":")
+    if mode == "train":
+        train(args[0], args[1], args[2], int(args[3]), resume=args[4:] == ["resume"])
+    elif mode == "load":
+        load(*args)
+    elif mode == "refuse":
+        refuse(*args)
+    elif mode == "kill":
+        kill(args[0])
 if world > 1:
     dist.barrier()
     dist.destroy_process_group()
