@@ -14,6 +14,7 @@ from procs import wait_for
 from progress_job import start_job, stop_job
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import (
+    Hang,
     HangDetector,
     Monitor,
     StragglerJudge,
@@ -305,3 +306,114 @@ def test_hang_options_are_checked_with_a_hint():
         assert err.value.hint
     with pytest.raises(ShoalError, match="--on-hang 'kill'"):
         hang_options(None, "kill")
+
+
+# -- the verdict file, remote places, the launch's watch ------------------------------------------
+
+
+def _window(monitor, compute: dict[int, float], steps: int) -> None:
+    """One straggler window of ``steps`` steps at ``compute`` seconds each, per rank."""
+    ranks = []
+    for rank, c in compute.items():
+        before = monitor._window_start.get(rank, (0, 0.0))
+        ranks.append(
+            rec(rank, step=before[0] + steps, steps_timed=before[0] + steps, total_compute_s=before[1] + c * steps)
+        )
+    monitor._judge(ranks)
+
+
+def test_the_verdict_file_follows_stragglers_with_the_same_persistence_both_ways(tmp_path):
+    import json
+
+    path = tmp_path / "progress" / "verdict.json"
+    lines = []
+    monitor = Monitor(tmp_path / "progress", tmp_path, verdict_path=path, on_straggler=lines.append)
+    normal = {0: 0.010, 1: 0.010, 2: 0.011}
+    _window(monitor, {**normal, 2: 0.05}, 10)  # a blip: nothing written, nothing said
+    assert not path.exists() and lines == []
+    for _ in range(3):
+        _window(monitor, {**normal, 1: 0.03}, 10)
+    verdict = json.loads(path.read_text())
+    assert [(s["rank"], s["node"], s["ratio"]) for s in verdict["stragglers"]] == [(1, "n0", 2.86)]
+    assert verdict["stragglers"][0]["line"] == lines[0] and len(lines) == 1 and verdict["hang"] is None
+    assert lines[0].startswith("shoal: rank 1 (node n0) straggles: 30.0 ms of compute per step vs 10.5 ms")
+    _window(monitor, normal, 10)  # one window at the others' pace: still named
+    _window(monitor, {0: 0.0, 1: 0.0, 2: 0.0}, 0)  # no step at all (a hang): the verdict stands
+    _window(monitor, normal, 10)
+    assert [s["rank"] for s in json.loads(path.read_text())["stragglers"]] == [1]
+    _window(monitor, normal, 10)  # the third calm window in a row: gone
+    assert json.loads(path.read_text())["stragglers"] == [] and len(lines) == 1
+
+
+def test_a_hang_and_its_end_are_written_to_the_verdict_file(tmp_path):
+    import json
+
+    directory = tmp_path / "progress"
+    writers = [ProgressWriter(directory, rank, stacks=False) for rank in (0, 1)]
+    writers[0].collective()
+    writers[1].phase("data", 0)
+    monitor = Monitor(directory, tmp_path, detector=HangDetector(timeout_s=5), verdict_path=directory / "verdict.json")
+    try:
+        assert monitor.poll(now=100.0) is None
+        event = monitor.poll(now=106.0)
+        assert event is not None
+        verdict = json.loads((directory / "verdict.json").read_text())
+        assert verdict["hang"] == {"line": event.report.splitlines()[1]} and verdict["stragglers"] == []
+        assert verdict["hang"]["line"].startswith("rank 1 (node ")
+        writers[1].phase("forward")
+        assert monitor.poll(now=107.0) is None
+        assert json.loads((directory / "verdict.json").read_text())["hang"] is None
+    finally:
+        for w in writers:
+            w.close()
+
+
+def test_the_report_gives_another_nodes_rank_the_place_its_launcher_shared():
+    hang = Hang(
+        40.0, 30.0, [rec(0), rec(1), rec(2), rec(3, phase="data", remote=True, where="train.py:88 in load_batch")]
+    )
+    report = hang_report(hang, {0: WAITING, 1: WAITING, 2: WAITING})
+    assert report.splitlines()[1] == (
+        "rank 3 (node n1) is in data at step 57 at train.py:88 in load_batch; "
+        "ranks 0-2 wait in collective #1204 at step 57 at train.py:40 in <module>"
+    )
+
+
+def test_summaries_carry_the_place_and_ignore_fields_they_do_not_know():
+    import json
+
+    from shoal.progress import from_summary, to_summary
+
+    data = json.loads(to_summary([rec(1, where="train.py:88 in load_batch")]))
+    data[0]["from_a_newer_launcher"] = 1
+    (back,) = from_summary(json.dumps(data).encode())
+    assert back.remote and back.where == "train.py:88 in load_batch" and back.rank == 1
+
+
+def test_the_watch_stops_the_workers_descendants_too(tmp_path):
+    # A worker (a child of this process) with a child of its own that ignores its parent's end, as
+    # a DataLoader worker blocked in __getitem__ does: closing the watch leaves neither.
+    from shoal.launch.watchdog import JobWatch
+
+    watch = JobWatch(tmp_path)
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"
+    worker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        wait_for(lambda: len(watch.track()) == 2, timeout=30)
+        tree = watch.track()
+        worker.kill()  # the worker goes first (its child is orphaned, as when torch's agent stops it)
+        worker.wait()
+        watch.close(grace_s=1.0)
+        assert all(not _running(pid) for pid in tree)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -478,7 +478,8 @@ class Monitor:
         self.stragglers: set[int] = set()
         """Every rank named a straggler so far (each line is printed once)."""
         self.verdict_path = Path(verdict_path) if verdict_path is not None else None
-        self._current: dict[int, dict] = {}  # the stragglers of the latest judged window
+        self._current: dict[int, dict] = {}  # the stragglers of the verdict now
+        self._calm: dict[int, int] = {}  # a named straggler's windows in a row at the others' pace
         self._hang_line: str | None = None
         self._where: dict[int, str] = {}  # this node's ranks, from the stacks of the current hang
         self._stop = threading.Event()
@@ -596,18 +597,28 @@ class Monitor:
             self._window_start[r.rank] = (r.steps_timed, r.total_compute_s)
         if not compute:
             return  # no step in this window (a hang, a restart): the verdict stands
+        slow = self.judge.window(compute)
         current = {}
-        for rank in self.judge.window(compute):
+        for rank in slow:
             line = straggler_line(rank, ranks, compute)
             others = statistics.median(v for r, v in compute.items() if r != rank)
             host = next((r.host for r in ranks if r.rank == rank), "?")
             current[rank] = {"rank": rank, "node": host, "ratio": round(compute[rank] / others, 2), "line": line}
+            self._calm[rank] = 0
             if rank not in self.stragglers:
                 self.stragglers.add(rank)
                 if self.on_straggler is not None:
                     self.on_straggler(line)
                 else:
                     print(line, file=sys.stderr, flush=True)
+        # A named straggler leaves the verdict as it entered it: after ``persistence`` windows in a
+        # row at the others' pace (one quick window is a blip too).
+        for rank, entry in self._current.items():
+            if rank in current:
+                continue
+            self._calm[rank] = self._calm.get(rank, 0) + (1 if rank in compute else 0)
+            if self._calm[rank] < self.judge.persistence:
+                current[rank] = entry
         changed = set(current) != set(self._current)
         self._current = current
         if changed:
