@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,29 @@ def test_status_help_imports_no_torch():
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.stdout.splitlines()[-1] == "False" and "examples:" in proc.stdout
+
+
+def test_status_without_a_run_dir_finds_the_one_running_temporary_run(tmp_path, monkeypatch):
+    # shoal run without --log-dir: its run directory is a temporary shoal-run-*; only runs with a
+    # live rank count (this test process writes the record: its pid is alive).
+    import tempfile
+
+    from shoal.cli.status import find_run_dir, running_jobs
+    from shoal.errors import ShoalError
+    from shoal.progress import ProgressWriter
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ShoalError, match="no running job found"):
+        find_run_dir(None)
+    finished = ProgressWriter(tmp_path / "shoal-run-old" / "progress", 0, stacks=False)
+    finished.close()
+    live = ProgressWriter(tmp_path / "shoal-run-abc" / "progress", 0, stacks=False)
+    try:
+        assert running_jobs() == [tmp_path / "shoal-run-abc"] and find_run_dir(None) == tmp_path / "shoal-run-abc"
+        other = ProgressWriter(tmp_path / "shoal-workers-xyz" / "progress", 0, stacks=False)
+        with pytest.raises(ShoalError, match="2 running jobs"):
+            find_run_dir(None)
+        other.close()
+        assert find_run_dir("runs/x") == Path("runs/x")
+    finally:
+        live.close()

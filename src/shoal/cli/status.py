@@ -11,6 +11,7 @@ import argparse
 import json
 import socket
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ STRAGGLER_MIN_STEPS = 20
 
 EXAMPLES = """\
 examples:
+  shoal status                          # the job running on this machine (shoal run, or a run without --out)
   shoal status runs/digits              # one row per rank, and the verdict
   shoal status runs/digits --stacks     # also every live rank's Python stack (all threads)
   shoal status runs/digits --json       # the same as one JSON object
@@ -40,11 +42,50 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (or its progress/ directory)")
+    parser.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        nargs="?",
+        help="the run directory (or its progress/ directory); default: the one job running on this machine "
+        "whose run directory is temporary (shoal run without --log-dir)",
+    )
     parser.add_argument("--stacks", action="store_true", help="dump every live rank's stack (all threads)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (machine-readable)")
     parser.set_defaults(func=run)
     return parser
+
+
+TEMPORARY_RUN_DIRS = ("shoal-run-*", "shoal-workers-*")
+"""Run directories a launcher makes when given none: ``shoal run`` without ``--log-dir``
+(:data:`shoal.launch.run.RUN_DIR_PREFIX`), a function launch without a run directory
+(:func:`shoal.launch.local.launch_local`). Named here so that ``shoal status`` imports no launcher."""
+
+
+def running_jobs(root: Path | None = None) -> list[Path]:
+    """Temporary run directories under ``root`` (the temp directory) with a rank still running."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    found = []
+    for pattern in TEMPORARY_RUN_DIRS:
+        for run_dir in sorted(root.glob(pattern)):
+            if any(r.alive and r.phase != "done" for r in read_progress(run_dir / "progress")):
+                found.append(run_dir)
+    return found
+
+
+def find_run_dir(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    jobs = running_jobs()
+    if len(jobs) == 1:
+        return jobs[0]
+    if not jobs:
+        raise ShoalError(
+            f"no running job found in {tempfile.gettempdir()} (shoal-run-*/progress)",
+            "pass the run directory: shoal train's --out, or shoal run's --log-dir",
+        )
+    raise ShoalError(
+        f"{len(jobs)} running jobs: {', '.join(str(j) for j in jobs)}", "pass the one you mean: shoal status RUN_DIR"
+    )
 
 
 def progress_dir(run_dir: Path) -> Path:
@@ -116,7 +157,7 @@ def row(record: RankProgress, now_wall: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
+    run_dir = find_run_dir(args.run_dir)
     if not run_dir.is_dir():
         raise ShoalError(f"no run directory {run_dir}", "pass the run directory of a job (its --run-dir)")
     ranks = read_progress(progress_dir(run_dir))
