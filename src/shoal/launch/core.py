@@ -148,7 +148,7 @@ def run_workers(
     watch = launch.watch = _watch(config, launch)
     try:
         with (
-            _workers_environ(config, plan, launch.verbose, watch.progress_dir),
+            _workers_environ(config, plan, launch.verbose, watch.progress_dir if watch.enabled else None),
             _torch_logs(launch.verbose, launch.log_dir if launch.keep_logs else None),
         ):
             watch.start()
@@ -283,6 +283,8 @@ def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool, progress_
     os.environ.update({k: v for k, v in extra.items() if k not in os.environ})
     if progress_dir is not None:
         os.environ[ENV_DIR] = str(progress_dir)
+    else:  # the watchdog is off: nothing inherited from an outer job either
+        os.environ.pop(ENV_DIR, None)
     os.environ[SHARED_STORE_OPT_OUT] = "1"  # shoal serves the workers' store (see handlers)
     try:
         yield

@@ -50,6 +50,8 @@ STOP_GRACE_S = 5.0
 a collective runs no Python handler; one that does, such as the preemption handler, gets to exit)."""
 HANG_EXIT_CODE = 124
 """``--on-hang stop``: the launcher's exit status (as GNU ``timeout``'s when the command timed out)."""
+WATCHDOG_ENV = "SHOAL_WATCHDOG"
+"""``SHOAL_WATCHDOG=0`` in the launcher's environment turns the watchdog off (for an A/B measurement)."""
 VERDICT_FILE = "verdict.json"
 """The monitor's verdict in the progress directory, rewritten (tmp + rename) whenever it changes:
 ``{"time": unix s, "stragglers": [{"rank", "node", "ratio", "line"}], "hang": null or {"line"}}``.
@@ -661,6 +663,9 @@ class JobWatch:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.progress_dir = self.run_dir / "progress"
+        self.enabled = os.environ.get(WATCHDOG_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+        """False with ``SHOAL_WATCHDOG=0``: no progress directory for the workers, no monitor (the
+        workers are still stopped for good when the launcher returns)."""
         self.action = on_hang
         self.grace_s = grace_s
         self.on_stop = on_stop
@@ -680,6 +685,8 @@ class JobWatch:
         )  # fmt: skip
 
     def start(self) -> JobWatch:
+        if not self.enabled:
+            return self
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         self.new_attempt()
         self.monitor.start()
@@ -687,6 +694,8 @@ class JobWatch:
 
     def new_attempt(self) -> None:
         """Before the workers (re)start: the previous attempt's records, stacks and verdict go."""
+        if not self.enabled:
+            return
         for pattern in ("rank-*.progress", "rank-*.progress.tmp-*", "rank-*.stacks", VERDICT_FILE):
             for path in self.progress_dir.glob(pattern):
                 path.unlink(missing_ok=True)
