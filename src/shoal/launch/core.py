@@ -155,7 +155,7 @@ def run_workers(
             return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         wait_for_tees(recorder.stderrs.values())
-        if watch.event is not None:
+        if watch.stopped_this_attempt:  # not a later attempt's own failure
             raise _hang_failure(launch, watch, config) from None
         codes = {failure.exitcode for failure in err.failures.values()}
         if codes and codes <= PREEMPTED_CODES:

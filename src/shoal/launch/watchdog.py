@@ -673,6 +673,10 @@ class JobWatch:
         """The hang that made this launcher stop its workers (``stop`` and ``restart``)."""
         self.stopping = False
         """``--on-hang stop`` acted: the launch fails with the report."""
+        self.attempts = 0
+        """Starts of the workers so far (:meth:`new_attempt`)."""
+        self.event_attempt = -1
+        """The attempt whose workers this watch stopped for a hang."""
         self._launcher = os.getpid()
         self._before = set(children(self._launcher))
         self._known: dict[int, int | None] = {}  # pid -> start time: workers and their descendants
@@ -694,6 +698,7 @@ class JobWatch:
 
     def new_attempt(self) -> None:
         """Before the workers (re)start: the previous attempt's records, stacks and verdict go."""
+        self.attempts += 1
         if not self.enabled:
             return
         for pattern in ("rank-*.progress", "rank-*.progress.tmp-*", "rank-*.stacks", VERDICT_FILE):
@@ -725,7 +730,7 @@ class JobWatch:
     def _on_hang(self, event: HangEvent) -> None:
         if self.action == "report":
             return
-        self.event = event
+        self.event, self.event_attempt = event, self.attempts
         if self.action == "stop":
             self.stopping = True
             if self.on_stop is not None:
@@ -739,6 +744,11 @@ class JobWatch:
             )
         local = {r.pid for r in event.hang.ranks if not r.remote}
         stop_processes(sorted(local | set(self._remaining())), self.grace_s)
+
+    @property
+    def stopped_this_attempt(self) -> bool:
+        """The workers of the current attempt were stopped for a hang (their failure is the hang's)."""
+        return self.event is not None and self.event_attempt == self.attempts
 
     def close(self, grace_s: float = 2.0) -> list[int]:
         """Stop the monitor, then any worker still running (torch's agent stopped them already, or
