@@ -136,7 +136,7 @@ class Reports:
         return lines
 
     def _predictions(self, model: nn.Module, test: Any, transform: Any, workload: Any) -> Predictions | None:
-        inputs, targets = _first_samples(test, self.predictions, self.device)
+        inputs, targets = first_samples(test, self.predictions, self.device)
         net = unwrap_model(model)
         was_training = net.training
         net.eval()
@@ -174,7 +174,7 @@ class Reports:
         self.tracker.close(failed=failed)
 
 
-def _first_samples(test: Any, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def first_samples(test: Any, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``n`` test samples as ``(inputs, targets)`` on ``device``: sliced from tensors, or
     collated from a map-style Dataset's items."""
     if isinstance(test, (tuple, list)):

@@ -22,7 +22,6 @@ from torch import nn
 
 from shoal.distributed import collectives
 from shoal.distributed.collectives import all_reduce_sum
-from shoal.errors import ShoalError
 
 
 class Step:
@@ -129,37 +128,30 @@ class EvenBatches:
     The exact evaluation loader gives each test sample to one rank, so ranks may hold one batch
     more or less. An FSDP forward all-gathers each block's parameters with every rank: a rank that
     stopped early would leave the others waiting in that all-gather. Ranks short of batches run
-    *filler* batches (one real input, no target: 0 samples), whose loss and metrics count zero, so
+    *filler* batches (one test input, no target: 0 samples), whose loss and metrics count zero, so
     the sums stay exact. ``loader`` wraps the test loader, ``loss_fn`` and ``metrics_fn`` the
-    workload's. Made once: ``batches`` is agreed on with one collective.
+    workload's; ``first``: a batch of the test set's first sample, as the loader would give it
+    (what a filler's input is cut from). Made once: ``batches`` is agreed on with one collective.
     """
 
-    def __init__(self, loader: Any, batches: int) -> None:
+    def __init__(self, loader: Any, batches: int, first: tuple[torch.Tensor, ...]) -> None:
         self.inner, self.batches = loader, batches
-        self._filler: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._filler = (first[0][:1], first[1][:0])
 
     @classmethod
-    def of(cls, loader: Any) -> EvenBatches:
+    def of(cls, loader: Any, first: tuple[torch.Tensor, ...]) -> EvenBatches:
         counts = torch.tensor([len(loader)], dtype=torch.int64)
         if collectives.world_size() > 1:
             import torch.distributed as dist
 
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-        return cls(loader, int(counts.item()))
+        return cls(loader, int(counts.item()), first)
 
     def __iter__(self):
         seen = 0
         for batch in self.inner:
-            if self._filler is None:
-                inputs, targets = batch[0], batch[1]
-                self._filler = (inputs[:1], targets[:0])
             seen += 1
             yield batch
-        if seen < self.batches and self._filler is None:
-            raise ShoalError(
-                "a rank got no test sample to evaluate the FSDP model with (fewer test samples than processes)",
-                "use fewer processes, or a larger test set",
-            )
         for _ in range(self.batches - seen):
             yield self._filler
 
@@ -167,7 +159,7 @@ class EvenBatches:
         return self.batches
 
     def is_filler(self, targets: torch.Tensor) -> bool:
-        return self._filler is not None and targets is self._filler[1]
+        return targets is self._filler[1]
 
     def loss_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable:
         def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

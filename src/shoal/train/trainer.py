@@ -31,7 +31,7 @@ from shoal.preemption import Preempted, PreemptionWatch
 from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
-from shoal.train.reporting import Reports
+from shoal.train.reporting import Reports, first_samples
 from shoal.train.step import (
     EpochTally,
     EvenBatches,
@@ -154,7 +154,8 @@ def train(
         run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
         run.workload, run.loss_fn, run.progress = workload, loss_fn, progress
         if fsdp:
-            test_loader = EvenBatches.of(test_loader)
+            first = first_samples(data.test, 1, ctx.device)
+            test_loader = EvenBatches.of(test_loader, data.test_transform(first) if data.test_transform else first)
         run.resume()
         derived = {"channels_last": channels_last, "start_method": started_by}
         _announce(run, derived, launch)
