@@ -32,8 +32,13 @@ def test_smoke_on_a_rate_limited_link(tmp_path):
     if reason:
         pytest.skip(f"namespace nodes cannot be made here: {reason}")
     out = tmp_path / "slow.json"
+    # --arch mlp: the scaling benchmark's smallest model (2.6 MB of gradients, not ResNet-18's 45 MB,
+    # which at 50 Mbit/s made every all-reduce 7 s and the test 100 s): the machinery is the same.
     proc = subprocess.Popen(
-        [str(SCRIPT), "--smoke", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [str(SCRIPT), "--smoke", "--arch", "mlp", "--json", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-4000:] + stdout
@@ -49,7 +54,11 @@ def test_smoke_on_a_rate_limited_link(tmp_path):
     scaling = link["scaling"]
     variants = {(r["world_size"], r["variant"]) for r in scaling["rows"]}
     assert variants == {(1, "ddp"), (2, "ddp"), (2, "hook:bf16"), (2, "hook:powersgd"), (2, "no_allreduce")}
-    assert scaling["config"]["nnodes"] == 2 and scaling["rows"][1]["label"].startswith("2 nodes x 1 proc")
+    assert (
+        scaling["config"]["nnodes"] == 2
+        and scaling["config"]["arch"] == "mlp"
+        and scaling["rows"][1]["label"].startswith("2 nodes x 1 proc")
+    )
     (summary,) = scaling["summary"]
     assert set(summary["hook_gains"]) == {"bf16", "powersgd"} and summary["verdict"].startswith("2 processes")
     # Training: one process alone, then both nodes with no hook and with PowerSGD, each to the end.
