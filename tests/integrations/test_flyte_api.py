@@ -161,6 +161,47 @@ def test_the_mirror_copies_checkpoints_to_flyte_and_a_retry_restores_them(flyte,
     assert again.restore() == [] and _names(manager.directory) == _names(flyte_0)
 
 
+def test_the_mirror_carries_sharded_checkpoints_as_directories(flyte, tmp_path):
+    """A ``.dcp`` checkpoint (FSDP, --async-checkpoint) is a directory: it goes up under its own name
+    (flytekit uploads a directory's contents), retention removes it there whole, a retry restores it."""
+    from flytekit.core.checkpointer import SyncCheckpoint
+
+    from shoal.checkpoint.manager import restore
+    from shoal.integrations.flyte import CheckpointMirror
+
+    model = nn.Linear(2, 2)
+    run = tmp_path / "attempt-0" / "run"
+    run.mkdir(parents=True)
+    manager = CheckpointManager(run / "checkpoints", keep=2, sharded=True)
+    flyte_0 = tmp_path / "flyte" / "attempt-0" / "_flytecheckpoints"
+    mirror = CheckpointMirror(SyncCheckpoint(checkpoint_dest=str(flyte_0)), run, manager.directory, interval=0.02)
+
+    def dcp_names(directory):
+        return sorted(p.name for p in directory.glob("ckpt-*.dcp") if p.is_dir()) if directory.is_dir() else []
+
+    with mirror:
+        for step in (10, 20, 30):
+            _save(manager, model, step)
+            wait_for(lambda: dcp_names(flyte_0) == dcp_names(manager.directory), timeout=60)
+    assert dcp_names(flyte_0) == ["ckpt-e00001-s000000020.dcp", "ckpt-e00001-s000000030.dcp"]  # keep=2
+    shards = sorted(p.name for p in (manager.directory / "ckpt-e00001-s000000030.dcp").iterdir())
+    assert sorted(p.name for p in (flyte_0 / "ckpt-e00001-s000000030.dcp").iterdir()) == shards
+    assert not list(run.glob(".tmp-flyte-*")) and mirror.failure is None
+
+    run_1 = tmp_path / "attempt-1" / "run"
+    run_1.mkdir(parents=True)
+    retry = CheckpointMirror(
+        SyncCheckpoint(checkpoint_dest=str(tmp_path / "flyte" / "attempt-1"), checkpoint_src=str(flyte_0)),
+        run_1,
+        run_1 / "checkpoints",
+    )
+    assert retry.restore() == dcp_names(flyte_0)
+    found = CheckpointManager(run_1 / "checkpoints", sharded=True).load_latest()
+    fresh = nn.Linear(2, 2)
+    restore(found, {"model": fresh})
+    assert found.step == 30 and torch.equal(fresh.weight.detach(), torch.full((2, 2), 30.0))
+
+
 def test_a_failing_mirror_is_reported_once_and_training_goes_on(flyte, tmp_path, capfd):
     from flytekit.core.checkpointer import SyncCheckpoint
 

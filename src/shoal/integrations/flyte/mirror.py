@@ -13,8 +13,9 @@ So :class:`CheckpointMirror`
 - :meth:`~CheckpointMirror.restore`: before training, copies the previous attempt's files into the run
   directory (unless it has checkpoints of its own) and at once uploads them to this attempt's
   location, so an attempt that dies before its first checkpoint still hands them on;
-- while training, a thread uploads every new ``ckpt-e*-s*.pt`` of the run (shoal writes each one to
-  a temporary name and renames it, so a name appears only once the file is complete), after the run's
+- while training, a thread uploads every new checkpoint of the run, a ``ckpt-e*-s*.pt`` file or a
+  sharded ``ckpt-e*-s*.dcp`` directory (shoal writes each one under a temporary name and renames it,
+  so a name appears only once the checkpoint is complete), after the run's
   ``config.json``, ``metrics.jsonl`` and ``accuracies.json`` (the epochs already logged: a resumed
   run's metrics start with them; they go first, so they are never older than the newest checkpoint),
   and removes what shoal's retention (``keep``) removed;
@@ -28,8 +29,10 @@ A mirror that fails is reported once and stops; training goes on.
 from __future__ import annotations
 
 import contextvars
+import os
 import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -82,7 +85,7 @@ class CheckpointMirror:
             self.checkpoint.save(previous)  # carried forward first: this attempt may die any time
         self.checkpoints.directory.mkdir(parents=True, exist_ok=True)
         for path in found:
-            shutil.copyfile(path, self.checkpoints.directory / path.name)
+            _copy(path, self.checkpoints.directory / path.name)
         for name in RUN_FILES:
             if (previous / name).is_file():
                 shutil.copyfile(previous / name, self.run_dir / name)
@@ -103,7 +106,7 @@ class CheckpointMirror:
                         self.checkpoint.save(self.run_dir / name)
             for path in new:
                 try:
-                    self.checkpoint.save(path)
+                    self._upload(path)
                 except Exception:
                     if path.exists():
                         raise
@@ -112,6 +115,17 @@ class CheckpointMirror:
             for name in gone:
                 if self._remove(name):
                     self.uploaded.discard(name)
+
+    def _upload(self, path: Path) -> None:
+        """One checkpoint into this attempt's location under its own name. flytekit uploads a
+        directory's contents (not the directory), so a sharded ``.dcp`` goes up from a staging
+        directory holding only it (hard links: no copy of the shards)."""
+        if not path.is_dir():
+            self.checkpoint.save(path)
+            return
+        with tempfile.TemporaryDirectory(prefix=".tmp-flyte-", dir=self.run_dir) as staging:
+            _copy(path, Path(staging) / path.name, link=True)
+            self.checkpoint.save(Path(staging))
 
     def _remove(self, name: str) -> bool:
         """Delete ``name`` from this attempt's checkpoint location; False where that cannot be done.
@@ -127,7 +141,7 @@ class CheckpointMirror:
         target = f"{str(destination).rstrip('/')}/{name}"
         file_system = FlyteContextManager.current_context().file_access.get_filesystem_for_path(target)
         if file_system.exists(target):
-            file_system.rm(target)
+            file_system.rm(target, recursive=True)  # a sharded checkpoint is a directory
         return True
 
     def __enter__(self) -> CheckpointMirror:
@@ -171,3 +185,18 @@ class CheckpointMirror:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _copy(source: Path, destination: Path, *, link: bool = False) -> None:
+    """A checkpoint file, or a sharded checkpoint's directory; ``link``: hard links where possible."""
+    if not source.is_dir():
+        shutil.copyfile(source, destination)
+        return
+
+    def copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, destination, copy_function=copy if link else shutil.copy2)
