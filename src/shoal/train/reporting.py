@@ -29,15 +29,12 @@ from torch import nn
 from shoal.context import Context
 from shoal.distributed.fsdp import is_fsdp
 from shoal.distributed.wrap import unwrap_model
+from shoal.launch.watchdog import VERDICT_FILE
 from shoal.progress import ENV_DIR
 from shoal.tracking import create_tracker, reduce_metrics
 from shoal.tracking.predictions import Predictions
 from shoal.tracking.spec import parse_spec
 from shoal.train.config import TrainConfig
-
-VERDICT = "verdict.json"
-"""The watchdog's latest verdict in the progress directory: ``{"time": s, "stragglers": [{"rank",
-"node", "ratio", "line"}], "hang": null | {"line"}}``."""
 
 
 class Reports:
@@ -111,8 +108,7 @@ class Reports:
             numbers["stragglers"] = len(stragglers or ())
         self.tracker.log_epoch(numbers, step=step)
         # An FSDP forward is collective: every rank runs the table's forward, rank 0 logs it.
-        sharded = is_fsdp(unwrap_model(model))
-        if self.predictions and (self.tracker.enabled or sharded):
+        if self.predictions and (self.tracker.enabled or is_fsdp(unwrap_model(model))):
             table = self._predictions(model, test, transform, workload)
             if table is not None and self.tracker.enabled:
                 self.tracker.log_predictions(table, step=step)
@@ -126,7 +122,7 @@ class Reports:
         if not directory:
             return []
         try:
-            with open(Path(directory) / VERDICT) as f:
+            with open(Path(directory) / VERDICT_FILE) as f:
                 verdict = json.load(f)
             lines = [str(s["line"]) for s in verdict.get("stragglers") or ()]
         except (OSError, ValueError, TypeError, KeyError, AttributeError):

@@ -137,6 +137,7 @@ class EvenBatches:
     def __init__(self, loader: Any, batches: int, first: tuple[torch.Tensor, ...]) -> None:
         self.inner, self.batches = loader, batches
         self._filler = (first[0][:1], first[1][:0])
+        self._target = first[1][:1]  # the filler input's real target: the metrics' names and shapes
 
     @classmethod
     def of(cls, loader: Any, first: tuple[torch.Tensor, ...]) -> EvenBatches:
@@ -168,14 +169,14 @@ class EvenBatches:
         return loss
 
     def metrics_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]) -> Callable:
-        names: list[str] = []
-
         def metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
             if self.is_filler(targets):
-                return {name: outputs.new_zeros(()) for name in names}
-            sums = fn(outputs, targets)
-            names[:] = list(sums)
-            return sums
+                # Computed on the filler's real sample (a rank that had no batch learns the metrics'
+                # names, the same on every rank), then counted zero.
+                return {
+                    name: torch.zeros_like(torch.as_tensor(value)) for name, value in fn(outputs, self._target).items()
+                }
+            return fn(outputs, targets)
 
         return metrics
 
