@@ -241,6 +241,7 @@ def test_two_nodes_the_report_on_node_0_names_the_hung_rank_of_node_1(tmp_path):
             launched.append(shoal_on(node, args, tmp_path / f"node{rank}.log", env=env))
         wait_all(launched, timeout=150)
         text = describe(launched)
+        # Both launchers report and stop (node 1 when node 0 shared its report, at the latest).
         for item in launched:
             assert item.returncode == 124, text
         node0 = launched[0].output

@@ -128,6 +128,19 @@ class HangDetector:
     _seen: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # rank -> (pid, seq, since)
     _reported: bool = False
 
+    def force(self, now: float, ranks: Sequence[RankProgress]) -> Hang | None:
+        """The hang now, whatever the timeout (another node's launcher declared it); None when
+        every rank is done or it was reported already."""
+        live = [r for r in ranks if r.phase != "done" and r.rank in self._seen]
+        if not live or self._reported:
+            return None
+        self._reported = True
+        return Hang(now - max(self._seen[r.rank][2] for r in live), self.timeout(live), list(live))
+
+    def rearm(self) -> None:
+        """Take back the report just made (the caller found its view incomplete)."""
+        self._reported = False
+
     @property
     def reported(self) -> bool:
         """A hang was reported and no rank progressed since."""
@@ -523,6 +536,21 @@ class Monitor:
         own = {r.rank for r in ranks}
         ranks += [r for r in self._remote if r.rank not in own]
         hang = self.detector.observe(now, ranks)
+        # Not every node's ranks seen yet (their summary comes every share_s): a hang judged on this
+        # node's alone might name the wrong rank. Wait up to two share periods more.
+        if (
+            hang is not None
+            and self.peers is not None
+            and len(ranks) < max(r.world_size for r in ranks)
+            and hang.stalled_s < hang.timeout_s + 2 * self.share_s
+        ):
+            self.detector.rearm()
+            self._shared_at = -float("inf")  # fetch at the next poll
+            hang = None
+        if hang is None and not self.detector.reported and any(r.where for r in self._remote):
+            # Another node's launcher declared the hang (it shares where its ranks are): dump and
+            # report this node's ranks now, so that every node saves its stacks and acts together.
+            hang = self.detector.force(now, ranks)
         if not self.detector.reported and (self._hang_line is not None or self._where):
             self._hang_line, self._where = None, {}  # progress again: the hang is over
             self._write_verdict()
@@ -682,10 +710,12 @@ class JobWatch:
         self._known: dict[int, int | None] = {}  # pid -> start time: workers and their descendants
         if window_s is None:
             window_s = float(os.environ.get("SHOAL_STRAGGLER_WINDOW_S") or 10.0)
+        # Share often enough that the other nodes' records are fresh well within the timeout.
+        share_s = 5.0 if hang_timeout is None else max(0.5, min(5.0, hang_timeout / 4))
         self.monitor = Monitor(
             self.progress_dir, self.run_dir, detector=HangDetector(timeout_s=hang_timeout), on_hang=self._on_hang,
-            window_s=window_s, publish=publish, peers=peers, verdict_path=self.progress_dir / VERDICT_FILE,
-            on_poll=self.track,
+            window_s=window_s, publish=publish, peers=peers, share_s=share_s,
+            verdict_path=self.progress_dir / VERDICT_FILE, on_poll=self.track,
         )  # fmt: skip
 
     def start(self) -> JobWatch:
