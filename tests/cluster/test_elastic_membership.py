@@ -23,6 +23,11 @@ from cluster.pods import PodSpec, pod_network, pods_unavailable
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 EPOCHS = 20
+"""The joining node's run: long enough that the node, started after epoch 1 (importing torch, then the
+rendezvous), always arrives while the two others still train."""
+LOST_EPOCHS = 10
+"""The lost node's run: killed after epoch 3 on 3 nodes, the others cannot finish any later step without a
+new round, so 7 epochs on 2 nodes are as good a proof as 17 (and take half the time)."""
 TRAIN_SAMPLES = 1440  # digits' training set
 
 
@@ -36,9 +41,9 @@ def three_nodes():
         yield net
 
 
-def _start(pod, out: Path, log: Path, endpoint: str) -> subprocess.Popen:
+def _start(pod, out: Path, log: Path, endpoint: str, epochs: int = EPOCHS) -> subprocess.Popen:
     cmd = [
-        sys.executable, "-m", "shoal", "train", "digits", "--device", "cpu", "--epochs", str(EPOCHS),
+        sys.executable, "-m", "shoal", "train", "digits", "--device", "cpu", "--epochs", str(epochs),
         "--nproc", "1", "--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
         "--max-restarts", "3", "--out", str(out), "--rdzv-id", "elastic",
     ]  # fmt: skip
@@ -58,9 +63,9 @@ def _wait(predicate, timeout: float, what: str, logs) -> None:
         time.sleep(0.2)
 
 
-def _finished_exactly(out: Path) -> list[dict]:
+def _finished_exactly(out: Path, epochs: int = EPOCHS) -> list[dict]:
     records = _epochs(out)
-    assert [r["epoch"] for r in records] == list(range(1, EPOCHS + 1))
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
     assert {r["samples_seen"] for r in records} == {TRAIN_SAMPLES}  # every sample once, every epoch
     return records
 
@@ -69,14 +74,14 @@ def test_a_lost_node_is_one_line_and_the_others_finish(three_nodes, tmp_path):
     net = three_nodes
     out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29631"
     logs = [tmp_path / f"{p.name}.log" for p in net]
-    procs = [_start(pod, out, log, endpoint) for pod, log in zip(net, logs)]
+    procs = [_start(pod, out, log, endpoint, LOST_EPOCHS) for pod, log in zip(net, logs)]
     _wait(lambda: len(_epochs(out)) >= 3 and _epochs(out)[-1]["world_size"] == 3, 240, "epoch 3 on 3 nodes", logs)
     lost = net["e2"]
     procs[2].send_signal(signal.SIGKILL)  # the node's launcher dies; its worker dies with it
     procs[2].wait()
     for proc in procs[:2]:
         assert proc.wait(timeout=600) == 0, "\n".join(p.read_text() for p in logs)
-    records = _finished_exactly(out)
+    records = _finished_exactly(out, LOST_EPOCHS)
     assert records[0]["world_size"] == 3 and records[-1]["world_size"] == 2
     for log in logs[:2]:
         text = log.read_text()
@@ -90,7 +95,7 @@ def test_a_node_started_later_joins_at_the_next_membership_change(three_nodes, t
     out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29632"
     logs = [tmp_path / f"{p.name}.log" for p in net]
     procs = [_start(pod, out, log, endpoint) for pod, log in zip(list(net)[:2], logs[:2])]
-    _wait(lambda: len(_epochs(out)) >= 3, 240, "epoch 3 on 2 nodes", logs[:2])
+    _wait(lambda: len(_epochs(out)) >= 1, 240, "epoch 1 on 2 nodes", logs[:2])
     procs.append(_start(net["e2"], out, logs[2], endpoint))
     for proc in procs:
         assert proc.wait(timeout=600) == 0, "\n".join(p.read_text() for p in logs)
