@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,7 @@ def one_run(workload: str, epochs: int, on: bool, extra: list[str]) -> float:
     cmd = [sys.executable, "-m", "shoal", "train", workload, "--nproc", "2", "--epochs", str(epochs), "--out", str(out)]
     subprocess.run([*cmd, *extra], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     epochs_s = [json.loads(line)["epoch_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out, ignore_errors=True)
     return statistics.median(epochs_s[1:])
 
 
