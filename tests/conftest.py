@@ -26,18 +26,34 @@ UNDER_CI = os.environ.get("CI") == "true"
 """CI sets CI=true: there a skip is a failure (but for GPU-marked tests on a machine without CUDA)."""
 
 
+COST_S = {"slow": 30.0, "multiprocess": 8.0}
+"""A rough guess of a test's seconds from its markers (else 0.3 s): enough to order the groups."""
+
+
 def pytest_collection_modifyitems(items):
     """GPU-marked tests skip without CUDA (one rule for all of them). Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
     so its module fixtures (reference runs, servers) are made once; every test that uses the Slurm
-    cluster runs on one worker too, so the session starts one cluster, not one per worker."""
+    cluster runs on one worker too, so the session starts one cluster, not one per worker.
+
+    The groups are then ordered by their guessed cost, longest first (each group's tests kept together
+    and in their order): the scheduler (``--no-loadscope-reorder``, see the Makefile) hands them out in
+    this order, so the last ones are files of quick unit tests that fill the gaps, not a two-minute
+    multi-node file that one worker runs alone at the end (xdist's own order, fewest tests last, did that).
+    """
     import torch
 
     no_cuda = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    groups: dict[str, list[pytest.Item]] = {}
+    cost: dict[str, float] = {}
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
         group = "slurm" if "slurm" in item.fixturenames else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, []).append(item)
+        marks = [COST_S[m] for m in COST_S if item.get_closest_marker(m)]
+        cost[group] = cost.get(group, 0.0) + max(marks, default=0.3)
+    items[:] = [item for group in sorted(groups, key=lambda g: -cost[g]) for item in groups[group]]
 
 
 @pytest.hookimpl(hookwrapper=True)
