@@ -161,7 +161,7 @@ def test_with_defaults_a_hang_is_reported_within_60_s_of_its_start(tmp_path):
     assert not [pid for pid in _pids(out) if _alive(pid)]
 
 
-def _throttle(pid_file: Path, stop: threading.Event, duty: float = 0.75, period: float = 0.04) -> None:
+def _throttle(pid_file: Path, stop: threading.Event, duty: float = 0.8, period: float = 0.05) -> None:
     """Throttle one rank's CPU the way cpu.max does: stopped ``duty`` of every ``period`` (SIGSTOP /
     SIGCONT; this machine's kernel does not enforce CFS bandwidth limits: nr_throttled stays 0)."""
     while not pid_file.exists() and not stop.is_set():
@@ -193,7 +193,7 @@ def test_a_throttled_rank_is_named_a_straggler(tmp_path):
     throttler.start()
     try:
         proc, run_dir = _shoal_run(
-            tmp_path, COMPUTE="work", WORK_ITERS="100000", STEPS="150", SHOAL_STRAGGLER_WINDOW_S="2"
+            tmp_path, COMPUTE="work", WORK_ITERS="200000", STEPS="200", SHOAL_STRAGGLER_WINDOW_S="2"
         )
     finally:
         stop.set()
