@@ -33,7 +33,8 @@ COST_S = {"slow": 30.0, "multiprocess": 8.0}
 def pytest_collection_modifyitems(items):
     """GPU-marked tests skip without CUDA (one rule for all of them). Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
     so its module fixtures (reference runs, servers) are made once; every test that uses the Slurm
-    cluster runs on one worker too, so the session starts one cluster, not one per worker.
+    cluster runs on one worker too, so the session starts one cluster, not one per worker (and so do
+    the other tests of its file: test_horovod_launchers' torchrun reference is made once, not twice).
 
     The groups are then ordered by their guessed cost, longest first (each group's tests kept together
     and in their order): the scheduler (``--no-loadscope-reorder``, see the Makefile) hands them out in
@@ -45,10 +46,12 @@ def pytest_collection_modifyitems(items):
     no_cuda = pytest.mark.skip(reason="needs CUDA (marked gpu)")
     groups: dict[str, list[pytest.Item]] = {}
     cost: dict[str, float] = {}
+    with_slurm = {item.nodeid.split("::", 1)[0] for item in items if "slurm" in item.fixturenames}
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
-        group = "slurm" if "slurm" in item.fixturenames else item.nodeid.split("::", 1)[0]
+        path = item.nodeid.split("::", 1)[0]
+        group = "slurm" if path in with_slurm else path
         item.add_marker(pytest.mark.xdist_group(group))
         groups.setdefault(group, []).append(item)
         marks = [COST_S[m] for m in COST_S if item.get_closest_marker(m)]
