@@ -64,12 +64,12 @@ def _report_is_last(output: str) -> list[str]:
     return lines[-3:]
 
 
-def _check_stopped(proc: subprocess.CompletedProcess, tmp_path: Path) -> list[str]:
+def _check_stopped(proc: subprocess.CompletedProcess, tmp_path: Path, processes: int = 3) -> list[str]:
     output = proc.stdout + proc.stderr
     assert proc.returncode == 124, output[-3000:]
     report = _report_is_last(proc.stderr)
-    pids = _pids(tmp_path / "out")
-    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], pids
+    pids = _pids(tmp_path / "out")  # both ranks', and the blocked process's (a loader worker's)
+    assert len(pids) == processes and not [pid for pid in pids if _alive(pid)], pids
     stacks = Path(report[2].removeprefix("full stacks: "))
     assert sorted(p.name for p in stacks.iterdir()) == ["rank-0.txt", "rank-1.txt", "report.txt"]
     assert "hang_faults.py" in (stacks / "rank-1.txt").read_text()
@@ -90,7 +90,7 @@ def test_a_rank_that_skipped_an_all_reduce_is_named_where_it_waits(tmp_path):
     # Rank 1 skips the all-reduce of step 5, runs one collective short to the end and waits in the
     # final barrier; rank 0 waits in the all-reduce of step 39 that rank 1 never calls.
     proc, _ = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="skip", STEPS="40")
-    report = _check_stopped(proc, tmp_path)
+    report = _check_stopped(proc, tmp_path, processes=2)
     assert re.fullmatch(
         r"rank 1 \(node \S+\) is in collective #40 at step 40 at hang_faults\.py:\d+ in main; "
         r"rank 0 waits in collective #40 at step 39 at hang_faults\.py:\d+ in main",
@@ -120,6 +120,34 @@ def test_a_rank_stuck_in_a_checkpoint_write_is_named_in_checkpoint(tmp_path):
     ), report
     verdict = json.loads((run_dir / "progress" / "verdict.json").read_text())
     assert verdict["hang"] == {"line": report[1]} and verdict["stragglers"] == []
+
+
+def test_an_interrupted_launcher_leaves_no_process_even_a_blocked_loader_worker(tmp_path):
+    # SIGTERM to the launcher while rank 1's DataLoader worker is blocked in __getitem__ (rank 1
+    # waits for its batch, rank 0 in the all-reduce): torch's agent stops the ranks; the loader
+    # worker, orphaned and blocked, is stopped by the launcher's watch before it returns.
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(tmp_path / "run"), SCRIPT]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(out, FAULT="loader")
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("pid-blocked-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(out.glob("pid-blocked-*")), "the loader worker never blocked"
+        time.sleep(1.5)  # the watch has seen it (it looks every second)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "shoal run: stopped by SIGTERM" in err
+    pids = _pids(out)
+    assert len(pids) == 3 and not [pid for pid in pids if _alive(pid)], pids
 
 
 @pytest.mark.slow

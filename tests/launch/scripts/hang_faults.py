@@ -13,7 +13,8 @@ Environment:
   STEPS        steps in all (default 40); STEP_S: compute per step (default 0.02 s)
   COMPUTE      sleep (default: the same wall time on a loaded machine) | work (WORK_ITERS iterations
                of busy CPU per step: a throttled CPU makes them longer)
-  OUT          a directory for the checkpoint (the step, every CKPT_EVERY steps) and pid-<rank>
+  OUT          a directory for the checkpoint (the step, every CKPT_EVERY steps), pid-<rank> and
+               pid-blocked-<pid> (the process that blocks)
 Prints ``resumed at step N`` when it starts from a checkpoint and ``finished`` at the end.
 """
 
@@ -40,6 +41,9 @@ ARMED = FIRST_ATTEMPT or os.environ.get("FAULT_ONCE") != "1"
 
 
 def block_forever():
+    if OUT:  # the blocked process (a rank, or its DataLoader worker): the test checks it is gone too
+        with open(os.path.join(OUT, f"pid-blocked-{os.getpid()}"), "w") as f:
+            f.write(f"{os.getpid()}\n")
     mark = os.environ.get("HANG_MARK")
     if mark:  # when the hang began, for a test timing the report
         with open(mark, "w") as f:
