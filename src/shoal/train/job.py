@@ -118,8 +118,15 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     # Forked workers inherit the instance; spawned ones import the spec again, or unpickle the
     # instance they were given after importing its class's file.
     carried: Any = workload if method == "fork" else (Parcel.of(given, cfg.workload) if given is not None else None)
+    # The watchdog's progress records and hang reports go to the run directory (`shoal status
+    # RUN_DIR`) on one node. Across nodes --out is shared storage that each node's launcher would
+    # clear and read as its own: they stay in each launcher's log directory (`shoal status` finds it).
+    run_dir = None if options.several_nodes else cfg.out
     results = launch_local(
-        run_worker, (cfg, method, record, carried), options=dataclasses.replace(options, start_method=method)
+        run_worker,
+        (cfg, method, record, carried),
+        options=dataclasses.replace(options, start_method=method),
+        run_dir=run_dir,
     )
     return results.get(0)
 
