@@ -30,6 +30,7 @@ COST_S = {"slow": 30.0, "multiprocess": 8.0}
 """A rough guess of a test's seconds from its markers (else 0.3 s): enough to order the groups."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(items):
     """GPU-marked tests skip without CUDA (one rule for all of them). Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
     so its module fixtures (reference runs, servers) are made once; every test that uses the Slurm
@@ -40,6 +41,12 @@ def pytest_collection_modifyitems(items):
     and in their order): the scheduler (``--no-loadscope-reorder``, see the Makefile) hands them out in
     this order, so the last ones are files of quick unit tests that fill the gaps, not a two-minute
     multi-node file that one worker runs alone at the end (xdist's own order, fewest tests last, did that).
+
+    Runs before xdist's own hook (``tryfirst``), and tags each node id with its group itself: since
+    pytest 9.2 an item's node id is built from its structured ``_id``, so xdist's ``item._nodeid =
+    ...@group`` no longer reaches its scheduler (pytest-dev/pytest-xdist#1386, fix pending in #1388)
+    and every test was its own group: a file's module fixtures were made on both workers, each worker
+    started its own Slurm cluster, and a file's tests ran side by side.
     """
     import torch
 
@@ -53,6 +60,10 @@ def pytest_collection_modifyitems(items):
         path = item.nodeid.split("::", 1)[0]
         group = "slurm" if path in with_slurm else path
         item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(item.config.option, "loadgroup", False) and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId  # pytest >= 9.2 (before it, xdist's own suffix works)
+
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")  # what xdist's loadgroup scheduler reads
         groups.setdefault(group, []).append(item)
         marks = [COST_S[m] for m in COST_S if item.get_closest_marker(m)]
         cost[group] = cost.get(group, 0.0) + max(marks, default=0.3)
