@@ -116,7 +116,15 @@ class Context:
 
         return evaluate(model, loader, loss_fn=loss_fn)
 
-    def checkpointer(self, directory: str, *, every: str | int | None = None, keep: int = 3):
+    def checkpointer(
+        self,
+        directory: str,
+        *,
+        every: str | int | None = None,
+        keep: int = 3,
+        sharded: bool = False,
+        async_save: bool = False,
+    ):
         """A :class:`~shoal.checkpoint.manager.CheckpointManager` for ``directory``.
 
         ``every``: ``N``/``Nepochs`` or ``Nsteps`` for :meth:`~CheckpointManager.maybe_save`;
@@ -126,10 +134,17 @@ class Context:
         Epochs count from 0, as ``for epoch in range(epochs)`` numbers them: ``every="2epochs"``
         saves after epochs 1, 3, 5... (the 2nd, 4th, 6th completed), and
         ``maybe_save(..., epoch_end=True, final=epoch == epochs - 1)`` saves the last one too.
+
+        ``sharded``: every rank writes its own shards (``ckpt-*.dcp``, PyTorch DCP): needed for a
+        model wrapped with ``strategy="fsdp"``, allowed for any; ``async_save``: ``save()`` returns
+        once the state is copied to host memory and the write finishes in the background (implies
+        ``sharded``); call ``wait()`` on every rank before exiting. docs/SHARDING.md.
         """
         from shoal.checkpoint.manager import CheckpointManager
 
-        return CheckpointManager(directory, every=every, keep=keep, first_epoch=0)
+        return CheckpointManager(
+            directory, every=every, keep=keep, first_epoch=0, sharded=sharded, async_save=async_save
+        )
 
     def preemption(self, grace_s: float = PREEMPT_GRACE_S):
         """A context manager whose ``requested()`` (call once per step on every rank) returns the
