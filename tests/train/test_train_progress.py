@@ -37,6 +37,12 @@ def _reports(tmp_path: Path, rank: int = 0) -> Reports:
     return Reports(TrainConfig(), ctx, tmp_path)
 
 
+def test_the_trainer_reads_the_file_the_watchdog_writes():
+    from shoal.train import reporting
+
+    assert reporting.VERDICT_FILE == VERDICT_FILE
+
+
 def test_rank_0_reads_the_watchdogs_stragglers_once_per_epoch(tmp_path, monkeypatch):
     reports = _reports(tmp_path)
     monkeypatch.delenv(ENV_DIR, raising=False)

@@ -29,12 +29,16 @@ from torch import nn
 from shoal.context import Context
 from shoal.distributed.fsdp import is_fsdp
 from shoal.distributed.wrap import unwrap_model
-from shoal.launch.watchdog import VERDICT_FILE
 from shoal.progress import ENV_DIR
 from shoal.tracking import create_tracker, reduce_metrics
 from shoal.tracking.predictions import Predictions
 from shoal.tracking.spec import parse_spec
 from shoal.train.config import TrainConfig
+
+VERDICT_FILE = "verdict.json"
+"""The watchdog's verdict in the progress directory (``shoal.launch.watchdog``'s ``VERDICT_FILE``;
+tests/train/test_train_progress.py checks they agree): ``{"time": s, "stragglers": [{"rank", "node",
+"ratio", "line"}], "hang": null | {"line"}}``, replaced atomically."""
 
 
 class Reports:
