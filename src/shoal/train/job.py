@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shoal.checkpoint.sharded import is_sharded
 from shoal.distributed.device import workers_device
 from shoal.errors import ShoalError
 from shoal.launch.local import launch_local, resolve_start_method, starts_workers
@@ -92,9 +93,10 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     given = workload
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)
-    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
+    if cfg.resume not in ("auto", "never") and not (Path(cfg.resume).is_file() or is_sharded(cfg.resume)):
         raise ShoalError(
-            f"--resume {cfg.resume}: no such checkpoint file", "pass --resume auto, never, or a ckpt-*.pt file"
+            f"--resume {cfg.resume}: no such checkpoint",
+            "pass --resume auto, never, a ckpt-*.pt file or a sharded ckpt-*.dcp directory",
         )
     if not starts_workers(options):
         _prepare(workload, cfg)
