@@ -1,0 +1,73 @@
+"""The launcher's watch over its workers' progress: hangs, stragglers, stacks, and stopping for good.
+
+One module per concept, in layers (each imports only from those below it; ``pyproject.toml``):
+
+- :mod:`.job_watch`: :class:`JobWatch`, one launch's watch, which the launch core runs beside torch's
+  agent (the progress directory, the monitor, ``--on-hang`` acted on, the workers' trees stopped);
+- :mod:`.monitor`: :class:`Monitor`, the thread polling the progress channel every second (hang
+  reports with every rank's stack under ``RUN_DIR/hang-<time>/``, stragglers, the records shared
+  with the other nodes' launchers), and :class:`HangEvent`;
+- pure parts, testable over data: :mod:`.hangs` (:class:`HangDetector`, :func:`hang_report`,
+  :func:`where`), :mod:`.stragglers` (:class:`StragglerJudge`, :func:`straggler_line`); with
+  processes: :mod:`.stacks` (:func:`dump_stacks`, :func:`dump_all_stacks`, SIGUSR2 to the ranks),
+  :mod:`.processes` (:func:`stop_processes`: SIGTERM, then SIGKILL after the grace; a process's
+  children, descendants, start time); :mod:`.verdict` (:data:`VERDICT_FILE`, :func:`write_verdict`);
+- :mod:`.options`: the constants (``HANG_FLOOR_S``, ``ON_HANG``...) and :func:`hang_options`.
+
+Every name is re-exported here (``from shoal.launch.watchdog import JobWatch``). Nothing in the
+package imports torch: :mod:`shoal.launch.options` imports it on the ``--help`` path.
+"""
+
+from __future__ import annotations
+
+from shoal.launch.watchdog.hangs import Hang, HangDetector, format_ranks, hang_report, parse_stacks, where
+from shoal.launch.watchdog.job_watch import JobWatch
+from shoal.launch.watchdog.monitor import HangEvent, Monitor
+from shoal.launch.watchdog.options import (
+    HANG_EXIT_CODE,
+    HANG_FACTOR,
+    HANG_FLOOR_S,
+    ON_HANG,
+    SLOW_FACTOR,
+    SLOW_PHASES,
+    STOP_GRACE_S,
+    WARMUP_STEPS,
+    WATCHDOG_ENV,
+    hang_options,
+)
+from shoal.launch.watchdog.processes import children, descendants, started_at, stop_processes
+from shoal.launch.watchdog.stacks import dump_all_stacks, dump_stacks
+from shoal.launch.watchdog.stragglers import StragglerJudge, straggler_line
+from shoal.launch.watchdog.verdict import VERDICT_FILE, write_verdict
+
+__all__ = [
+    "HANG_EXIT_CODE",
+    "HANG_FACTOR",
+    "HANG_FLOOR_S",
+    "ON_HANG",
+    "SLOW_FACTOR",
+    "SLOW_PHASES",
+    "STOP_GRACE_S",
+    "VERDICT_FILE",
+    "WARMUP_STEPS",
+    "WATCHDOG_ENV",
+    "Hang",
+    "HangDetector",
+    "HangEvent",
+    "JobWatch",
+    "Monitor",
+    "StragglerJudge",
+    "children",
+    "descendants",
+    "dump_all_stacks",
+    "dump_stacks",
+    "format_ranks",
+    "hang_options",
+    "hang_report",
+    "parse_stacks",
+    "started_at",
+    "stop_processes",
+    "straggler_line",
+    "where",
+    "write_verdict",
+]

@@ -1,0 +1,96 @@
+"""Processes on this node (Linux ``/proc``): stopping for good (:func:`stop_processes`: SIGTERM, then
+SIGKILL after the grace; a rank blocked in a gloo collective runs no Python signal handler, so SIGTERM
+alone may never stop it), a process's children and descendants, and its start time (to tell it from a
+later one with its PID)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent, the agent) is gone; reaping is the parent's.
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def stop_processes(pids: Iterable[int], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM to each of ``pids``; SIGKILL to those still there after ``grace_s``; wait until all are
+    gone. Returns the PIDs that needed SIGKILL (for example a rank blocked in a collective)."""
+    pids = [pid for pid in pids if alive(pid)]
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    killed = [pid for pid in pids if alive(pid)]
+    for pid in killed:
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and any(alive(pid) for pid in killed):
+        time.sleep(0.02)
+    return killed
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux; [] elsewhere), from ``/proc/PID/task/*/children``."""
+    found: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(child) for child in path.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return sorted(set(found))
+
+
+def descendants(pids: Iterable[int]) -> list[int]:
+    """``pids``' children, their children, and so on (not ``pids`` themselves)."""
+    found: list[int] = []
+    todo = list(pids)
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def started_at(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), to tell it from a later one with its PID."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def is_helper(pid: int) -> bool:
+    """A multiprocessing helper (resource tracker, fork server) rather than a worker."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"multiprocessing" in cmdline and (b"resource_tracker" in cmdline or b"forkserver" in cmdline)
