@@ -17,12 +17,17 @@ Everything that must survive is passed as ``objects``: anything with ``state_dic
 ``load_state_dict()`` (models are saved unwrapped, without ``module.`` prefixes). The RNG states of
 every rank are saved too. The payload is a plain dict of tensors and Python values, so it stays
 open to ``torch.distributed.checkpoint`` for sharded state later.
+
+Here: when to save, saving, retention, choosing what to load. Beside it: the directory's names,
+listing, pointer and validity (:mod:`shoal.checkpoint.files`), a loaded :class:`Checkpoint` and
+:func:`restore` (:mod:`shoal.checkpoint.loading`), the ``.pt`` <-> FSDP crossing
+(:mod:`shoal.checkpoint.crossing`); :class:`Checkpoint`, :func:`restore`, :data:`POINTER` and
+:data:`FORMAT_VERSION` are re-exported here.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -34,16 +39,20 @@ import torch
 from torch import nn
 
 from shoal.checkpoint.cadence import Cadence
-from shoal.checkpoint.rng import capture_rng, restore_rng
-from shoal.checkpoint.sharded import (
-    checkpoint_name,
-    inspect_sharded,
-    is_sharded,
-    load_sharded,
-    remove_stale,
-    save_sharded,
-    wait_pending,
+from shoal.checkpoint.crossing import refuse_fsdp
+from shoal.checkpoint.files import (
+    FORMAT_VERSION,
+    POINTER,
+    list_checkpoints,
+    pointer_problem,
+    try_checkpoint,
+    try_load,
+    try_sharded,
 )
+from shoal.checkpoint.loading import Checkpoint, restore
+from shoal.checkpoint.rng import capture_rng
+from shoal.checkpoint.sharded import save_sharded, wait_pending
+from shoal.checkpoint.sharded_files import checkpoint_name, remove_stale
 from shoal.checkpoint.storage import (
     TMP_PREFIX,
     atomic_torch_save,
@@ -52,44 +61,10 @@ from shoal.checkpoint.storage import (
     torch_load,
 )
 from shoal.distributed import collectives
-from shoal.distributed.fsdp import is_fsdp, load_full_state_dict
-from shoal.distributed.wrap import model_state_dict, unwrap_model
+from shoal.distributed.wrap import model_state_dict
 from shoal.errors import ShoalError
 
-FORMAT_VERSION = 1
-POINTER = "latest"
-_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.(pt|dcp)$")
-_REQUIRED = ("format_version", "epoch", "step", "state", "world_size")
-
-
-@dataclass
-class Checkpoint:
-    """A loaded checkpoint: where it came from and what it holds."""
-
-    path: Path
-    payload: dict[str, Any]
-
-    @property
-    def epoch(self) -> int:
-        return int(self.payload["epoch"])
-
-    @property
-    def step(self) -> int:
-        return int(self.payload["step"])
-
-    @property
-    def world_size(self) -> int:
-        return int(self.payload["world_size"])
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        return self.payload.get("extra") or {}
-
-    @property
-    def sharded(self) -> bool:
-        """A ``.dcp`` directory: its payload holds epoch, step, world size and extra only; the state
-        is read by :func:`restore` (every rank its own slice)."""
-        return bool(self.payload.get("sharded"))
+__all__ = ["FORMAT_VERSION", "POINTER", "Checkpoint", "CheckpointManager", "restore"]
 
 
 @dataclass
@@ -190,7 +165,7 @@ class CheckpointManager:
         """
         if self.sharded:
             return self._save_sharded(epoch=epoch, step=step, objects=objects, extra=extra, per_rank=per_rank)
-        _refuse_fsdp(objects)
+        refuse_fsdp(objects)
         wait_pending()  # an async sharded save in flight commits (pointer, retention) first
         mine = {"rng": capture_rng(), "objects": {name: obj.state_dict() for name, obj in (per_rank or {}).items()}}
         ranks = _gather(mine)
@@ -268,14 +243,7 @@ class CheckpointManager:
     def checkpoints(self) -> list[Path]:
         """Checkpoints, oldest first (by epoch, then step): ``.pt`` files and committed ``.dcp``
         directories together (of the same epoch and step, the ``.pt`` counts as the newer)."""
-        if not self.directory.is_dir():
-            return []
-        found = []
-        for path in self.directory.iterdir():
-            match = _NAME.match(path.name)
-            if match and (match.group(3) == "pt" or is_sharded(path)):
-                found.append(((int(match.group(1)), int(match.group(2)), match.group(3)), path))
-        return [path for _, path in sorted(found)]
+        return list_checkpoints(self.directory)
 
     def load_latest(self, map_location: Any = "cpu") -> Checkpoint | None:
         """The newest checkpoint that loads and is complete, or None when there is none at all.
@@ -292,10 +260,10 @@ class CheckpointManager:
         error: tuple[str, str] | None = None
         payload: dict[str, Any] | None = None
         if collectives.rank() == 0:
-            error = self._pointer_problem()
+            error = pointer_problem(self.directory)
             candidates = [] if error else self.checkpoints()
             for path in reversed(candidates):
-                payload, problem = _try_any(path, map_location)
+                payload, problem = try_checkpoint(path, map_location)
                 if problem is None:
                     chosen = str(path)
                     break
@@ -318,38 +286,16 @@ class CheckpointManager:
             payload = torch_load(chosen, map_location=map_location)
         return Checkpoint(Path(chosen), payload)
 
-    def _pointer_problem(self) -> tuple[str, str] | None:
-        """(message, hint) if the ``latest`` pointer names anything but a checkpoint file of this
-        directory (``../outside.pt``, an absolute path, another file): a tampered or foreign pointer
-        is refused, nothing is loaded. A pointer one save behind (killed between writing the file
-        and moving the pointer) is fine: the newest complete file is loaded."""
-        pointer = self.directory / POINTER
-        if not pointer.is_file():
-            return None
-        try:
-            named = pointer.read_text(encoding="utf-8", errors="replace").strip()
-        except OSError as err:
-            return f"cannot read the checkpoint pointer {pointer}: {err.strerror}", "fix its permissions, or delete it"
-        match = _NAME.match(named)
-        if match and Path(named).name == named:
-            target = self.directory / named
-            if target.is_file() if match.group(3) == "pt" else is_sharded(target):
-                return None
-        return (
-            f"the checkpoint pointer {pointer} names {named[:200]!r}, which is not a checkpoint file in {self.directory}",
-            f"delete {pointer} (the next save writes it again), or pass --resume PATH with the checkpoint to use",
-        )
-
     def load(self, path: str | os.PathLike, map_location: Any = "cpu") -> Checkpoint:
         """Load one given checkpoint (``--resume PATH``): a ``.pt`` file, read by each rank, or a
         ``.dcp`` directory, checked by rank 0 (collective; :func:`restore` then reads its state)."""
         wait_pending()
         path = Path(path)
         if path.is_dir():
-            payload, problem = _try_sharded(path) if collectives.rank() == 0 else (None, None)
+            payload, problem = try_sharded(path) if collectives.rank() == 0 else (None, None)
             payload, problem = collectives.broadcast_object((payload, problem))
         else:
-            payload, problem = _try_load(path, map_location)
+            payload, problem = try_load(path, map_location)
         if problem:
             raise ShoalError(
                 f"cannot resume from {path}: {problem}",
@@ -384,186 +330,11 @@ class CheckpointManager:
         print(f"shoal: warning: {message}", file=sys.stderr, flush=True)
 
 
-def restore(checkpoint: Checkpoint, objects: Mapping[str, Any], *, per_rank: Mapping[str, Any] | None = None) -> None:
-    """Load ``checkpoint``'s state into ``objects``, and this rank's own state into ``per_rank``
-    objects and its RNGs.
-
-    Per-rank state comes back when the world size is unchanged; with another world size the ranks
-    keep the state they were seeded with (their data order is restored either way). A model whose
-    keys differ from the checkpoint's is a :class:`ShoalError` naming the keys.
-
-    Collective for a ``.dcp`` checkpoint (DCP reads each rank's slice, for this job's world size
-    and wrapping) and for a ``.pt`` one restored into an FSDP model (its full tensors are split
-    over the ranks; the optimizer's index-keyed state is re-keyed by parameter name first).
-    """
-    if checkpoint.sharded:
-        found = load_sharded(checkpoint.path, objects, per_rank=per_rank)
-        checkpoint.payload["extra"] = found.extra
-        return
-    saved = checkpoint.payload["state"]
-    missing = [name for name in objects if name not in saved]
-    if missing:
-        raise ShoalError(
-            f"checkpoint {checkpoint.path} has no state for {', '.join(missing)}",
-            "resume with the same kind of run that wrote it, or start a new --out",
-        )
-    fsdp_model = _fsdp_model(objects)
-    for name, obj in objects.items():
-        if fsdp_model is not None and isinstance(obj, torch.optim.Optimizer):
-            _load_optimizer_into_fsdp(fsdp_model, obj, saved[name], name, checkpoint.path)
-        else:
-            _load_into(obj, saved[name], name, checkpoint.path)
-    ranks = checkpoint.payload.get("ranks") or []
-    rank = collectives.rank()
-    if checkpoint.world_size == collectives.world_size() and rank < len(ranks):
-        mine = ranks[rank]
-        for name, obj in (per_rank or {}).items():
-            if name in mine["objects"]:
-                obj.load_state_dict(mine["objects"][name])
-        restore_rng(mine["rng"])
-
-
-def _load_into(obj: Any, state: Any, name: str, path: Path) -> None:
-    if isinstance(obj, nn.Module):
-        target = unwrap_model(obj)
-        problems = []
-        if is_fsdp(target):
-            # A full state dict into shards: every rank has the whole file and keeps its slice.
-            expected = set(target.state_dict())
-            if missing := sorted(expected - set(state)):
-                problems.append(f"missing {_few(missing)}")
-            if unexpected := sorted(set(state) - expected):
-                problems.append(f"unexpected {_few(unexpected)}")
-            if not problems:
-                load_full_state_dict(target, state)
-        else:
-            result = target.load_state_dict(state, strict=False)
-            if result.missing_keys:
-                problems.append(f"missing {_few(result.missing_keys)}")
-            if result.unexpected_keys:
-                problems.append(f"unexpected {_few(result.unexpected_keys)}")
-        if problems:
-            raise ShoalError(
-                f"checkpoint {path} does not fit the model ({name}): {'; '.join(problems)}",
-                "resume with the model that wrote it, or start a new --out",
-            )
-        return
-    try:
-        obj.load_state_dict(state)
-    except (RuntimeError, ValueError, KeyError) as err:
-        raise ShoalError(
-            f"checkpoint {path} does not fit {name}: {str(err).splitlines()[0]}",
-            "resume with the same configuration that wrote it, or start a new --out",
-        ) from None
-
-
-def _fsdp_model(objects: Mapping[str, Any]) -> nn.Module | None:
-    """The FSDP-sharded model among ``objects``, if any (the optimizers then belong to it)."""
-    for obj in objects.values():
-        if isinstance(obj, nn.Module) and is_fsdp(unwrap_model(obj)):
-            return unwrap_model(obj)
-    return None
-
-
-def _refuse_fsdp(objects: Mapping[str, Any]) -> None:
-    if _fsdp_model(objects) is not None:
-        raise ShoalError(
-            "an FSDP-sharded model is saved as a sharded checkpoint, not a .pt file",
-            "create the checkpoint manager with sharded=True (every rank then writes its own shards)",
-        )
-
-
-def _load_optimizer_into_fsdp(model: nn.Module, opt: torch.optim.Optimizer, state: Any, name: str, path: Path) -> None:
-    """A ``.pt`` checkpoint's optimizer state (written by DDP or one process: keyed by parameter
-    index, full tensors) into the optimizer of an FSDP model. Index i is the i-th parameter of the
-    optimizer's param groups, in order: as the optimizer was built, the same way in both jobs, from
-    the same model's parameters, that is the i-th of ``model.named_parameters()`` (or of the
-    groups the caller made). Re-keyed by those names, it is loaded as a full optimizer state dict:
-    each rank keeps its slice of every moment. Collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    names = {id(p): n for n, p in model.named_parameters()}
-    order = [names.get(id(p)) for group in opt.param_groups for p in group["params"]]
-    groups = state.get("param_groups", []) if isinstance(state, Mapping) else []
-    saved = [i for group in groups for i in group.get("params", [])]
-    if None in order or len(groups) != len(opt.param_groups) or sorted(saved) != list(range(len(order))):
-        raise ShoalError(
-            f"checkpoint {path} does not fit {name}: {len(saved)} parameter(s) in {len(groups)} group(s) saved, "
-            f"{len(order)} in {len(opt.param_groups)} here",
-            "resume with the same model and optimizer that wrote it, or start a new --out",
-        )
-    if not state.get("state"):
-        opt.load_state_dict(state)  # never stepped: hyperparameters only, no tensor to split
-        return
-    by_name = {
-        "state": {order[int(i)]: value for i, value in state["state"].items()},
-        "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in groups],
-    }
-    try:
-        set_optimizer_state_dict(model, opt, by_name, options=StateDictOptions(full_state_dict=True))
-    except (RuntimeError, ValueError, KeyError) as err:
-        raise ShoalError(
-            f"checkpoint {path} does not fit {name}: {str(err).splitlines()[0]}",
-            "resume with the same model and optimizer that wrote it, or start a new --out",
-        ) from None
-
-
-def _few(keys: list[str], limit: int = 5) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
-
-
 def _state_of(obj: Any) -> Any:
     if isinstance(obj, nn.Module):
         # An exact copy in memory of the weights now, as the trainer may go on updating them.
         return model_state_dict(obj)
     return obj.state_dict()
-
-
-def _try_any(path: Path, map_location: Any) -> tuple[dict[str, Any] | None, str | None]:
-    return _try_sharded(path) if path.suffix == ".dcp" else _try_load(path, map_location)
-
-
-def _try_sharded(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(summary, None) if the ``.dcp`` directory ``path`` is complete (checked without reading its
-    tensors), else (None, problem). The summary is a payload without state: epoch, step, world size
-    and extra (the checkpoint's extra values, with the epoch and step the manager added)."""
-    try:
-        found = inspect_sharded(path)
-    except ShoalError as err:
-        return None, err.message
-    extra = found["extra"]
-    match = _NAME.match(path.name)
-    try:
-        epoch = int(extra["epoch"]) if "epoch" in extra else int(match.group(1))  # type: ignore[union-attr]
-        step = int(extra["step"]) if "step" in extra else int(match.group(2))  # type: ignore[union-attr]
-    except (AttributeError, TypeError, ValueError):
-        return None, "it records no epoch and step"
-    summary = {
-        "format_version": FORMAT_VERSION,
-        "sharded": True,
-        "world_size": int(found["meta"]["world_size"]),
-        "epoch": epoch,
-        "step": step,
-        "extra": extra,
-    }
-    return summary, None
-
-
-def _try_load(path: Path, map_location: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """(payload, None) if ``path`` loads (weights-only) and has every field, else (None, problem)."""
-    try:
-        payload = torch_load(path, map_location=map_location)
-    except Exception as err:  # truncated zip, bad pickle, refused global, I/O error...
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-        # torch's weights-only refusal buries the reason in a later line.
-        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0])
-        return None, f"it does not load ({reason[:200]})"
-    if not isinstance(payload, dict) or any(key not in payload for key in _REQUIRED):
-        return None, "it is not a shoal checkpoint (fields missing)"
-    if payload["format_version"] != FORMAT_VERSION:
-        return None, f"format version {payload['format_version']} is not {FORMAT_VERSION}"
-    return payload, None
 
 
 def _gather(obj: Any) -> list[Any]:

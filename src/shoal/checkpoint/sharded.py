@@ -22,7 +22,8 @@ its final name and fsyncs the parent. A kill at any instant leaves the previous 
 and the partial one invisible under a ``.tmp-`` name, removed by the next save in that parent.
 
 Safe to load: DCP unpickles non-tensor values with ``weights_only=False``; here every load uses
-``weights_only=True`` (:class:`_SafeLoadPlanner`), so a checkpoint cannot run code.
+``weights_only=True`` (:class:`~shoal.checkpoint.dcp_support.SafeLoadPlanner`), so a checkpoint
+cannot run code.
 
 Async (``async_=True``): DCP's ``async_save`` copies the state into host memory (the only time the
 training step is blocked) and writes it from a background thread; the rename, and the caller's
@@ -30,18 +31,18 @@ training step is blocked) and writes it from a background thread; the rename, an
 Only one save is in flight: the next save or load waits for the previous one. The checkpoint
 collectives run on a process group of their own (gloo), so a background save never interleaves
 with the training's collectives on the default group.
+
+Checking a checkpoint without loading it, its name and listing: :mod:`shoal.checkpoint.sharded_files`
+(re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import re
 import shutil
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -50,21 +51,43 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint import DefaultLoadPlanner
-from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner.load_bytes uses
 from torch.distributed.checkpoint.api import CheckpointException
 
+from shoal.checkpoint.dcp_support import SafeLoadPlanner, checkpoint_group, dcp_reason, quiet_single_process
 from shoal.checkpoint.rng import capture_rng, restore_rng
+from shoal.checkpoint.sharded_files import (
+    FORMAT,
+    FORMAT_VERSION,
+    META,
+    SUFFIX,
+    checkpoint_name,
+    inspect_sharded,
+    is_sharded,
+    read_meta,
+    remove_stale,
+    sharded_checkpoints,
+)
 from shoal.checkpoint.storage import TMP_PREFIX, fsync_dir
 from shoal.distributed import collectives
 from shoal.errors import ShoalError, first_line
 
-FORMAT = "shoal-sharded"
-FORMAT_VERSION = 1
-META = "shoal.json"
-SUFFIX = ".dcp"
-"""The suffix the checkpoint manager gives a sharded checkpoint's directory (``ckpt-e00001-s000000100.dcp``)."""
-_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.dcp$")
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "META",
+    "SUFFIX",
+    "PendingSave",
+    "ShardedCheckpoint",
+    "checkpoint_name",
+    "inspect_sharded",
+    "is_sharded",
+    "load_sharded",
+    "read_meta",
+    "remove_stale",
+    "save_sharded",
+    "sharded_checkpoints",
+    "wait_pending",
+]
 
 
 @dataclass
@@ -100,14 +123,13 @@ class PendingSave:
             raise
         except (Exception, CheckpointException) as err:
             raise ShoalError(
-                f"saving the checkpoint {self.path} failed: {_reason(err)}",
+                f"saving the checkpoint {self.path} failed: {dcp_reason(err)}",
                 "check the disk (space, permissions); the previous checkpoint is intact",
             ) from None
         return self.path
 
 
 _pending: PendingSave | None = None
-_groups: dict[int, Any] = {}
 
 
 def wait_pending() -> None:
@@ -165,7 +187,7 @@ def save_sharded(
     problem = collectives.broadcast_object(problem)
     if problem:
         raise ShoalError(problem, "check the checkpoint directory's permissions and free space")
-    group = _checkpoint_group()
+    group = checkpoint_group()
     to_save = _dcp_state(model, [optimizers[i] for i in stepped])
     to_save["shoal"] = _shoal_blob(objects, per_rank, extra)
     collectives.barrier()  # the temporary directory exists before anyone writes into it
@@ -176,11 +198,11 @@ def save_sharded(
     pending = PendingSave(final)
     if not async_:
         try:
-            with _quiet_single_process():
+            with quiet_single_process():
                 dcp.save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
         except (Exception, CheckpointException) as err:
             raise ShoalError(
-                f"saving the checkpoint {final} failed: {_reason(err)}",
+                f"saving the checkpoint {final} failed: {dcp_reason(err)}",
                 "check the disk (space, permissions); the previous checkpoint is intact",
             ) from None
         if rank == 0:
@@ -190,7 +212,7 @@ def save_sharded(
         pending.blocked_s = time.perf_counter() - started
         return pending
 
-    with _quiet_single_process():
+    with quiet_single_process():
         upload = dcp.async_save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
     upload = getattr(upload, "upload_completion", upload)  # an AsyncSaveResponse with a custom stager
     pending.blocked_s = time.perf_counter() - started
@@ -238,17 +260,17 @@ def load_sharded(
     import torch.distributed.checkpoint as dcp
 
     try:
-        with _quiet_single_process():
+        with quiet_single_process():
             dcp.load(
                 to_load,
                 storage_reader=dcp.FileSystemReader(str(path)),
-                planner=_SafeLoadPlanner(),
-                process_group=_checkpoint_group(),
+                planner=SafeLoadPlanner(),
+                process_group=checkpoint_group(),
                 no_dist=not collectives.is_initialized(),
             )
     except (Exception, CheckpointException) as err:
         raise ShoalError(
-            f"checkpoint {path} does not fit this model or optimizer: {_reason(err)}",
+            f"checkpoint {path} does not fit this model or optimizer: {dcp_reason(err)}",
             "resume with the model and optimizer that wrote it, or start a new --out",
         ) from None
     if model is not None:
@@ -282,97 +304,6 @@ def load_sharded(
     return ShardedCheckpoint(path, int(meta["world_size"]), dict(blob["extra"]), restored)
 
 
-def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """``shoal.json`` of a sharded checkpoint, or a :class:`ShoalError` saying why it is not one."""
-    meta_path = Path(path) / META
-    try:
-        meta = json.loads(meta_path.read_text())
-    except FileNotFoundError:
-        raise ShoalError(
-            f"{path} is not a shoal sharded checkpoint (no {META})",
-            "pass a ckpt-*.dcp directory written by shoal",
-        ) from None
-    except (OSError, ValueError) as err:
-        raise ShoalError(f"cannot read {meta_path}: {first_line(err)}", "pass another checkpoint") from None
-    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-        raise ShoalError(
-            f"{path} has format {meta.get('format')!r} version {meta.get('format_version')!r}, "
-            f"not {FORMAT!r} version {FORMAT_VERSION}",
-            "load it with the shoal version that wrote it",
-        )
-    if not (Path(path) / ".metadata").is_file():
-        raise ShoalError(f"{path} is incomplete (no DCP .metadata)", "delete it and resume from an older checkpoint")
-    return meta
-
-
-def inspect_sharded(path: str | os.PathLike) -> dict[str, Any]:
-    """Check a sharded checkpoint without loading its tensors, in one process (no collective), and
-    return ``{"meta": shoal.json, "extra": its extra values}``; a :class:`ShoalError` says what is
-    wrong. Checked: ``shoal.json``, DCP's ``.metadata`` (it unpickles), every shard file it names
-    present and long enough for every item it holds (a truncated or missing shard), and the small
-    shoal record (extra, per-rank state) loading with ``weights_only``. Bytes flipped inside a
-    shard are not detected (DCP keeps no checksums): the load itself reports what it can."""
-    path = Path(path)
-    meta = read_meta(path)
-
-    import torch.distributed.checkpoint as dcp
-
-    reader = dcp.FileSystemReader(str(path))
-    try:
-        metadata = reader.read_metadata()
-    except Exception as err:  # truncated or damaged pickle
-        raise ShoalError(f"{path} has an unreadable DCP .metadata: {first_line(err)}", "delete it") from None
-    needed: dict[str, int] = {}
-    for info in (getattr(metadata, "storage_data", None) or {}).values():
-        end = int(info.offset) + int(info.length)
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for name, end in sorted(needed.items()):
-        try:
-            size = (path / name).stat().st_size
-        except OSError:
-            raise ShoalError(f"{path} is incomplete: shard {name} is missing", "delete it") from None
-        if size < end:
-            raise ShoalError(f"{path} is truncated: shard {name} has {size} of {end} bytes", "delete it")
-    state: dict[str, Any] = {"shoal": b""}
-    try:
-        with _quiet_single_process():
-            dcp.load(state, storage_reader=reader, planner=_SafeLoadPlanner(), no_dist=True)
-        blob = torch.load(io.BytesIO(state["shoal"]), weights_only=True)
-        extra = dict(blob["extra"])
-    except (Exception, CheckpointException) as err:
-        raise ShoalError(f"{path} holds a record that does not load safely: {_reason(err)}", "delete it") from None
-    return {"meta": meta, "extra": extra}
-
-
-def checkpoint_name(epoch: int, step: int) -> str:
-    """The directory name the checkpoint manager's files would have: ``ckpt-e00001-s000000100.dcp``."""
-    return f"ckpt-e{int(epoch):05d}-s{int(step):09d}{SUFFIX}"
-
-
-def sharded_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """The committed sharded checkpoints in ``directory``, oldest first (by epoch, then step);
-    temporaries (``.tmp-``) and incomplete directories are not listed."""
-    found = []
-    for path in Path(directory).glob(f"ckpt-*{SUFFIX}") if Path(directory).is_dir() else []:
-        match = _NAME.match(path.name)
-        if match and is_sharded(path):
-            found.append(((int(match.group(1)), int(match.group(2))), path))
-    return [path for _, path in sorted(found)]
-
-
-def is_sharded(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a committed sharded checkpoint directory (cheap: no reading of shards)."""
-    return Path(path).is_dir() and (Path(path) / META).is_file() and (Path(path) / ".metadata").is_file()
-
-
-def remove_stale(parent: str | os.PathLike) -> None:
-    """Delete the ``.tmp-ckpt-*`` directories that saves killed half-way left in ``parent``. Only
-    when no save into ``parent`` is in flight (:func:`save_sharded` waits for its own first)."""
-    for stale in Path(parent).glob(f"{TMP_PREFIX}ckpt-*"):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-
-
 def _prepare(tmp: Path, meta: dict[str, Any]) -> None:
     """Rank 0: an empty temporary directory beside the final one, holding ``shoal.json``."""
     tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -398,25 +329,6 @@ def _commit(tmp: Path, final: Path, on_commit: Callable[[Path], None] | None) ->
         shutil.rmtree(old, ignore_errors=True)
     if on_commit is not None:
         on_commit(final)
-
-
-def _reason(err: BaseException) -> str:
-    """One line: the first rank's own error inside DCP's CheckpointException (whose message is
-    tracebacks of every rank), else the error's first line."""
-    if isinstance(err, CheckpointException) and err.failures:
-        inner = next(iter(err.failures.values()))
-        inner = inner[0] if isinstance(inner, tuple) else inner
-        return f"{type(inner).__name__}: {first_line(inner)}"
-    return first_line(err)
-
-
-@contextlib.contextmanager
-def _quiet_single_process() -> Any:
-    """DCP warns on every save and load in one plain process that it assumes one process (that is
-    what no_dist asks for): drop that warning, keep the others."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
 
 
 def _split(state: Mapping[str, Any]) -> tuple[nn.Module | None, list[torch.optim.Optimizer], dict[str, Any]]:
@@ -459,31 +371,3 @@ def _shoal_blob(
     buffer = io.BytesIO()
     torch.save({"objects": shared, "extra": extra, "ranks": ranks}, buffer)
     return buffer.getvalue()
-
-
-def _checkpoint_group() -> Any:
-    """A gloo process group of all ranks for DCP's collectives (made once per default group), or
-    None with one plain process. Async saves need a CPU backend and must not share the default group
-    with the training's collectives (DCP's async_save docs)."""
-    if not collectives.is_initialized():
-        return None
-    import torch.distributed as dist
-
-    default = dist.distributed_c10d._get_default_group()
-    key = id(default)
-    if key not in _groups:
-        _groups.clear()
-        _groups[key] = dist.new_group(backend="gloo")
-    return _groups[key]
-
-
-class _SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, but non-tensor values are unpickled with ``weights_only=True``
-    (DCP's own uses ``weights_only=False``, which would let a checkpoint run code)."""
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        loaded = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
