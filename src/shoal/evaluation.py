@@ -8,8 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.distributed import collectives
 from shoal.distributed.collectives import all_reduce_sum, broadcast_object
+from shoal.distributed.fsdp import is_fsdp
 from shoal.distributed.wrap import unwrap_model
+from shoal.errors import ShoalError
 
 
 @torch.no_grad()
@@ -32,22 +35,28 @@ def evaluate(
     (else rank 0 tells the others, one small broadcast: a rank may see no batch). The model is run unwrapped
     so that ranks holding different numbers of batches never wait on DDP's collectives.
 
+    An FSDP model's forward is collective (it all-gathers each block's parameters): a rank with
+    fewer batches runs as many extra forwards on its last inputs as it lacks, their outputs
+    discarded, so the sums stay exact and nobody waits. A rank with no batch at all has no input to
+    run: that is a ShoalError on every rank (one small all-reduce agrees on the counts first).
+
     Returns ``{"loss": ..., <metric>: ..., "samples": N}``.
     """
     loss_fn = loss_fn or F.cross_entropy
     metrics_fn = metrics_fn or _accuracy
     names = list(metric_names) if metric_names is not None else (["accuracy"] if metrics_fn is _accuracy else None)
     net = unwrap_model(model)
+    most = (
+        _most_batches(loader, next(net.parameters()).device) if collectives.world_size() > 1 and is_fsdp(net) else None
+    )
     was_training = net.training
     net.eval()
     totals = None
+    seen, inputs = 0, None
     for batch in loader:
         inputs, targets = batch[0], batch[1]
-        if autocast is not None:
-            with autocast():
-                outputs = net(inputs)
-        else:
-            outputs = net(inputs)
+        seen += 1
+        outputs = _forward(net, inputs, autocast)
         outputs = outputs.float() if outputs.is_floating_point() else outputs
         n = targets.shape[0]
         sums = metrics_fn(outputs, targets)
@@ -61,6 +70,8 @@ def evaluate(
             ]
         )
         totals = batch_sums if totals is None else totals + batch_sums
+    for _ in range(most - seen if most is not None else 0):
+        _forward(net, inputs, autocast)  # FSDP: the others' all-gathers need this rank's part
     if metric_names is None and metrics_fn is not _accuracy:
         # A rank without a single test sample (a tiny set on many ranks) cannot know the names of
         # custom metrics; rank 0 has a sample whenever anyone has, and tells them.
@@ -74,6 +85,39 @@ def evaluate(
     if count == 0:
         return {"loss": float("nan"), **{name: float("nan") for name in names}, "samples": 0}
     return {"loss": loss_sum / count, **{n: s / count for n, s in zip(names, metric_sums)}, "samples": int(count)}
+
+
+def _forward(net: nn.Module, inputs: torch.Tensor, autocast: Callable | None) -> torch.Tensor:
+    if autocast is None:
+        return net(inputs)
+    with autocast():
+        return net(inputs)
+
+
+def _most_batches(loader: Iterable, device: torch.device) -> int:
+    """The most batches any rank holds; ShoalError on every rank when some rank holds none."""
+    try:
+        mine = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        mine = -1
+    import torch.distributed as dist
+
+    counts = torch.tensor([mine, -mine], dtype=torch.int64, device=device)
+
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, fewest = int(counts[0]), -int(counts[1])
+    if fewest < 0:
+        raise ShoalError(
+            "evaluating an FSDP model needs a loader with a length on every rank (its forward is collective)",
+            "pass a DataLoader (ctx.eval_loader(...)), not an iterator",
+        )
+    if fewest == 0 < most:
+        raise ShoalError(
+            f"evaluating an FSDP model: some rank has no evaluation batch while another has {most} "
+            "(every rank must run the collective forward)",
+            "use fewer processes or a smaller evaluation batch, so that every rank gets at least one batch",
+        )
+    return most
 
 
 def _accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
