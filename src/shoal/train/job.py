@@ -115,7 +115,7 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
                 "pass --out DIR on storage every node can see (checkpoints and resume live there)",
             )
         cfg = cfg.replace(out=default_out_dir(short_name(cfg.workload)))
-    prepare_out_dir(cfg.out)
+    cfg = cfg.replace(out=str(prepare_out_dir(cfg.out)))  # the workers get it named, prepared and expanded
     record = dataclasses.asdict(options)
     # Forked workers inherit the instance; spawned ones import the spec again, or unpickle the
     # instance they were given after importing its class's file.

@@ -110,7 +110,7 @@ def train(
     try:
         if cfg.amp == "fp16" and ctx.device.type != "cuda":
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
-        out, outputs, checkpoints = _open_run(cfg, ctx)
+        out, outputs, checkpoints = _open_run(cfg, ctx, prepared=started_by is not None)
         reports = Reports(cfg, ctx, out)
         with blame(workload, "load()", "fix the error in your workload's load() or Dataset at that line"):
             data = workload.load(cfg, ctx.device, rank=ctx.rank)
@@ -451,11 +451,16 @@ def _plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> Plan:
     )
 
 
-def _open_run(cfg: TrainConfig, ctx: Context) -> tuple[Path, RunOutputs | None, CheckpointManager]:
-    """The run directory (named on rank 0 and shared, so all ranks agree), rank 0's writer for it,
-    and its checkpoints."""
-    out = Path(cfg.out or broadcast_object(default_out_dir(short_name(cfg.workload)) if ctx.is_main else None))
-    outputs = RunOutputs(prepare_out_dir(out)) if ctx.is_main else None
+def _open_run(cfg: TrainConfig, ctx: Context, *, prepared: bool) -> tuple[Path, RunOutputs | None, CheckpointManager]:
+    """The run directory, rank 0's writer for it, and its checkpoints.
+
+    Named and prepared once: by the launcher that started this worker (``prepared``: ``shoal train
+    --nproc``, ``shoal.fit``; it names the directory before the first attempt so that a restarted
+    group finds it), else here, on rank 0, shared with the others (every rank of a torchrun, srun or
+    mpirun job runs the command itself)."""
+    named = cfg.out or broadcast_object(default_out_dir(short_name(cfg.workload)) if ctx.is_main else None)
+    out = Path(named).expanduser()
+    outputs = RunOutputs(out if prepared else prepare_out_dir(out)) if ctx.is_main else None
     directory = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else out / "checkpoints"
     # FSDP's model and optimizer are sharded: every rank writes its shards (DCP). An async save is a
     # DCP save too, whatever the strategy.
