@@ -138,4 +138,4 @@ def test_resume_from_a_given_checkpoint_file_into_a_new_run(reference, tmp_path)
     assert f"resuming from {source}" in result.stdout
     _assert_identical(_weights(out), _weights(reference))
     bad = run_shoal(*RUN, "--out", str(tmp_path / "x"), "--resume", str(tmp_path / "nope.pt"))
-    assert bad.returncode != 0 and "no such checkpoint file" in bad.stderr and "HINT:" in bad.stderr
+    assert bad.returncode != 0 and "no such checkpoint" in bad.stderr and "HINT:" in bad.stderr
