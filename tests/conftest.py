@@ -84,6 +84,12 @@ def pytest_runtest_makereport(item, call):
     report.longrepr = f"skipped under CI=true: {reason}\nHINT: install what the test needs in CI (scripts/install-system-deps.sh) or mark it gpu if it needs CUDA"
 
 
+# scikit-learn and joblib set KMP_INIT_AT_FORK=FALSE when first imported (sklearn/__init__.py,
+# joblib/__init__.py): set it before any test, as they would, so that whichever test happens to
+# import them first (it depends on how xdist hands out the files) does not seem to leak it.
+os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
+
+
 def _environ() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)  # pytest's own bookkeeping
