@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     backend = choose_backend(args.backend, device)
     report = as_dict(info, str(device), backend) if info else {"scheme": None, "as_one_process": as_one_process}
     given = given_fields(args, args.launch_fields)
-    options = LaunchOptions.from_environment(given)
+    options = LaunchOptions.from_environment(given, pod=pod)
     if info is not None and info.world_size > 1 and not pod and not given:
         report["job"] = rank_report(info)
     else:

@@ -77,12 +77,18 @@ class LaunchOptions:
 
     @classmethod
     def from_environment(
-        cls, given: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+        cls,
+        given: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+        *,
+        pod: Mapping[str, Any] | None = None,
     ) -> LaunchOptions:
         """The one constructor launchers use: the operator's variables in a pod give the defaults
         (:func:`shoal.launch.pods.operator_defaults`), ``given`` (the user's flags or keyword
-        arguments) wins over them. Outside a pod, ``given`` alone."""
-        pod = operator_defaults(os.environ if environ is None else environ)
+        arguments) wins over them. Outside a pod, ``given`` alone. ``pod``: those defaults, where
+        the caller has read them from ``environ`` already (``shoal env`` reports them)."""
+        if pod is None:
+            pod = operator_defaults(os.environ if environ is None else environ)
         return cls(**{**pod, **(given or {}), "in_pod": bool(pod)})
 
     def __post_init__(self) -> None:
