@@ -287,7 +287,9 @@ def _remote_hosts(opts, here) -> list[str]:
 
 def _rank_hosts(opts) -> list[str]:
     """The host of each rank under mpirun's ``-map-by slot``: each host's slots in turn."""
-    return [h.name for h in opts.hosts for _ in range(h.slots)][: opts.world_size()]
+    from shoal.jobs.hosts.render import ranks_per_node
+
+    return [h.name for h, ranks in zip(opts.hosts, ranks_per_node(opts)) for _ in range(ranks)]
 
 
 def _port(args: argparse.Namespace, hosts, here) -> int | None:
