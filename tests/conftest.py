@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+# joblib and torchvision set variables in os.environ when first imported (KMP_INIT_AT_FORK: joblib,
+# which flytekit and scikit-learn import; TORCHINDUCTOR_CACHE_DIR: torchvision): imported once, up
+# front, so the leak guard below only reports what the code under test changes, whichever test
+# imports them first (it depends on how xdist hands out the files).
+import joblib  # noqa: F401
 import pytest
-
-# Importing torchvision sets TORCHINDUCTOR_CACHE_DIR in os.environ; import it once, up front, so the
-# leak guard below only reports what the code under test changes.
 import torchvision  # noqa: F401
 
 # One definition of the session's Slurm cluster (real slurmctld, slurmd and munge, started on first
@@ -82,12 +84,6 @@ def pytest_runtest_makereport(item, call):
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
     report.longrepr = f"skipped under CI=true: {reason}\nHINT: install what the test needs in CI (scripts/install-system-deps.sh) or mark it gpu if it needs CUDA"
-
-
-# scikit-learn and joblib set KMP_INIT_AT_FORK=FALSE when first imported (sklearn/__init__.py,
-# joblib/__init__.py): set it before any test, as they would, so that whichever test happens to
-# import them first (it depends on how xdist hands out the files) does not seem to leak it.
-os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
 
 
 def _environ() -> dict[str, str]:

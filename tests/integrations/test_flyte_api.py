@@ -25,8 +25,6 @@ from shoal.errors import ShoalError
 def flyte(tmp_path_factory):
     """The integration, imported with flytekit's SIGINT handler (set on import) taken back off and the
     sandbox directories flytekit makes on import (its default context's) in this test's tmp."""
-    import joblib  # noqa: F401  (flytekit imports it lazily; its import sets KMP_INIT_AT_FORK: do it up front)
-
     before, temporary = signal.getsignal(signal.SIGINT), tempfile.tempdir
     tempfile.tempdir = str(tmp_path_factory.mktemp("flytekit"))
     try:
