@@ -115,15 +115,6 @@ class JobSpec:
             return max(1, self.gpus_per_node)
         return int(self.nproc)
 
-    @property
-    def world_size(self) -> int:
-        """Processes in the job: nodes x processes per node (a host list counts its slots instead)."""
-        return self.nodes * self.local_world_size
-
-    def main_address(self) -> str:
-        """The rendezvous host: ``master_addr``, else 127.0.0.1 (a host list: its first host)."""
-        return self.master_addr or "127.0.0.1"
-
     def port(self) -> int:
         return DEFAULT_MAIN_PORT if self.master_port is None else self.master_port
 
