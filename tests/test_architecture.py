@@ -1,7 +1,9 @@
-"""The layer contract (pyproject's [tool.importlinter]) holds, imports inside functions included."""
+"""The layer contract (pyproject's [tool.importlinter]) holds, imports inside functions included, and the
+docs that map the code name modules that exist."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -50,3 +52,34 @@ def test_the_job_layer_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+MAPS = ("docs/ARCHITECTURE.md", "docs/LAUNCHERS.md", "docs/KUBERNETES.md")
+_PATH = re.compile(r"`((?:[a-z_]+/)+[a-z_]*(?:\.[a-z_]+)?)`")
+_RUN_MODULE = re.compile(r"`python -m (shoal(?:\.[a-z_0-9]+)+)")
+
+
+def _names_in_source(path: str) -> bool:
+    """``path`` (``launch/local.py``, ``launch/core``, ``data/``, ``tests/...``, or ``module.attr``
+    such as ``jobs/slurm.render_sbatch``) names a file, a folder, or a name a module defines."""
+    base = ROOT if path.split("/", 1)[0] in ("tests", "docs", "scripts", "examples", "src") else ROOT / "src/shoal"
+    if (base / path).exists() or (base / f"{path}.py").exists():
+        return True
+    module, _, attr = path.rpartition(".")
+    for source in (base / f"{module}.py", base / module / "__init__.py"):
+        if attr != "py" and source.is_file():
+            return re.search(rf"^\s*(def|class) {attr}\b|^{attr}\b", source.read_text(), re.M) is not None
+    return any((ROOT / "src/shoal").rglob(path))  # a path given inside its package (`rendezvous/explain.py`)
+
+
+def test_the_maps_name_modules_that_exist():
+    """docs/ARCHITECTURE.md, LAUNCHERS.md and KUBERNETES.md name modules by path and the modules rendered lines
+    run (``python -m shoal...``): a module that moves or goes takes its mentions with it."""
+    import importlib.util
+
+    missing = []
+    for doc in MAPS:
+        text = (ROOT / doc).read_text()
+        missing += [f"{doc}: {p}" for p in sorted(set(_PATH.findall(text))) if not _names_in_source(p)]
+        missing += [f"{doc}: {m}" for m in sorted(set(_RUN_MODULE.findall(text))) if not importlib.util.find_spec(m)]
+    assert not missing, missing
