@@ -16,8 +16,6 @@ from workloads.user_workload_files import GOOD, write
 def integration(tmp_path_factory):
     """shoal.integrations.flyte, with flytekit's SIGINT handler (set on import) taken back off and
     its import-time sandbox in this test's tmp (as tests/integrations/test_flyte_api.py does)."""
-    import joblib  # noqa: F401  (flytekit imports it lazily; its import sets KMP_INIT_AT_FORK)
-
     before, temporary = signal.getsignal(signal.SIGINT), tempfile.tempdir
     tempfile.tempdir = str(tmp_path_factory.mktemp("flytekit"))
     try:
