@@ -74,6 +74,7 @@ def workers(pid: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -305,15 +305,21 @@ def read_progress(directory: str | os.PathLike) -> list[RankProgress]:
     return sorted((record for record in found if record is not None), key=lambda r: r.rank)
 
 
+_SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(RankProgress) if f.name not in ("path", "remote"))
+"""What a summary carries of each record: all but this node's own (its file, the remote mark)."""
+
+
 def to_summary(records: list[RankProgress]) -> bytes:
     """This node's records as a few hundred bytes per rank, for the launchers to share through the
     rendezvous store every few seconds."""
-    fields = [{k: v for k, v in dataclasses.asdict(r).items() if k not in ("path", "remote")} for r in records]
+    fields = [{name: getattr(r, name) for name in _SUMMARY_FIELDS} for r in records]
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
 def from_summary(data: bytes) -> list[RankProgress]:
     """Another node's records from its :func:`to_summary` (marked ``remote``); fields this version
     does not know (a newer launcher's) are left out."""
-    known = {f.name for f in dataclasses.fields(RankProgress)} - {"path", "remote"}
-    return [RankProgress(**{k: v for k, v in fields.items() if k in known}, remote=True) for fields in json.loads(data)]
+    return [
+        RankProgress(**{k: v for k, v in fields.items() if k in _SUMMARY_FIELDS}, remote=True)
+        for fields in json.loads(data)
+    ]

@@ -22,6 +22,7 @@ import pytest
 
 from cluster.helpers import clean_env, describe, shoal_on, wait_all
 from cluster.netns import netns_unavailable, node_pair
+from procs import alive
 
 pytestmark = pytest.mark.multiprocess
 
@@ -47,12 +48,9 @@ def _pids(out: Path) -> list[int]:
     return [int(line) for path in out.glob("pid-*") for line in path.read_text().split()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+def _left_running(out: Path) -> list[int]:
+    """The job's processes (their pid files under ``out``) still running."""
+    return [pid for pid in _pids(out) if alive(pid)]
 
 
 def _report_is_last(output: str) -> list[str]:
@@ -64,60 +62,62 @@ def _report_is_last(output: str) -> list[str]:
     return lines[-3:]
 
 
-def _check_stopped(proc: subprocess.CompletedProcess, tmp_path: Path, processes: int = 3) -> list[str]:
+def _stopped_on_hang(tmp_path: Path, named: str, processes: int = 3, **fault: str) -> tuple[list[str], Path]:
+    """``--hang-timeout 5 --on-hang stop`` with ``fault``: exit 124 with the report last, the report's
+    second line matching ``named``, both ranks' stacks saved, and none of the job's ``processes``
+    left. Returns the report's lines and the run directory."""
+    proc, run_dir = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", **fault)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 124, output[-3000:]
     report = _report_is_last(proc.stderr)
+    assert re.fullmatch(named, report[1]), report
     pids = _pids(tmp_path / "out")  # both ranks', and the blocked process's (a loader worker's)
-    assert len(pids) == processes and not [pid for pid in pids if _alive(pid)], pids
+    assert len(pids) == processes and not _left_running(tmp_path / "out"), pids
     stacks = Path(report[2].removeprefix("full stacks: "))
     assert sorted(p.name for p in stacks.iterdir()) == ["rank-0.txt", "rank-1.txt", "report.txt"]
     assert "hang_faults.py" in (stacks / "rank-1.txt").read_text()
-    return report
+    return report, run_dir
 
 
 def test_a_rank_blocked_in_its_step_is_named_and_stop_leaves_no_process(tmp_path):
-    proc, _ = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="block")
-    report = _check_stopped(proc, tmp_path)
-    assert re.fullmatch(
+    _stopped_on_hang(
+        tmp_path,
         r"rank 1 \(node \S+\) is in forward at step 5 at hang_faults\.py:\d+ in block_forever; "
         r"rank 0 waits in collective #6 at step 5 at hang_faults\.py:\d+ in main",
-        report[1],
-    ), report
+        FAULT="block",
+    )
 
 
 def test_a_rank_that_skipped_an_all_reduce_is_named_where_it_waits(tmp_path):
     # Rank 1 skips the all-reduce of step 5, runs one collective short to the end and waits in the
     # final barrier; rank 0 waits in the all-reduce of step 39 that rank 1 never calls.
-    proc, _ = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="skip", STEPS="40")
-    report = _check_stopped(proc, tmp_path, processes=2)
-    assert re.fullmatch(
+    _stopped_on_hang(
+        tmp_path,
         r"rank 1 \(node \S+\) is in collective #40 at step 40 at hang_faults\.py:\d+ in main; "
         r"rank 0 waits in collective #40 at step 39 at hang_faults\.py:\d+ in main",
-        report[1],
-    ), report
+        processes=2,
+        FAULT="skip",
+        STEPS="40",
+    )
 
 
 def test_a_data_loader_worker_that_stops_is_named_in_data(tmp_path):
-    proc, _ = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="loader")
-    report = _check_stopped(proc, tmp_path)
-    assert re.fullmatch(
+    _stopped_on_hang(
+        tmp_path,
         r"rank 1 \(node \S+\) is in data at step 5 at hang_faults\.py:\d+ in main; "
         r"rank 0 waits in collective #6 at step 5 at hang_faults\.py:\d+ in main",
-        report[1],
-    ), report
+        FAULT="loader",
+    )
 
 
 def test_a_rank_stuck_in_a_checkpoint_write_is_named_in_checkpoint(tmp_path):
-    proc, run_dir = _shoal_run(
-        tmp_path, "--hang-timeout", "5", "--on-hang", "stop", FAULT="checkpoint", FAULT_STEP="10"
-    )
-    report = _check_stopped(proc, tmp_path)
-    assert re.fullmatch(
+    report, run_dir = _stopped_on_hang(
+        tmp_path,
         r"rank 1 \(node \S+\) is in checkpoint at step 10 at hang_faults\.py:\d+ in block_forever; "
         r"rank 0 waits in collective #11 at step 10 at hang_faults\.py:\d+ in main",
-        report[1],
-    ), report
+        FAULT="checkpoint",
+        FAULT_STEP="10",
+    )
     verdict = json.loads((run_dir / "progress" / "verdict.json").read_text())
     assert verdict["hang"] == {"line": report[1]} and verdict["stragglers"] == []
 
@@ -147,7 +147,7 @@ def test_an_interrupted_launcher_leaves_no_process_even_a_blocked_loader_worker(
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "shoal run: stopped by SIGTERM" in err
     pids = _pids(out)
-    assert len(pids) == 3 and not [pid for pid in pids if _alive(pid)], pids
+    assert len(pids) == 3 and not _left_running(out), pids
 
 
 @pytest.mark.slow
@@ -162,7 +162,7 @@ def test_on_hang_restart_resumes_from_the_checkpoint_and_finishes(tmp_path):
     assert "rank 1 (node " in proc.stderr and "is in forward at step 7" in proc.stderr
     assert "restarting the workers (restart 1 of 1)" in output, output[-3000:]
     assert "resumed at step 5" in proc.stdout and proc.stdout.rstrip().endswith("finished"), output[-3000:]
-    assert not [pid for pid in _pids(tmp_path / "out") if _alive(pid)]
+    assert not _left_running(tmp_path / "out")
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_with_defaults_a_hang_is_reported_within_60_s_of_its_start(tmp_path):
     delay = reported - started
     print(f"hang start -> report with defaults: {delay:.1f} s")
     assert delay <= 60
-    assert not [pid for pid in _pids(out) if _alive(pid)]
+    assert not _left_running(out)
 
 
 def _throttle(pid_file: Path, stop: threading.Event, duty: float = 0.8, period: float = 0.05) -> None:
@@ -283,4 +283,4 @@ def test_two_nodes_the_report_on_node_0_names_the_hung_rank_of_node_1(tmp_path):
         for rank in (0, 1):
             saved = list((tmp_path / f"run{rank}").glob("hang-*/rank-*.txt"))
             assert sorted(p.name for p in saved) == [f"rank-{2 * rank}.txt", f"rank-{2 * rank + 1}.txt"], text
-            assert not [pid for pid in _pids(tmp_path / f"out{rank}") if _alive(pid)]
+            assert not _left_running(tmp_path / f"out{rank}")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal, shoal_cmd
+from procs import alive
 from shoal.cli.main import main
 from shoal.errors import ShoalError
 from shoal.launch import run as launch_run
@@ -46,22 +47,13 @@ def _results(out: Path, n: int) -> list[dict]:
     return results
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _assert_no_worker_left(pid_dir: Path, n: int) -> None:
     pids = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
     assert len(pids) == n
     deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)], "worker processes left running"
+    assert not [p for p in pids if alive(p)], "worker processes left running"
 
 
 def _env(tmp_path: Path, **extra: str) -> dict:

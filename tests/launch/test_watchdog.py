@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from procs import wait_for
+from procs import alive, wait_for
 from progress_job import start_job, stop_job
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import (
@@ -404,16 +404,8 @@ def test_the_watch_stops_the_workers_descendants_too(tmp_path):
         worker.kill()  # the worker goes first (its child is orphaned, as when torch's agent stops it)
         worker.wait()
         watch.close(grace_s=1.0)
-        assert all(not _running(pid) for pid in tree)
+        assert all(not alive(pid) for pid in tree)
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from shoal.errors import ShoalError
-from shoal.launch.watchdog import HangDetector, StragglerJudge, dump_all_stacks, format_ranks
+from shoal.launch.watchdog import HangDetector, StragglerJudge, activity, dump_all_stacks, format_ranks
 from shoal.progress import RankProgress, read_progress
 
 STRAGGLER_MIN_STEPS = 20
@@ -142,13 +142,12 @@ def verdict(ranks: list[RankProgress], run_dir: Path) -> dict:
 
 
 def row(record: RankProgress, now_wall: float) -> dict:
-    phase = f"collective #{record.collectives}" if record.phase == "collective" else record.phase
     return {
         "rank": record.rank,
         "pid": record.pid,
         "node": record.host,
         "step": record.step,
-        "phase": phase,
+        "phase": activity(record),
         "in_phase_s": round(in_phase_s(record, now_wall), 3),
         "step_s": round(record.step_s, 6),
         "samples_per_s": round(record.samples_per_s, 1),

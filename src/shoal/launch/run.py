@@ -158,7 +158,7 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
         run_workers(config, cmd, tuple(cmd_args), launch)
         return 0
     finally:
-        if not (user_log_dir or launch.keep_logs):  # kept after a hang report: the report names it
+        if not launch.keep_logs:  # the user's --log-dir, or kept after a hang report: the report names it
             shutil.rmtree(args.log_dir, ignore_errors=True)
 
 

@@ -14,60 +14,38 @@ One module per concept, in layers (each imports only from those below it; ``pypr
   children, descendants, start time); :mod:`.verdict` (:data:`VERDICT_FILE`, :func:`write_verdict`);
 - :mod:`.options`: the constants (``HANG_FLOOR_S``, ``ON_HANG``...) and :func:`hang_options`.
 
-Every name is re-exported here (``from shoal.launch.watchdog import JobWatch``). Nothing in the
-package imports torch: :mod:`shoal.launch.options` imports it on the ``--help`` path.
+The names the rest of shoal uses are re-exported here (``from shoal.launch.watchdog import
+JobWatch``); the others are imported from their module. Nothing in the package imports torch:
+:mod:`shoal.launch.options` imports it on the ``--help`` path.
 """
 
 from __future__ import annotations
 
-from shoal.launch.watchdog.hangs import Hang, HangDetector, format_ranks, hang_report, parse_stacks, where
+from shoal.launch.watchdog.hangs import Hang, HangDetector, activity, format_ranks, hang_report, where
 from shoal.launch.watchdog.job_watch import JobWatch
-from shoal.launch.watchdog.monitor import HangEvent, Monitor
-from shoal.launch.watchdog.options import (
-    HANG_EXIT_CODE,
-    HANG_FACTOR,
-    HANG_FLOOR_S,
-    ON_HANG,
-    SLOW_FACTOR,
-    SLOW_PHASES,
-    STOP_GRACE_S,
-    WARMUP_STEPS,
-    WATCHDOG_ENV,
-    hang_options,
-)
-from shoal.launch.watchdog.processes import children, descendants, started_at, stop_processes
+from shoal.launch.watchdog.monitor import Monitor
+from shoal.launch.watchdog.options import HANG_EXIT_CODE, ON_HANG, hang_options
+from shoal.launch.watchdog.processes import stop_processes
 from shoal.launch.watchdog.stacks import dump_all_stacks, dump_stacks
-from shoal.launch.watchdog.stragglers import StragglerJudge, straggler_line
+from shoal.launch.watchdog.stragglers import StragglerJudge
 from shoal.launch.watchdog.verdict import VERDICT_FILE, write_verdict
 
 __all__ = [
     "HANG_EXIT_CODE",
-    "HANG_FACTOR",
-    "HANG_FLOOR_S",
     "ON_HANG",
-    "SLOW_FACTOR",
-    "SLOW_PHASES",
-    "STOP_GRACE_S",
     "VERDICT_FILE",
-    "WARMUP_STEPS",
-    "WATCHDOG_ENV",
     "Hang",
     "HangDetector",
-    "HangEvent",
     "JobWatch",
     "Monitor",
     "StragglerJudge",
-    "children",
-    "descendants",
+    "activity",
     "dump_all_stacks",
     "dump_stacks",
     "format_ranks",
     "hang_options",
     "hang_report",
-    "parse_stacks",
-    "started_at",
     "stop_processes",
-    "straggler_line",
     "where",
     "write_verdict",
 ]

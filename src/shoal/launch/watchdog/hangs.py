@@ -151,6 +151,7 @@ def where(text: str) -> str:
 
 
 def activity(r: RankProgress) -> str:
+    """The rank's phase as the report and ``shoal status`` name it: ``collective #N`` for a collective."""
     if r.phase == "collective":
         return f"collective #{r.collectives}"
     return r.phase

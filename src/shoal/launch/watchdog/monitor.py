@@ -211,9 +211,9 @@ class Monitor:
         slow = self.judge.window(compute)
         current = {}
         for rank in slow:
-            line = straggler_line(rank, ranks, compute)
             others = statistics.median(v for r, v in compute.items() if r != rank)
             host = next((r.host for r in ranks if r.rank == rank), "?")
+            line = straggler_line(rank, host, compute[rank], others)
             current[rank] = {"rank": rank, "node": host, "ratio": round(compute[rank] / others, 2), "line": line}
             self._calm[rank] = 0
             if rank not in self.stragglers:

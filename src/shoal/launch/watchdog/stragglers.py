@@ -4,10 +4,7 @@ above the others' by a margin for several windows in a row; :func:`straggler_lin
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from shoal.progress import RankProgress
 
 
 @dataclass
@@ -32,10 +29,9 @@ class StragglerJudge:
         return sorted(r for r in slow if self._streak[r] >= self.persistence)
 
 
-def straggler_line(rank: int, ranks: Sequence[RankProgress], compute: dict[int, float]) -> str:
-    others = statistics.median(v for r, v in compute.items() if r != rank)
-    host = next((r.host for r in ranks if r.rank == rank), "?")
+def straggler_line(rank: int, host: str, mean: float, others: float) -> str:
+    """The one line naming a straggler: its ``mean`` compute per step against the ``others``' median."""
     return (
-        f"shoal: rank {rank} (node {host}) straggles: {compute[rank] * 1e3:.1f} ms of compute per step "
-        f"vs {others * 1e3:.1f} ms for the others ({compute[rank] / others:.2f}x)"
+        f"shoal: rank {rank} (node {host}) straggles: {mean * 1e3:.1f} ms of compute per step "
+        f"vs {others * 1e3:.1f} ms for the others ({mean / others:.2f}x)"
     )
