@@ -24,6 +24,7 @@ def evaluate(
     metrics_fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None,
     metric_names: Sequence[str] | None = None,
     autocast: Callable | None = None,
+    filler: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Mean loss and metrics (default: accuracy) over the whole set that ``loader`` shards across ranks.
 
@@ -36,9 +37,10 @@ def evaluate(
     so that ranks holding different numbers of batches never wait on DDP's collectives.
 
     An FSDP model's forward is collective (it all-gathers each block's parameters): a rank with
-    fewer batches runs as many extra forwards on its last inputs as it lacks, their outputs
-    discarded, so the sums stay exact and nobody waits. A rank with no batch at all has no input to
-    run: that is a ShoalError on every rank (one small all-reduce agrees on the counts first).
+    fewer batches runs as many extra forwards as it lacks, on ``filler`` (an input batch, e.g. the
+    test set's first sample) if given, else on its last inputs, their outputs discarded, so the sums
+    stay exact and nobody waits. A rank with no batch at all and no ``filler`` has no input to run:
+    that is a ShoalError on every rank (one small all-reduce agrees on the counts first).
 
     Returns ``{"loss": ..., <metric>: ..., "samples": N}``.
     """
@@ -47,7 +49,9 @@ def evaluate(
     names = list(metric_names) if metric_names is not None else (["accuracy"] if metrics_fn is _accuracy else None)
     net = unwrap_model(model)
     most = (
-        _most_batches(loader, next(net.parameters()).device) if collectives.world_size() > 1 and is_fsdp(net) else None
+        _most_batches(loader, next(net.parameters()).device, filler is not None)
+        if collectives.world_size() > 1 and is_fsdp(net)
+        else None
     )
     was_training = net.training
     net.eval()
@@ -71,7 +75,8 @@ def evaluate(
         )
         totals = batch_sums if totals is None else totals + batch_sums
     for _ in range(most - seen if most is not None else 0):
-        _forward(net, inputs, autocast)  # FSDP: the others' all-gathers need this rank's part
+        # FSDP: the others' all-gathers need this rank's part.
+        _forward(net, filler if filler is not None else inputs, autocast)
     if metric_names is None and metrics_fn is not _accuracy:
         # A rank without a single test sample (a tiny set on many ranks) cannot know the names of
         # custom metrics; rank 0 has a sample whenever anyone has, and tells them.
@@ -94,8 +99,9 @@ def _forward(net: nn.Module, inputs: torch.Tensor, autocast: Callable | None) ->
         return net(inputs)
 
 
-def _most_batches(loader: Iterable, device: torch.device) -> int:
-    """The most batches any rank holds; ShoalError on every rank when some rank holds none."""
+def _most_batches(loader: Iterable, device: torch.device, has_filler: bool) -> int:
+    """The most batches any rank holds; ShoalError on every rank when some rank holds none and
+    there is no filler to run."""
     try:
         mine = len(loader)  # type: ignore[arg-type]
     except TypeError:
@@ -111,7 +117,7 @@ def _most_batches(loader: Iterable, device: torch.device) -> int:
             "evaluating an FSDP model needs a loader with a length on every rank (its forward is collective)",
             "pass a DataLoader (ctx.eval_loader(...)), not an iterator",
         )
-    if fewest == 0 < most:
+    if fewest == 0 < most and not has_filler:
         raise ShoalError(
             f"evaluating an FSDP model: some rank has no evaluation batch while another has {most} "
             "(every rank must run the collective forward)",

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from shoal.launch.watchdog import VERDICT_FILE, write_verdict
-from shoal.progress import ENV_DIR, read_progress
+from shoal.progress import ENV_DIR, ProgressWriter, read_progress
 from shoal.train.config import TrainConfig
 from shoal.train.reporting import Reports
 
@@ -33,7 +33,9 @@ class _Tracker:
 
 
 def _reports(tmp_path: Path, rank: int = 0) -> Reports:
-    ctx = SimpleNamespace(rank=rank, is_main=rank == 0, device=torch.device("cpu"))
+    ctx = SimpleNamespace(
+        rank=rank, is_main=rank == 0, device=torch.device("cpu"), progress=lambda: ProgressWriter(None)
+    )
     return Reports(TrainConfig(), ctx, tmp_path)
 
 

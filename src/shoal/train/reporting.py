@@ -62,8 +62,8 @@ class Reports:
         self.predictions = cfg.log_predictions if on else 0
         self.device = ctx.device
         self.is_main = ctx.is_main
-        self.progress: Any = None
-        """The rank's ProgressWriter (set by the trainer): the window's all-reduce is a collective."""
+        self.progress = ctx.progress()
+        """The rank's ProgressWriter: the window's all-reduce is a collective."""
         self._start_window()
 
     def _start_window(self, samples: int = 0) -> None:
@@ -85,8 +85,7 @@ class Reports:
         if not self.every or step % self.every:
             return
         count = self.count.item()
-        if self.progress is not None:
-            self.progress.collective()
+        self.progress.collective()
         stats = reduce_metrics({"loss": self.loss_sum.item() / max(count, 1.0)}, count=count)
         seconds = time.perf_counter() - self.window_started
         done = samples - self.window_samples

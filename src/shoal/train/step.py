@@ -5,8 +5,6 @@
 - :class:`EpochTally`: the running sums of the current epoch (checkpointed, so an epoch resumed in
   the middle still reports its whole loss);
 - :class:`GeneratorState`: a per-rank ``torch.Generator`` (augmentation) as a checkpointable object;
-- :class:`EvenBatches`: evaluation of an FSDP model, whose forward is collective, on every rank the
-  same number of forward passes (still every test sample counted once);
 - channels-last helpers: move conv models and their 4-D batches to NHWC memory.
 """
 
@@ -119,71 +117,6 @@ class GeneratorState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["state"])
-
-
-class EvenBatches:
-    """Exact evaluation of an FSDP model: every rank runs as many forward passes as the rank with
-    the most test batches.
-
-    The exact evaluation loader gives each test sample to one rank, so ranks may hold one batch
-    more or less. An FSDP forward all-gathers each block's parameters with every rank: a rank that
-    stopped early would leave the others waiting in that all-gather. Ranks short of batches run
-    *filler* batches (one test input, no target: 0 samples), whose loss and metrics count zero, so
-    the sums stay exact. ``loader`` wraps the test loader, ``loss_fn`` and ``metrics_fn`` the
-    workload's; ``first``: a batch of the test set's first sample, as the loader would give it
-    (what a filler's input is cut from). Made once: ``batches`` is agreed on with one collective.
-    """
-
-    def __init__(self, loader: Any, batches: int, first: tuple[torch.Tensor, ...]) -> None:
-        self.inner, self.batches = loader, batches
-        self._filler = (first[0][:1], first[1][:0])
-        self._target = first[1][:1]  # the filler input's real target: the metrics' names and shapes
-
-    @classmethod
-    def of(cls, loader: Any, first: tuple[torch.Tensor, ...]) -> EvenBatches:
-        counts = torch.tensor([len(loader)], dtype=torch.int64)
-        if collectives.world_size() > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-        return cls(loader, int(counts.item()), first)
-
-    def __iter__(self):
-        seen = 0
-        for batch in self.inner:
-            seen += 1
-            yield batch
-        for _ in range(self.batches - seen):
-            yield self._filler
-
-    def __len__(self) -> int:
-        return self.batches
-
-    def is_filler(self, targets: torch.Tensor) -> bool:
-        return targets is self._filler[1]
-
-    def loss_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable:
-        def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return outputs.new_zeros(()) if self.is_filler(targets) else fn(outputs, targets)
-
-        return loss
-
-    def metrics_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]) -> Callable:
-        def metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-            if self.is_filler(targets):
-                # Computed on the filler's real sample (a rank that had no batch learns the metrics'
-                # names, the same on every rank), then counted zero.
-                return {
-                    name: torch.zeros_like(torch.as_tensor(value)) for name, value in fn(outputs, self._target).items()
-                }
-            return fn(outputs, targets)
-
-        return metrics
-
-
-def accuracy_sums(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The default metric's per-batch sum: correct arg-max predictions (as :func:`shoal.evaluation.evaluate`)."""
-    return {"accuracy": (outputs.argmax(dim=1) == targets).sum()}
 
 
 class _NoProgress:

@@ -32,15 +32,7 @@ from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
 from shoal.train.reporting import Reports, first_samples
-from shoal.train.step import (
-    EpochTally,
-    EvenBatches,
-    GeneratorState,
-    Step,
-    accuracy_sums,
-    has_conv2d,
-    in_channels_last,
-)
+from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
 from shoal.workloads import get_workload, short_name
 from shoal.workloads.base import Workload
 from shoal.workloads.blame import blame, checked_loss
@@ -145,17 +137,16 @@ def train(
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
         schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
         progress = ctx.progress()  # the watchdog's view of this rank; a no-op without a launcher's directory
-        reports.progress = progress
         step = Step(model, optimizer, "off" if fsdp else cfg.amp, ctx.device, loss_fn=loss_fn, progress=progress)
         state = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader}
         state["tally"] = EpochTally(ctx.device)
         per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
         per_rank["comm_hook"] = comm_hook  # PowerSGD's error feedback and memories: exact resume
         run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
-        run.workload, run.loss_fn, run.progress = workload, loss_fn, progress
-        if fsdp:
+        run.workload, run.loss_fn = workload, loss_fn
+        if fsdp:  # a rank short of test batches runs its extra collective forwards on the first sample
             first = first_samples(data.test, 1, ctx.device)
-            test_loader = EvenBatches.of(test_loader, data.test_transform(first) if data.test_transform else first)
+            run.eval_filler = (data.test_transform(first) if data.test_transform else first)[0]
         run.resume()
         derived = {"channels_last": channels_last, "start_method": started_by}
         _announce(run, derived, launch)
@@ -215,6 +206,8 @@ class _Run:
         self.trained_now = False
         self.workload: Workload | None = None
         self.loss_fn: Any = None
+        self.eval_filler: torch.Tensor | None = None
+        """FSDP: the input of a rank's extra evaluation forwards (see :func:`shoal.evaluation.evaluate`)."""
         self.progress: Any = ctx.progress()
         self.buffers = [b for b in state["model"].buffers() if b.numel()]
 
@@ -338,9 +331,9 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
             if index % postfix_every == 0:  # the only host sync of the step, and only now and then
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if not last:
-            compute_s += clock() - begun
-            progress.phase("data")
             fetching = clock()
+            compute_s += fetching - begun
+            progress.phase("data")
             continue
         schedule.apply(step.optimizer, run.epoch - 1 + position / num_samples)
         step.apply()
@@ -357,8 +350,9 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
         progress.step_done(step_samples, compute_s, wait_s + clock() - computed)
         step_samples, compute_s, wait_s = 0, 0.0, 0.0
         if signum or step_cadence:
-            tally.train_s += clock() - started
-            started = clock()
+            now = clock()
+            tally.train_s += now - started
+            started = now
             path = run.save(epoch_end=False, force=bool(signum))
             if signum:
                 run.wait_for_checkpoint()  # an async save must be on disk before the process exits
@@ -367,7 +361,7 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
         fetching = clock()
     if bar is not None:
         bar.close()
-    tally.train_s += time.perf_counter() - started
+    tally.train_s += clock() - started
     run.epoch_trained = True
     run.trained_now = True
 
@@ -382,18 +376,13 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
     workload = run.workload
     # The default metric (accuracy) has known names: no broadcast of them per evaluation.
     own_metrics = workload is not None and type(workload).metrics is not Workload.metrics
-    loss_fn, metrics_fn = run.loss_fn, workload.metrics if own_metrics else None
-    names = None
-    if isinstance(test_loader, EvenBatches):  # FSDP: as many forwards on every rank, fillers count 0
-        names = None if own_metrics else ["accuracy"]
-        loss_fn, metrics_fn = test_loader.loss_fn(loss_fn), test_loader.metrics_fn(metrics_fn or accuracy_sums)
     scores = evaluate(
         model,
         test_loader,
-        loss_fn=loss_fn,
-        metrics_fn=metrics_fn,
-        metric_names=names,
+        loss_fn=run.loss_fn,
+        metrics_fn=workload.metrics if own_metrics else None,
         autocast=step.autocast,
+        filler=run.eval_filler,
     )
     metrics = {f"test_{name}": value for name, value in scores.items() if name not in ("loss", "samples")}
     if workload is not None:
