@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_helpers import Counter
 from torch import nn
 
 from shoal.checkpoint.cadence import Cadence
@@ -19,17 +20,6 @@ from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError
 
 SAVE_FOREVER = Path(__file__).parent / "scripts" / "save_forever.py"
-
-
-class Counter:
-    def __init__(self, value: int = 0) -> None:
-        self.value = value
-
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
 
 
 def _save(manager, step, value=None):

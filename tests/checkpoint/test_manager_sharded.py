@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_helpers import Counter, flat
 from torch import nn
 
 from shoal.checkpoint.manager import POINTER, CheckpointManager, restore
@@ -43,23 +44,10 @@ def _launch(nproc: int, *jobs: str, check: bool = True, **kwargs) -> subprocess.
     return proc
 
 
-def _flat(tree, prefix=""):
-    out = {}
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            out.update(_flat(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = tree
-    return out
-
-
 def _assert_identical(got: Path, want: Path) -> None:
     """Every model and optimizer value, every rank's next random draw and per-rank counter, and the
     data position of two runs' ends: equal, bit for bit."""
-    a, b = (_flat(torch.load(path, weights_only=True)) for path in (got, want))
+    a, b = (flat(torch.load(path, weights_only=True)) for path in (got, want))
     assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
     assert sum(isinstance(v, torch.Tensor) for v in a.values()) == 4 * 30  # 30 parameters; step and 2 moments each
     for key, value in b.items():
@@ -187,17 +175,6 @@ def test_kill_9_of_the_whole_job_during_an_async_save_leaves_the_previous(tmp_pa
 
 
 # -- one process (no process group): listing, retention, pointer, corrupt checkpoints -------------
-
-
-class Counter:
-    def __init__(self, value: int = 0) -> None:
-        self.value = value
-
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
 
 
 def _trained(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:

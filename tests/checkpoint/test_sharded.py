@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_helpers import Counter
 from torch import nn
 
 from shoal.checkpoint.sharded import (
@@ -138,17 +139,6 @@ def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
     # The next save in that directory removes what the killed one left.
     save_sharded(tmp_path / "ckpt-e00001-s000000003.dcp", {"model": model, "optimizer": opt})
     assert not stale.exists() and is_sharded(tmp_path / "ckpt-e00001-s000000003.dcp")
-
-
-class Counter:
-    def __init__(self, value: int = 0) -> None:
-        self.value = value
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
 
 
 def test_one_process_round_trip_commit_callback_and_replace(tmp_path):

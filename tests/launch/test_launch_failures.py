@@ -14,6 +14,8 @@ import time
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from cgroups import memory_cgroup as limited_cgroup
+from cgroups import run_in_cgroup
 from shoal.launch.failures import (
     describe_child_failure,
     exception_line,
@@ -222,53 +224,15 @@ else:
 @pytest.fixture
 def memory_cgroup():
     """A fresh child of this process's memory cgroup limited to MEMORY_LIMIT (v1 or v2); removed afterwards."""
-    from shoal.launch.oom import memory_state
-
-    state = memory_state()
-    if state.directory is None:
-        pytest.skip("no memory cgroup with an OOM kill counter is readable here")
-    child = os.path.join(state.directory, f"shoal-test-{os.getpid()}-{time.monotonic_ns()}")
-    v2 = os.path.exists(os.path.join(state.directory, "memory.events"))
-    try:
-        if v2:
-            with open(os.path.join(state.directory, "cgroup.subtree_control"), "w") as f:
-                f.write("+memory")
-        os.mkdir(child)
-        for name, value in (
-            [("memory.max", MEMORY_LIMIT), ("memory.swap.max", 0)]
-            if v2
-            else [("memory.limit_in_bytes", MEMORY_LIMIT), ("memory.memsw.limit_in_bytes", MEMORY_LIMIT)]
-        ):
-            if os.path.exists(os.path.join(child, name)):
-                with open(os.path.join(child, name), "w") as f:
-                    f.write(str(value))
-    except OSError as err:
-        if os.path.isdir(child):
-            os.rmdir(child)
-        pytest.skip(f"the kernel refuses a child memory cgroup with a limit here: {err}")
-    try:
+    with limited_cgroup(MEMORY_LIMIT, "test") as child:
         yield child
-    finally:
-        deadline = time.monotonic() + 30
-        while True:  # the last processes may still be exiting
-            try:
-                os.rmdir(child)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
 
 
 def _run_in_cgroup(cgroup: str, tmp_path, mode: str) -> subprocess.CompletedProcess:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", str(script), mode]
-    # The launcher joins the cgroup before it starts: its workers are born there, and every page of
-    # theirs and its own counts against the limit.
-    wrapped = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *cmd]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
-    return subprocess.run(wrapped, capture_output=True, text=True, timeout=240, env=env)
+    # The launcher joins the cgroup before it starts: its workers are born there.
+    return run_in_cgroup(cgroup, [sys.executable, "-m", "shoal", "run", "--nproc", "2", str(script), mode], timeout=240)
 
 
 @pytest.mark.multiprocess

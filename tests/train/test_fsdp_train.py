@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from cgroups import memory_cgroup, run_in_cgroup
 from conftest import run_shoal
 from procs import kill_group, start, wait_for
 
@@ -332,53 +331,16 @@ LARGE += ["--device", "cpu", "--checkpoint-every", "off", "--no-progress", "--np
 @pytest.fixture
 def memory_limit():
     """A fresh child of this process's memory cgroup (v1 or v2) limited to 4 workers' budget."""
-    from shoal.launch.oom import memory_state
-
-    state = memory_state()
-    if state.directory is None:
-        pytest.skip("no memory cgroup with an OOM kill counter is readable here")
-    child = os.path.join(state.directory, f"shoal-fsdp-{os.getpid()}-{time.monotonic_ns()}")
-    v2 = os.path.exists(os.path.join(state.directory, "memory.events"))
-    limit = 4 * WORKER_LIMIT + LAUNCHER
-    try:
-        if v2:
-            with open(os.path.join(state.directory, "cgroup.subtree_control"), "w") as f:
-                f.write("+memory")
-        os.mkdir(child)
-        names = ["memory.max", "memory.swap.max"] if v2 else ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
-        for name, value in zip(names, [limit, 0 if v2 else limit]):
-            if os.path.exists(os.path.join(child, name)):
-                with open(os.path.join(child, name), "w") as f:
-                    f.write(str(value))
-    except OSError as err:
-        if os.path.isdir(child):
-            os.rmdir(child)
-        pytest.skip(f"the kernel refuses a child memory cgroup with a limit here: {err}")
-    try:
+    with memory_cgroup(4 * WORKER_LIMIT + LAUNCHER, "fsdp") as child:
         yield child
-    finally:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                os.rmdir(child)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
 
 
 def _in_cgroup(cgroup: str, *args: str) -> tuple[int, str]:
-    import subprocess
-
     cmd = [sys.executable, "-m", "shoal", "train", *args]
-    wrapped = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *cmd]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
     # glibc's malloc raises its mmap threshold to the size of the largest block freed (up to 32 MiB),
     # and keeps smaller blocks in its heap afterwards: the whole model FSDP frees after sharding it
     # would stay resident. A fixed threshold returns freed tensors to the system (same for both).
-    env["MALLOC_MMAP_THRESHOLD_"] = str(128 << 10)
-    proc = subprocess.run(wrapped, capture_output=True, text=True, timeout=900, env=env)
+    proc = run_in_cgroup(cgroup, cmd, timeout=900, env={"MALLOC_MMAP_THRESHOLD_": str(128 << 10)})
     return proc.returncode, proc.stdout + proc.stderr
 
 

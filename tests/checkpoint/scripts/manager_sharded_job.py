@@ -21,50 +21,25 @@ same processes.
   job (torchrun and every worker) once the first shard file appears.
 """
 
-import copy
 import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+from jobkit import Counter, diffs, everyone, finish, full_state, init, watch_first_shard, wrap
 
 from shoal.checkpoint.manager import CheckpointManager
-from shoal.distributed.fsdp import apply_fsdp
-from shoal.distributed.wrap import apply_ddp, model_state_dict
 from shoal.workloads.language_model import TinyGPT, lm_loss
 
-if "RANK" in os.environ:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-else:
-    rank, world = 0, 1
+rank, world = init()
 torch.set_num_threads(1)
-cpu = torch.device("cpu")
-
-
-class Counter:
-    def __init__(self, value=0):
-        self.value = value
-
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
 
 
 def build(strategy, preset="tiny"):
     torch.manual_seed(0)
-    model = TinyGPT.preset(preset)
-    if strategy == "fsdp":
-        model = apply_fsdp(model, device=cpu)
-    elif strategy == "ddp":
-        model = apply_ddp(model, cpu, world)
+    model = wrap(TinyGPT.preset(preset), strategy)
     torch.manual_seed(100 + rank)  # the batches: each rank its own stream, in the checkpoint
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
@@ -74,22 +49,6 @@ def step(model, opt):
     lm_loss(model(x)[:, :-1], x[:, 1:]).backward()
     opt.step()
     opt.zero_grad()
-
-
-def full_state(model, opt):
-    """The whole model and optimizer state, plain tensors keyed by name, on rank 0 (collective)."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = {"model": model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
-    return copy.deepcopy(state)
-
-
-def everyone(mine):
-    out = [None] * world
-    if world > 1:
-        dist.all_gather_object(out, mine)
-    else:
-        out = [mine]
-    return out
 
 
 def train(directory, strategy, fmt, steps, resume=False):
@@ -133,19 +92,11 @@ def load(result_path, strategy, ckpt, reference_path):
     step(model, opt)  # the loaded optimizer steps
     if rank == 0:
         reference = torch.load(reference_path, weights_only=True)
-        diffs = {}
-        for part in ("model", "optim"):
-            ref, mine = flat(reference[part]), flat(got[part])
-            assert sorted(ref) == sorted(mine), sorted(set(ref) ^ set(mine))
-            for key, value in ref.items():
-                if isinstance(value, torch.Tensor):
-                    diffs[f"{part}.{key}"] = (mine[key].float() - value.float()).abs().max().item()
-                else:
-                    diffs[f"{part}.{key}"] = 0.0 if mine[key] == value else float("inf")
+        differences = diffs({part: reference[part] for part in ("model", "optim")}, got)
         result = {
-            "values": len(diffs),
-            "max_diff": max(diffs.values()),
-            "worst": max(diffs, key=diffs.get),
+            "values": len(differences),
+            "max_diff": max(differences.values()),
+            "worst": max(differences, key=differences.get),
             "step": found.step,
             "epoch": found.epoch,
             "extra": found.extra,
@@ -154,19 +105,6 @@ def load(result_path, strategy, ckpt, reference_path):
             "counters": counters,
         }
         Path(result_path).write_text(json.dumps(result))
-
-
-def flat(tree, prefix=""):
-    out = {}
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            out.update(flat(v, f"{prefix}{k}."))
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            out.update(flat(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = tree
-    return out
 
 
 def kill(directory):
@@ -187,11 +125,7 @@ def kill(directory):
     if rank == 0:
         # Kill the whole job (torchrun and every worker: the session the test started) while the
         # shards are written from DCP's background thread.
-        tmp = directory / ".tmp-ckpt-e00001-s000000002.dcp"
-        deadline = time.monotonic() + 60
-        while not any(tmp.glob("*.distcp")) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        Path(f"{directory}.killing").write_text(" ".join(sorted(p.name for p in tmp.iterdir())))
+        Path(f"{directory}.killing").write_text(watch_first_shard(directory / ".tmp-ckpt-e00001-s000000002.dcp"))
         os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)  # torchrun (the test made it a group leader)
         for pid in pids:  # torch's agent starts each worker in a session of its own
             if pid != os.getpid():
@@ -227,6 +161,4 @@ for job in sys.argv[1:]:
         refuse(*args)
     elif mode == "kill":
         kill(args[0])
-if world > 1:
-    dist.barrier()
-    dist.destroy_process_group()
+finish()

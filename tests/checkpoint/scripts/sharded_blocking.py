@@ -9,32 +9,14 @@ caller was blocked and, for async, the seconds until the checkpoint was committe
 
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-import torch
 import torch.distributed as dist
+from jobkit import blocking_setup, finish
 
 from shoal.checkpoint.sharded import save_sharded
-from shoal.distributed.fsdp import apply_fsdp
-from shoal.distributed.wrap import apply_ddp
-from shoal.workloads.language_model import TinyGPT, lm_loss
 
-out = Path(sys.argv[1])
-strategy = sys.argv[2] if len(sys.argv) > 2 else "fsdp"
-rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)
-model = TinyGPT(d_model=512, n_layers=6, n_heads=8, seq_len=64)
-n_params = sum(p.numel() for p in model.parameters())
-cpu = torch.device("cpu")
-model = apply_fsdp(model, device=cpu) if strategy == "fsdp" else apply_ddp(model, cpu, world)
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-x = torch.randint(0, 256, (2, 65))
-lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
-opt.step()
+out, strategy, rounds, rank, world, model, opt, n_params = blocking_setup(n_layers=6)
 
 blocked = {"sync": [], "async": []}
 committed = []
@@ -61,5 +43,4 @@ if rank == 0:
         f"{statistics.median(blocked['async']):.3f} s (committed after {statistics.median(committed):.3f} s)",
         flush=True,
     )
-dist.barrier()
-dist.destroy_process_group()
+finish()

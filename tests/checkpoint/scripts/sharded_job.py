@@ -14,58 +14,35 @@ Under torchrun (gloo) or as one plain process (no process group: a laptop):
   itself with SIGKILL as soon as the first shard file appears (the files it saw: ``OUT/killing``).
 """
 
-import copy
 import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+from jobkit import Counter, diffs, everyone, finish, flat, full_state, init, watch_first_shard, wrap
 
 from shoal.checkpoint.sharded import load_sharded, save_sharded, wait_pending
 from shoal.data.sampler import ShardedSampler
-from shoal.distributed.fsdp import apply_fsdp
-from shoal.distributed.wrap import apply_ddp, model_state_dict
 from shoal.workloads.language_model import TinyGPT, lm_loss
 
-if "RANK" in os.environ:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-else:
-    rank, world = 0, 1
+rank, world = init()
 torch.set_num_threads(1)
-cpu = torch.device("cpu")
 SAMPLES, BATCH = 50, 4
 
 
-class Position:
+class Position(Counter):
     """Stands for the data position: the same on every rank."""
 
-    def __init__(self, value=0):
-        self.value = value
 
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
-
-
-class RankThing(Position):
+class RankThing(Counter):
     """Stands for a per-rank object (an augmentation RNG): differs between ranks."""
 
 
 def build(strategy, preset="tiny"):
     torch.manual_seed(0)
-    model = TinyGPT.preset(preset)
-    if strategy == "fsdp":
-        model = apply_fsdp(model, device=cpu)
-    elif strategy == "ddp":
-        model = apply_ddp(model, cpu, world)
+    model = wrap(TinyGPT.preset(preset), strategy)
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
 
@@ -77,36 +54,6 @@ def train(model, opt, steps, start=0):
         lm_loss(model(x)[:, :-1], x[:, 1:]).backward()
         opt.step()
         opt.zero_grad()
-
-
-def full_state(model, opt):
-    """The whole model and optimizer state, plain tensors, on rank 0 (collective)."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = {"model": model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
-    return copy.deepcopy(state)  # a plain model's state dict holds its live parameters
-
-
-def flat(tree, prefix=""):
-    """{dotted name: value} of every leaf of nested dicts and lists."""
-    out = {}
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            out.update(flat(v, f"{prefix}{k}."))
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            out.update(flat(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = tree
-    return out
-
-
-def seen_by_all(mine):
-    everyone = [None] * world
-    if world > 1:
-        dist.all_gather_object(everyone, mine)
-    else:
-        everyone = [mine]
-    return everyone
 
 
 def save(out):
@@ -125,11 +72,11 @@ def save(out):
         torch.manual_seed(7 + rank)  # each rank its own RNG state, which the checkpoint keeps
         save_sharded(name, state, per_rank=per_rank, extra={"epoch": 1, "step": 3})
         draw = torch.rand(1).item()  # what a resumed run at this world size must draw next
-        everyone = seen_by_all(seen)
+        seen_everywhere = everyone(seen)
         if rank == 0:
             torch.save(reference, f"{name}.reference.pt")
             with open(f"{name}.seen.json", "w") as f:
-                json.dump(everyone, f)
+                json.dump(seen_everywhere, f)
         with open(out / strategy / f"draw-{rank}.json", "w") as f:
             json.dump(draw, f)
         train(model, opt, 2, start=3)
@@ -141,11 +88,11 @@ def save(out):
         pending = save_sharded(name, state, per_rank=per_rank, extra={"epoch": 1, "step": 5}, async_=True)
         train(model, opt, 1, start=5)  # changes every weight while the save may still be writing
         pending.wait()
-        everyone = seen_by_all(seen)
+        seen_everywhere = everyone(seen)
         if rank == 0:
             torch.save(reference, f"{name}.reference.pt")
             with open(f"{name}.seen.json", "w") as f:
-                json.dump(everyone, f)
+                json.dump(seen_everywhere, f)
             print(f"{strategy}: async save blocked {pending.blocked_s:.3f} s", flush=True)
 
 
@@ -158,34 +105,22 @@ def load(result_path, pairs):
         sampler = ShardedSampler(SAMPLES, rank=rank, world_size=world, seed=0, batch_size=BATCH)
         state = {"model": model, "optimizer": opt, "position": position, "sampler": sampler}
         found = load_sharded(ckpt, state, per_rank={"thing": thing})
-        rest = seen_by_all(sampler.indices().tolist())  # the rest of the epoch, re-split over these ranks
+        rest = everyone(sampler.indices().tolist())  # the rest of the epoch, re-split over these ranks
         got = full_state(model, opt)
-        mine = (torch.rand(1).item(), thing.value)
-        draws = [None] * world
-        if world > 1:
-            dist.all_gather_object(draws, mine)
-        else:
-            draws = [mine]
+        draws = everyone((torch.rand(1).item(), thing.value))
         train(model, opt, 1, start=10)  # the loaded optimizer steps
         if rank == 0:
-            reference = flat(torch.load(f"{ckpt}.reference.pt", weights_only=True))
-            loaded = flat(got)
-            assert sorted(reference) == sorted(loaded), sorted(set(reference) ^ set(loaded))
-            diffs = {}
-            for key, ref in reference.items():
-                if isinstance(ref, torch.Tensor):
-                    diffs[key] = (loaded[key].float() - ref.float()).abs().max().item()
-                else:
-                    diffs[key] = 0.0 if loaded[key] == ref else float("inf")
+            reference = torch.load(f"{ckpt}.reference.pt", weights_only=True)
+            differences = diffs(reference, got)
             saved_world = found.world_size
             results.append(
                 {
                     "checkpoint": str(ckpt),
                     "strategy": strategy,
-                    "values": len(diffs),
-                    "tensors": sum(isinstance(v, torch.Tensor) for v in reference.values()),
-                    "max_diff": max(diffs.values()),
-                    "worst": max(diffs, key=diffs.get),
+                    "values": len(differences),
+                    "tensors": sum(isinstance(v, torch.Tensor) for v in flat(reference).values()),
+                    "max_diff": max(differences.values()),
+                    "worst": max(differences, key=differences.get),
                     "extra": found.extra,
                     "position": position.value,
                     "saved_world": saved_world,
@@ -215,12 +150,8 @@ def kill(out):
     if rank == 0:
         # Die while the shards are being written: once the first shard file appears (DCP writes it
         # from its background thread, while the main thread goes on).
-        tmp = out / ".tmp-ckpt-e00001-s000000002.dcp"
-        deadline = time.monotonic() + 60
-        while not any(tmp.glob("*.distcp")) and time.monotonic() < deadline:
-            time.sleep(0.0005)
         with open(out / "killing", "w") as f:
-            f.write(" ".join(sorted(p.name for p in tmp.iterdir())))
+            f.write(watch_first_shard(out / ".tmp-ckpt-e00001-s000000002.dcp"))
         os.kill(os.getpid(), signal.SIGKILL)
     wait_pending()  # rank 1: its peer is gone; torchrun stops it
 
@@ -232,6 +163,4 @@ elif mode == "load":
     load(sys.argv[2], sys.argv[3:])
 elif mode == "kill":
     kill(Path(sys.argv[2]))
-if world > 1:
-    dist.barrier()
-    dist.destroy_process_group()
+finish()
