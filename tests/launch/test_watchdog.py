@@ -409,3 +409,60 @@ def test_the_watch_stops_the_workers_descendants_too(tmp_path):
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+@pytest.mark.multiprocess
+def test_a_report_stops_waiting_for_the_other_nodes_once_their_store_is_gone_and_settle_waits_for_it(
+    tmp_path, monkeypatch
+):
+    # Node 1's launcher declares a hang that names node 0's rank and waits for node 0's stacks
+    # (its `where`); node 0 hosts the store, acts on the hang first and exits. A real TCPStore in a
+    # process of its own, killed mid-wait: the report ends at once instead of after peer_wait_s, and
+    # settle() (what the launch core calls when the workers fail) returns once it has been acted on,
+    # so the launcher tells the workers' end as the hang (exit 124), not as node 0's failure (75).
+    # (CI, 2026-11-24: node 1 exited 75 in test_hang_faults' two-node test.)
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from shoal.launch.watchdog import JobWatch
+    from shoal.progress import to_summary
+
+    host = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from torch.distributed import TCPStore\n"
+         "s = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); print(s.port, flush=True)\n"
+         "time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        store = TCPStore("127.0.0.1", int(host.stdout.readline()), is_master=False, timeout=timedelta(seconds=3))
+        store.set("progress/node-0", to_summary([rec(0, host="node-0", step=5, world_size=2)]))  # no `where`
+        monkeypatch.setenv("SHOAL_NODE_NAME", "node-1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        watch = JobWatch(
+            tmp_path, hang_timeout=1.0, publish=lambda data: store.set("progress/node-1", data),
+            peers=lambda: [store.get("progress/node-0")],
+        )  # fmt: skip
+        watch.monitor.peer_wait_s = 120.0
+        watch.start()  # a new attempt: the records of the last go
+        writer = ProgressWriter(tmp_path / "progress", 1, stacks=False)
+        writer.phase("forward", 5)
+        try:
+            wait_for(watch.monitor.handling.is_set, timeout=30)
+            host.kill()
+            host.wait()
+            begun = time.monotonic()
+            watch.settle()
+            assert watch.monitor.handled.is_set() and time.monotonic() - begun < 30
+            (event,) = watch.monitor.events
+            assert (
+                event.report.splitlines()[1]
+                == "rank 1 (node node-1) is in forward at step 5; rank 0 waits in collective #1204 at step 5"
+            )
+        finally:
+            watch.close(grace_s=1.0)
+            writer.close()
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()

@@ -155,6 +155,7 @@ def run_workers(
             return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         wait_for_tees(recorder.stderrs.values())
+        watch.settle()
         if watch.stopped_this_attempt:  # not a later attempt's own failure
             raise _hang_failure(launch, watch, config) from None
         codes = {failure.exitcode for failure in err.failures.values()}
@@ -181,6 +182,7 @@ def run_workers(
     except Exception as err:
         from shoal.launch.rendezvous.explain import explain_failure, is_rendezvous_failure
 
+        watch.settle()
         if watch.stopping:  # the other nodes went on failing after this one stopped its workers
             raise _hang_failure(launch, watch, config) from None
         if not is_rendezvous_failure(err):

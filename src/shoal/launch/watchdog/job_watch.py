@@ -125,6 +125,13 @@ class JobWatch:
         local = {r.pid for r in event.hang.ranks if not r.remote}
         stop_processes(sorted(local | set(self._remaining())), self.grace_s)
 
+    def settle(self) -> None:
+        """Wait until a hang the monitor is reporting has been acted on (at most the wait for the
+        other nodes' stacks and this node's stop), so that the workers' end is told as that hang.
+        Across nodes the workers may fail first: the node hosting the store acted and left."""
+        if self.monitor.handling.is_set():
+            self.monitor.handled.wait(self.monitor.peer_wait_s + 2 * self.grace_s + 5)
+
     @property
     def stopped_this_attempt(self) -> bool:
         """The workers of the current attempt were stopped for a hang (their failure is the hang's)."""

@@ -87,6 +87,10 @@ class Monitor:
         self._shared_at = -float("inf")
         self._remote: list[RankProgress] = []
         self._share_failed = False
+        self.handling = threading.Event()
+        """Set while a hang is being reported and acted on (from its declaration until ``on_hang``
+        returned): the launch core waits on :attr:`handled` before it tells why the workers ended."""
+        self.handled = threading.Event()
 
     def start(self) -> Monitor:
         self._window_at = time.monotonic()
@@ -140,27 +144,36 @@ class Monitor:
             self._window_at = now
         if hang is None:
             return None
-        event = self._report(hang)
-        self.events.append(event)
-        lines = event.report.splitlines()
-        self._hang_line = lines[1] if len(lines) > 1 else lines[0]
-        self._write_verdict()
-        if self.on_hang is not None:
-            self.on_hang(event)
+        self.handled.clear()
+        self.handling.set()
+        try:
+            event = self._report(hang)
+            self.events.append(event)
+            lines = event.report.splitlines()
+            self._hang_line = lines[1] if len(lines) > 1 else lines[0]
+            self._write_verdict()
+            if self.on_hang is not None:
+                self.on_hang(event)
+        finally:
+            self.handling.clear()
+            self.handled.set()
         return event
 
-    def _share(self, local: list[RankProgress] | None) -> None:
+    def _share(self, local: list[RankProgress] | None) -> bool:
         """Publish this node's records (with each rank's ``where`` during a hang; nothing when
-        ``local`` is None) and fetch the other nodes'; a failure keeps the last ones, said once."""
+        ``local`` is None) and fetch the other nodes'; a failure keeps the last ones, said once.
+        False when the store could not be reached."""
         try:
             if self.publish is not None and local is not None:
                 self.publish(to_summary([dataclasses.replace(r, where=self._where.get(r.rank, "")) for r in local]))
             if self.peers is not None:
                 self._remote = [r for data in self.peers() for r in from_summary(data)]
+            return True
         except Exception as err:
             if not self._share_failed:
                 print(f"shoal: watchdog: cannot share progress with the other nodes: {err}", file=sys.stderr)
             self._share_failed = True
+            return False
 
     def _report(self, hang: Hang) -> HangEvent:
         directory = self.run_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
@@ -183,17 +196,19 @@ class Monitor:
 
     def _remote_places(self, hang: Hang) -> Hang:
         """The hang with the other nodes' ranks' ``where``, once their launchers (which see the same
-        hang within a share period) dumped and published them; at most ``peer_wait_s``."""
+        hang within a share period) dumped and published them; at most ``peer_wait_s``, and no
+        longer once the store is gone (the node hosting it acted on the hang and left)."""
         deadline = time.monotonic() + self.peer_wait_s
         while True:
-            self._share(None)  # fetch only
+            reached = self._share(None)  # fetch only
             latest = {r.rank: r for r in self._remote if r.where}
             ranks = [
                 dataclasses.replace(r, where=latest[r.rank].where) if r.remote and r.rank in latest else r
                 for r in hang.ranks
             ]
             hang = dataclasses.replace(hang, ranks=ranks)
-            if all(r.where for r in ranks if r.remote) or time.monotonic() >= deadline or self._stop.is_set():
+            done = all(r.where for r in ranks if r.remote)
+            if done or not reached or time.monotonic() >= deadline or self._stop.is_set():
                 return hang
             time.sleep(0.5)
 
