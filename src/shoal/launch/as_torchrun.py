@@ -26,6 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from shoal.errors import ShoalError
+from shoal.launch.exit_hook import add_exit_hook
 
 MODULE = "shoal.launch.as_torchrun"
 
@@ -118,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ranks, command = parse_argv(sys.argv[1:] if argv is None else argv)
         env = environment_for(os.environ, ranks)
+        add_exit_hook(env, command[0])  # a gloo group left open is left at exit (shoal.launch.exit_hook)
     except ShoalError as err:
         print(err.format(), file=sys.stderr, flush=True)
         return err.exit_code

@@ -14,6 +14,10 @@ the PID, so the agent's signals, exit codes and process-group kills reach the wo
    the pipe is gone, so it never cuts off the worker's last words; it holds an flock on the log
    meanwhile, which the launcher waits for before reading (:func:`shoal.launch.worker_logs.wait_for_tees`).
    The variable is removed before exec.
+3. A Python worker gets :mod:`shoal.launch.exit_hook` first on its ``PYTHONPATH``: its
+   ``sitecustomize`` leaves a gloo process group the script left open at exit (a torch bug otherwise
+   aborts about 1 worker in 8 after its work), then restores the worker's own ``PYTHONPATH``.
+   ``SHOAL_EXIT_HOOK=0`` leaves it out.
 """
 
 import fcntl
@@ -22,6 +26,7 @@ import select
 import signal
 import sys
 
+from shoal.launch.exit_hook import add_exit_hook
 from shoal.launch.process import die_with_parent
 
 _TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE)
@@ -77,6 +82,7 @@ def main(argv: list[str]) -> None:
     path = os.environ.pop("SHOAL_STDERR_LOG", None)
     if path:
         tee_stderr(path)
+    add_exit_hook(os.environ, argv[2])
     try:
         os.execvp(argv[2], argv[2:])
     except OSError as err:

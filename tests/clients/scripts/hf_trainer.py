@@ -64,11 +64,6 @@ def main():
         finished=True,
         pid=os.getpid(),
     )
-    # Leave the process group before exiting, as torch's docs ask: a process that exits with its gloo
-    # group alive can abort at interpreter shutdown ("terminate called without an active exception",
-    # SIGABRT, seen on a loaded machine; pytorch/pytorch#190489). HF's Trainer never destroys it.
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,75 @@
+"""Loaded by a ``shoal run`` worker's Python before the user's script (``site`` imports the first
+``sitecustomize`` on ``sys.path``; the worker shim puts this directory first on ``PYTHONPATH``).
+
+1. Registers :func:`leave_gloo_group` at exit.
+2. Restores the worker's own ``PYTHONPATH`` and ``sys.path`` (this directory leaves both), then
+   imports the ``sitecustomize`` this one shadowed, if any (a distribution's or a virtual
+   environment's), as ``site`` would have.
+
+Only the standard library here: it runs in every worker, before anything else.
+"""
+
+import atexit
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ORIGINAL_PATH_ENV = "SHOAL_ORIGINAL_PYTHONPATH"  # shoal.launch.exit_hook.ORIGINAL_PATH_ENV
+
+
+def leave_gloo_group() -> None:
+    """At exit, leave a gloo default process group the script left open, then collect garbage
+    (whenever ``torch.distributed`` was imported).
+
+    torch's gloo threads release a finished collective's tensors a moment after it returns, which
+    needs the GIL; when the interpreter is already shutting down, the thread dies mid-C++ and the
+    worker ends with SIGABRT ("terminate called without an active exception") after all its work:
+    about 1 run in 8 of a two-rank DDP script that never calls ``destroy_process_group`` (Lightning's
+    ``Trainer.fit`` is one), and as often after ``destroy_process_group()`` alone (21 of 175 runs);
+    none of 180 with a collection right after it. ``atexit`` runs while the interpreter is whole;
+    see :func:`shoal.distributed.process_group.destroy_process_group` and docs/BENCHMARKS.md. NCCL
+    groups are not destroyed here (their destruction may wait on peers that already left).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+            dist.destroy_process_group()
+    except Exception:  # never turn a finished script into a failed one
+        return
+    import gc
+
+    gc.collect()  # also after a script's own destroy_process_group(): that alone did not help
+
+
+def _restore_environment() -> None:
+    original = os.environ.pop(_ORIGINAL_PATH_ENV, None)
+    if original is not None:
+        if original == "-":
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = original
+    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
+
+
+def _chain() -> None:
+    """Import the ``sitecustomize`` that this one shadows (``site`` would have imported it)."""
+    this = sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401  (the next one on sys.path, now that this one left it)
+    except ImportError as err:
+        if err.name != "sitecustomize":
+            print(
+                f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}",
+                file=sys.stderr,
+            )
+        if this is not None:
+            sys.modules["sitecustomize"] = this
+    except Exception as err:  # as site.execsitecustomize says it
+        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}", file=sys.stderr)
+
+
+atexit.register(leave_gloo_group)
+_restore_environment()
+_chain()
