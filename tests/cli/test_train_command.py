@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import run_shoal
+from shoal.workloads.digits import TEST_SIZE
 
 pytestmark = pytest.mark.multiprocess
 
@@ -47,7 +48,10 @@ def test_demo_two_workers_reaches_accuracy_and_writes_outputs(tmp_path):
 def test_two_workers_equal_one_worker_with_double_batch(tmp_path):
     """2 workers x batch B and 1 worker x batch 2B see the same global batches: same weights."""
     common = ["train", "digits", "--device", "cpu", "--epochs", "3", "--seed", "7"]
-    two = run_shoal(*common, "--nproc", "2", "--batch-size", "16", "--out", str(tmp_path / "two"))
+    # --eval-samples changes what is evaluated, never what is trained.
+    two = run_shoal(
+        *common, "--nproc", "2", "--batch-size", "16", "--eval-samples", "101", "--out", str(tmp_path / "two")
+    )
     one = run_shoal(*common, "--nproc", "1", "--batch-size", "32", "--out", str(tmp_path / "one"))
     assert two.returncode == 0, two.stderr
     assert one.returncode == 0, one.stderr
@@ -58,6 +62,9 @@ def test_two_workers_equal_one_worker_with_double_batch(tmp_path):
     assert diff <= 1e-5, diff
     # ...and training moved the weights (the comparison is not between two untrained models).
     assert _metrics(tmp_path / "one")[-1]["test_accuracy"] > 0.9
+    # The first 101 test samples, each counted once by one of the 2 workers; all of them on one.
+    assert _metrics(tmp_path / "two")[-1]["test_samples"] == 101
+    assert _metrics(tmp_path / "one")[-1]["test_samples"] == TEST_SIZE
 
 
 def test_grad_accum_matches_larger_batch(tmp_path):

@@ -74,9 +74,13 @@ class TrainConfig:
     image_size: int = 32
     """synthetic: side of the square input images."""
     samples: int | None = None
-    """synthetic: training samples (default 1024); language: training windows (default 2048)."""
+    """synthetic: training samples (default 1024); language: training windows (default 2048); the
+    test set of both has an eighth as many (at least 1)."""
     eval_batch_size: int | None = None
     """Per-process batch size for evaluation (default 4 x --batch-size)."""
+    eval_samples: int | None = None
+    """Evaluate on the test set's first N samples only, still each once across the processes (default:
+    all; as Lightning's limit_val_batches or Hugging Face's max_eval_samples, for quick iterations)."""
     channels_last: bool | None = None
     """Convolutions in channels-last (NHWC) memory format: faster on CPU and GPU (default: on for conv models)."""
     progress: bool | None = None
@@ -127,6 +131,7 @@ class TrainConfig:
             ("--image-size", self.image_size),
             ("--samples", self.samples),
             ("--eval-batch-size", self.eval_batch_size),
+            ("--eval-samples", self.eval_samples),
             ("--keep", self.keep),
             ("--powersgd-rank", self.powersgd_rank),
         ):

@@ -125,6 +125,8 @@ def train(
         # Under FSDP, --amp bf16 is FSDP's mixed precision (bf16 compute, float32 reduce and shards):
         # its policy casts, so no autocast on top.
         model = ctx.wrap(model, strategy=cfg.strategy, **({"mixed_precision": cfg.amp} if fsdp else {}))
+        if cfg.eval_samples is not None:
+            data.test = _first(data.test, cfg.eval_samples)
         options = data.loader_options
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform, **options)
         eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
@@ -366,6 +368,13 @@ def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preem
     run.trained_now = True
 
 
+def _first(data: Any, n: int) -> Any:
+    """The first ``n`` samples of a workload's test set (tensors sliced, a Dataset as a Subset)."""
+    if isinstance(data, tuple):
+        return tuple(t[:n] for t in data)
+    return data if n >= len(data) else torch.utils.data.Subset(data, range(n))
+
+
 def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> dict[str, Any]:
     """Evaluate and log the epoch's metrics (metrics.jsonl, the console); the loop then reports them
     to the trackers and checkpoints on the epoch cadence."""
@@ -397,6 +406,7 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
         "train_loss": loss_total / max(count, 1),
         "test_loss": scores["loss"],
         **metrics,
+        "test_samples": int(scores["samples"]),
         "samples_per_s": tally.samples / train_s if train_s > 0 else float("nan"),
         "epoch_s": train_s + time.perf_counter() - started,
         "samples_seen": tally.samples,
