@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 from shoal.distributed.fsdp import apply_fsdp
+from shoal.distributed.process_group import destroy_process_group
 from shoal.distributed.wrap import apply_ddp, model_state_dict
 from shoal.workloads.language_model import TinyGPT, lm_loss
 
@@ -109,4 +110,6 @@ def finish() -> None:
     """The job's end: every rank here, then the process group gone (if there is one)."""
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        # Leave the group, then collect garbage: torchrun has no exit hook, and a gloo worker that
+        # exits right after destroy_process_group() alone can abort (CI, 2026-11-24).
+        destroy_process_group()

@@ -12,9 +12,12 @@ Only the standard library here: it runs in every worker, before anything else.
 import atexit
 import os
 import sys
+import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ORIGINAL_PATH_ENV = "SHOAL_ORIGINAL_PYTHONPATH"  # shoal.launch.exit_hook.ORIGINAL_PATH_ENV
+_SETTLE_S = 0.25
+"""At exit of a rank of a job of several, after the collection: the GIL free for this long."""
 
 
 def leave_gloo_group() -> None:
@@ -41,6 +44,12 @@ def leave_gloo_group() -> None:
     import gc
 
     gc.collect()  # also after a script's own destroy_process_group(): that alone did not help
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        # The GIL released for a moment, while the interpreter is whole: a gloo thread still holding
+        # a finished collective's tensors (its group kept alive by the script: Accelerate's state,
+        # a DDP model) releases them now. CI, 2026-11-24: an Accelerate script aborted under mpirun
+        # with the hook's collection alone, after Accelerator.end_training() left the group.
+        time.sleep(_SETTLE_S)
 
 
 def _restore_environment() -> None:
