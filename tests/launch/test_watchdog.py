@@ -448,12 +448,12 @@ def test_a_report_stops_waiting_for_the_other_nodes_once_their_store_is_gone_and
         writer = ProgressWriter(tmp_path / "progress", 1, stacks=False)
         writer.phase("forward", 5)
         try:
-            wait_for(watch.monitor.handling.is_set, timeout=30)
+            wait_for(lambda: not watch.monitor.idle.is_set(), timeout=30)
             host.kill()
             host.wait()
             begun = time.monotonic()
             watch.settle()
-            assert watch.monitor.handled.is_set() and time.monotonic() - begun < 30
+            assert watch.monitor.idle.is_set() and time.monotonic() - begun < 30
             (event,) = watch.monitor.events
             assert (
                 event.report.splitlines()[1]

@@ -129,8 +129,7 @@ class JobWatch:
         """Wait until a hang the monitor is reporting has been acted on (at most the wait for the
         other nodes' stacks and this node's stop), so that the workers' end is told as that hang.
         Across nodes the workers may fail first: the node hosting the store acted and left."""
-        if self.monitor.handling.is_set():
-            self.monitor.handled.wait(self.monitor.peer_wait_s + 2 * self.grace_s + 5)
+        self.monitor.idle.wait(self.monitor.peer_wait_s + 2 * self.grace_s + 5)
 
     @property
     def stopped_this_attempt(self) -> bool:

@@ -87,10 +87,10 @@ class Monitor:
         self._shared_at = -float("inf")
         self._remote: list[RankProgress] = []
         self._share_failed = False
-        self.handling = threading.Event()
-        """Set while a hang is being reported and acted on (from its declaration until ``on_hang``
-        returned): the launch core waits on :attr:`handled` before it tells why the workers ended."""
-        self.handled = threading.Event()
+        self.idle = threading.Event()
+        """Clear while a hang is being reported and acted on (from its declaration until ``on_hang``
+        returned): the launch core waits for it before it tells why the workers ended."""
+        self.idle.set()
 
     def start(self) -> Monitor:
         self._window_at = time.monotonic()
@@ -144,8 +144,7 @@ class Monitor:
             self._window_at = now
         if hang is None:
             return None
-        self.handled.clear()
-        self.handling.set()
+        self.idle.clear()
         try:
             event = self._report(hang)
             self.events.append(event)
@@ -155,8 +154,7 @@ class Monitor:
             if self.on_hang is not None:
                 self.on_hang(event)
         finally:
-            self.handling.clear()
-            self.handled.set()
+            self.idle.set()
         return event
 
     def _share(self, local: list[RankProgress] | None) -> bool:
