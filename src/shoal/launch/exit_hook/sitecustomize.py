@@ -63,20 +63,22 @@ def _restore_environment() -> None:
 
 
 def _chain() -> None:
-    """Import the ``sitecustomize`` that this one shadows (``site`` would have imported it)."""
+    """Import the ``sitecustomize`` that this one shadows (``site`` would have imported it), its
+    errors said as ``site`` says them."""
     this = sys.modules.pop("sitecustomize", None)
     try:
         import sitecustomize  # noqa: F401  (the next one on sys.path, now that this one left it)
     except ImportError as err:
-        if err.name != "sitecustomize":
-            print(
-                f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}",
-                file=sys.stderr,
-            )
         if this is not None:
             sys.modules["sitecustomize"] = this
-    except Exception as err:  # as site.execsitecustomize says it
-        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}", file=sys.stderr)
+        if err.name != "sitecustomize":
+            _said(err)
+    except Exception as err:
+        _said(err)
+
+
+def _said(err: BaseException) -> None:
+    print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}", file=sys.stderr)
 
 
 atexit.register(leave_gloo_group)
