@@ -108,9 +108,13 @@ def test_a_group_the_script_left_is_not_left_twice_and_the_hook_can_be_turned_of
 
 @pytest.mark.multiprocess
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (openmpi-bin)")
-def test_ranks_started_by_mpirun_get_the_hook_too(tmp_path):
-    # shoal launch --via mpirun: each rank is the process mpirun started, given torchrun's variables
-    # by shoal.launch.as_torchrun, which execs the script's Python with the hook.
+@pytest.mark.parametrize("report_status", [False, True], ids=["as_torchrun", "rank_status"])
+def test_ranks_started_by_mpirun_get_the_hook_too(tmp_path, report_status):
+    # Each rank is given torchrun's variables and the hook: by shoal.launch.as_torchrun, which execs
+    # the script's Python in the process mpirun started (`shoal launch mpirun`), or by
+    # shoal.jobs.hosts.rank_status, which runs it and reports its status (`shoal launch --via
+    # mpirun`; CI, 2026-11-24: the unchanged Lightning script aborted at exit on this path, which
+    # had no hook).
     from shoal.jobs.hosts.options import Here, HostsOptions, forwarded_env
     from shoal.jobs.hosts.render import render_mpirun
     from shoal.jobs.spec import JobSpec
@@ -127,7 +131,8 @@ def test_ranks_started_by_mpirun_get_the_hook_too(tmp_path):
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     command = (sys.executable, str(script), str(out), "keep")
     spec = JobSpec(command=command, master_port=find_free_port(), env=forwarded_env(env))
-    argv = render_mpirun(spec, HostsOptions(np=2), Here.detect())
+    argv = render_mpirun(spec, HostsOptions(np=2), Here.detect(), report_status=report_status)
+    assert ("shoal.jobs.hosts.rank_status" in argv) == report_status
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):

@@ -110,16 +110,23 @@ def parse_argv(argv: Sequence[str]) -> tuple[tuple[int, ...], list[str]]:
     return ranks, args
 
 
-def environment_for(command_env: Mapping[str, str], ranks_per_node: Sequence[int] = ()) -> dict[str, str]:
-    """``command_env`` with torchrun's variables added (see :func:`torchrun_variables`)."""
-    return {**command_env, **torchrun_variables(command_env, ranks_per_node)}
+def environment_for(
+    command_env: Mapping[str, str], command: Sequence[str], ranks_per_node: Sequence[int] = ()
+) -> dict[str, str]:
+    """The environment a rank's ``command`` starts with: ``command_env`` with torchrun's variables
+    added (see :func:`torchrun_variables`) and, when the command is this Python, the exit hook
+    (:mod:`shoal.launch.exit_hook`: a gloo group left open is left at exit). The one recipe for every
+    rank shoal starts under another launcher, exec'd here or run by
+    :mod:`shoal.jobs.hosts.rank_status`."""
+    env = {**command_env, **torchrun_variables(command_env, ranks_per_node)}
+    add_exit_hook(env, command[0])
+    return env
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         ranks, command = parse_argv(sys.argv[1:] if argv is None else argv)
-        env = environment_for(os.environ, ranks)
-        add_exit_hook(env, command[0])  # a gloo group left open is left at exit (shoal.launch.exit_hook)
+        env = environment_for(os.environ, command, ranks)
     except ShoalError as err:
         print(err.format(), file=sys.stderr, flush=True)
         return err.exit_code

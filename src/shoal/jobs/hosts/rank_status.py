@@ -1,12 +1,13 @@
 """Run one rank's command under mpirun and print its exit status for ``shoal launch`` to collect.
 
 ``python -m shoal.jobs.hosts.rank_status [--ranks-per-node N,...] -- COMMAND...`` (see
-:func:`shoal.jobs.hosts.render.render_mpirun`, ``report_status``) starts COMMAND with torchrun's
-variables added (:func:`shoal.launch.as_torchrun.torchrun_variables`, so an unchanged torchrun-style
-script runs), waits for it and writes ``shoal-rank-status: rank=R status=S`` to stderr, which mpirun relays to ``shoal launch``
-(:func:`shoal.jobs.hosts.processes.run_mpirun`). A signal sent to this process (mpirun stopping the job) is
-passed on to COMMAND, whose status is then reported as 128+N. Imports no torch: it adds about 0.3 s to each
-rank's start (measured on a busy 2-core machine; torch's own import takes 2-4 s).
+:func:`shoal.jobs.hosts.render.render_mpirun`, ``report_status``) starts COMMAND in the environment
+:func:`shoal.launch.as_torchrun.environment_for` gives a rank (torchrun's variables, so an unchanged
+torchrun-style script runs, and the exit hook), waits for it and writes
+``shoal-rank-status: rank=R status=S`` to stderr, which mpirun relays to ``shoal launch``
+(:func:`shoal.jobs.hosts.processes.run_mpirun`). A signal sent to this process (mpirun stopping the
+job) is passed on to COMMAND, whose status is then reported as 128+N. Imports no torch: it adds about
+0.3 s to each rank's start (measured on a busy 2-core machine; torch's own import takes 2-4 s).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
     try:
         ranks_per_node, command = parse_argv(sys.argv[1:] if argv is None else argv)
-        env = environment_for(os.environ, ranks_per_node)
+        env = environment_for(os.environ, command, ranks_per_node)
         proc = subprocess.Popen(command, env=env)
     except ShoalError as err:
         print(err.format(), file=sys.stderr, flush=True)

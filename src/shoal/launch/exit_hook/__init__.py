@@ -1,6 +1,6 @@
 """What a worker's Python loads before the user's script, on the paths where shoal starts the
 script's interpreter itself (``shoal run``'s workers through :mod:`shoal.launch.worker_shim`, each
-mpirun or srun rank through :mod:`shoal.launch.as_torchrun`): :func:`add_exit_hook` puts this
+mpirun or srun rank through :func:`shoal.launch.as_torchrun.environment_for`): :func:`add_exit_hook` puts this
 directory first on its ``PYTHONPATH``, and ``site`` imports its ``sitecustomize.py``, which leaves a
 gloo process group still open at exit (see
 :func:`shoal.launch.exit_hook.sitecustomize.leave_gloo_group`). Only the standard library here."""
