@@ -150,6 +150,9 @@ def main() -> int:
             print(f"torchrun-contract: {text}", flush=True)
         status = 1 if result["problems"] else 0
     dist.destroy_process_group()
+    import gc
+
+    gc.collect()  # a gloo thread's last release before the interpreter exits (docs/CLIENTS.md)
     return status
 
 

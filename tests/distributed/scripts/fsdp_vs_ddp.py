@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torchvision
 
 from shoal.distributed.fsdp import apply_fsdp, find_blocks, is_fsdp, load_full_state_dict
+from shoal.distributed.process_group import destroy_process_group
 from shoal.distributed.wrap import model_state_dict, wrap_model
 from shoal.workloads.language_model import TinyGPT, lm_loss, text_datasets
 
@@ -91,7 +92,7 @@ if ONLY_LOSSES:
             f"relative difference {max(diffs):.2e}, weights {result['max_weight_diff']:.2e}",
             flush=True,
         )
-    dist.destroy_process_group()
+    destroy_process_group()  # then a collection: under torchrun, no exit hook (docs/CLIENTS.md)
     sys.exit(0)
 
 # bf16 mixed precision on CPU: bf16 compute, float32 shards and reduction.
@@ -121,4 +122,4 @@ if rank == 0:
     with open(out_path, "w") as f:
         json.dump(result, f)
 dist.barrier()
-dist.destroy_process_group()
+destroy_process_group()
