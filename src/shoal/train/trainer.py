@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from shoal import __version__ as shoal_version
-from shoal.checkpoint.manager import CheckpointManager, restore
+from shoal.checkpoint.manager import CheckpointManager
 from shoal.context import Context
 from shoal.context import init as init_context
 from shoal.distributed.collectives import all_reduce_sum, broadcast_object
@@ -30,8 +30,9 @@ from shoal.evaluation import evaluate
 from shoal.preemption import Preempted, PreemptionWatch
 from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
-from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
+from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir
 from shoal.train.reporting import Reports, first_samples
+from shoal.train.run_state import RunState
 from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
 from shoal.workloads import get_workload, short_name
 from shoal.workloads.base import Workload
@@ -144,7 +145,7 @@ def train(
         state["tally"] = EpochTally(ctx.device)
         per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
         per_rank["comm_hook"] = comm_hook  # PowerSGD's error feedback and memories: exact resume
-        run = _Run(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
+        run = RunState(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
         run.workload, run.loss_fn = workload, loss_fn
         if fsdp:  # a rank short of test batches runs its extra collective forwards on the first sample
             first = first_samples(data.test, 1, ctx.device)
@@ -194,106 +195,7 @@ def train(
 _FIX_HINT = "fix your workload's code at that line (its Dataset, model or loss), then run the same command again"
 
 
-class _Run:
-    """Where the run stands (epoch, step, whether the epoch's training part is done) and its I/O."""
-
-    def __init__(self, cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports) -> None:
-        self.cfg, self.ctx, self.plan, self.out, self.reports = cfg, ctx, plan, out, reports
-        self.outputs: RunOutputs | None = outputs
-        self.checkpoints: CheckpointManager = checkpoints
-        self.state, self.per_rank = state, per_rank
-        self.epoch, self.global_step = 1, 0
-        self.epoch_trained = False  # the epoch's training pass is done, its evaluation is not
-        self.resumed_from: Path | None = None
-        self.trained_now = False
-        self.workload: Workload | None = None
-        self.loss_fn: Any = None
-        self.eval_filler: torch.Tensor | None = None
-        """FSDP: the input of a rank's extra evaluation forwards (see :func:`shoal.evaluation.evaluate`)."""
-        self.progress: Any = ctx.progress()
-        self.buffers = [b for b in state["model"].buffers() if b.numel()]
-
-    @property
-    def tally(self) -> EpochTally:
-        return self.state["tally"]
-
-    def resume(self) -> None:
-        cfg = self.cfg
-        if cfg.resume == "never":
-            checkpoint = None
-        elif cfg.resume == "auto":
-            checkpoint = self.checkpoints.load_latest()
-        else:
-            checkpoint = self.checkpoints.load(cfg.resume)
-        started = broadcast_object(self.outputs.started if self.outputs else None)
-        if checkpoint is None:
-            if started and cfg.resume == "never":
-                refuse_existing_run(self.out, "previous")
-            if started and self.outputs:
-                # Without a checkpoint to resume from, only a run that logged nothing yet (killed
-                # in its first epoch) may be started over: anything else would lose results.
-                if self.outputs.finished or self.outputs.logged_epochs():
-                    refuse_existing_run(self.out, "finished" if self.outputs.finished else "previous")
-                self.ctx.print(f"shoal: {self.out} has no checkpoint yet: starting from the beginning")
-            return
-        restore(checkpoint, self.state, per_rank=self.per_rank)
-        extra = checkpoint.extra
-        self.reports.load_state_dict(extra.get("tracker"))
-        self.epoch, self.global_step = int(extra["epoch"]), checkpoint.step
-        self.epoch_trained = bool(extra["epoch_trained"])
-        if extra.get("epoch_logged"):
-            self.epoch, self.epoch_trained = self.epoch + 1, False
-            self.tally.reset()
-        self.resumed_from = checkpoint.path
-        if self.outputs:
-            self.outputs.keep_epochs(self.epoch - 1)
-
-    def save(self, *, epoch_end: bool, force: bool = False) -> Path | None:
-        """Checkpoint now if the manager says it is due (collective: on every rank)."""
-        final = epoch_end and self.epoch == self.plan.epochs
-        if not self.checkpoints.due(
-            epoch=self.epoch, step=self.global_step, epoch_end=epoch_end, final=final, force=force
-        ):
-            return None
-        self.progress.collective()
-        self.tally.consolidate()
-        self.sync_buffers()
-        self.progress.phase("checkpoint")
-        extra = {"epoch": self.epoch, "epoch_trained": self.epoch_trained, "epoch_logged": epoch_end}
-        if self.outputs is not None:
-            extra["config"] = self.cfg.to_dict()
-            extra["tracker"] = self.reports.state_dict()
-        return self.checkpoints.save(
-            epoch=self.epoch, step=self.global_step, objects=self.state, extra=extra, per_rank=self.per_rank
-        )
-
-    def sync_buffers(self) -> None:
-        """Rank 0's buffers (BatchNorm's running statistics) to every rank, before evaluations and saves.
-
-        Rank 0's are the model's (model.pt, the checkpoint), and every rank must evaluate with them
-        for the evaluation to be the saved model's. Neither wrapper guarantees it: FSDP shards
-        parameters, not buffers, and never broadcasts them, so each rank's statistics follow its own
-        batches; DDP broadcasts rank 0's before each forward, which then updates them with the rank's
-        own batch. Training is unaffected (it uses each batch's statistics)."""
-        if self.ctx.world_size <= 1 or not self.buffers:
-            return
-        import torch.distributed as dist
-
-        self.progress.collective()
-        for buffer in self.buffers:
-            dist.broadcast(buffer, src=0)
-
-    def wait_for_checkpoint(self) -> None:
-        """Until an async checkpoint in flight is written (every rank, before returning or exiting)."""
-        self.checkpoints.wait()
-
-    def next_epoch(self) -> None:
-        self.epoch += 1
-        self.epoch_trained = False
-        self.tally.reset()
-
-
-def _train_epoch(run: _Run, step: Step, loader: Any, schedule: LRSchedule, preemption: PreemptionWatch) -> None:
+def _train_epoch(run: RunState, step: Step, loader: Any, schedule: LRSchedule, preemption: PreemptionWatch) -> None:
     """This rank's pass over the rest of the epoch's shard, checkpointing on the cadence."""
     ctx, cfg, tally = run.ctx, run.cfg, run.tally
     step.model.train()
@@ -375,7 +277,7 @@ def _first(data: Any, n: int) -> Any:
     return data if n >= len(data) else torch.utils.data.Subset(data, range(n))
 
 
-def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> dict[str, Any]:
+def _finish_epoch(run: RunState, model: nn.Module, test_loader: Any, step: Step) -> dict[str, Any]:
     """Evaluate and log the epoch's metrics (metrics.jsonl, the console); the loop then reports them
     to the trackers and checkpoints on the epoch cadence."""
     ctx, tally, progress = run.ctx, run.tally, run.progress
@@ -427,7 +329,7 @@ def _finish_epoch(run: _Run, model: nn.Module, test_loader: Any, step: Step) -> 
     return record
 
 
-def _preempted(run: _Run, signum: int, path: Path | None) -> Preempted:
+def _preempted(run: RunState, signum: int, path: Path | None) -> Preempted:
     name = signal.Signals(signum).name
     where = f" to {path}" if path else ""
     return Preempted(
@@ -473,7 +375,7 @@ def _open_run(cfg: TrainConfig, ctx: Context, *, prepared: bool) -> tuple[Path, 
     return out, outputs, manager
 
 
-def _announce(run: _Run, derived: dict[str, Any], launch: dict[str, Any] | None) -> None:
+def _announce(run: RunState, derived: dict[str, Any], launch: dict[str, Any] | None) -> None:
     """Rank 0's start lines, and config.json (the resolved config, what was derived, the machine)."""
     cfg, ctx, plan = run.cfg, run.ctx, run.plan
     started = derived.get("start_method")
