@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from conftest import run_shoal
@@ -18,22 +20,29 @@ def _assert_clean_error(result, *needles):
         assert needle in err, err
 
 
+TORCH = re.compile(r"^import time:.*\|\s+torch$", re.M)
+"""``import torch`` in ``-X importtime``'s lines (``PYTHONPROFILEIMPORTTIME=1``)."""
+
+
 @pytest.mark.parametrize(
-    "args, needles",
+    "args, needles, before_torch",
     [
-        (["train", "imagenet"], ["unknown workload 'imagenet'", "digits"]),
-        (["train", "synthetic", "--arch", "resnet7"], ["unknown architecture 'resnet7'", "resnet18"]),
-        (["train", "digits", "--nproc", "0"], ["--nproc must be at least 1"]),
-        (["train", "digits", "--batch-size", "0"], ["--batch-size must be at least 1"]),
-        (["train", "digits", "--device", "cuda"], ["CUDA is not available"]),
-        (["train", "digits", "--amp", "fp8"], ["--amp 'fp8' is not one of"]),
-        (["train", "mnist"], ["needs a data directory", "--data"]),
+        (["train", "imagenet"], ["unknown workload 'imagenet'", "digits"], True),
+        (["train", "pkg.module:"], ["workload spec 'pkg.module:' is incomplete"], True),
+        (["train", "synthetic", "--arch", "resnet7"], ["unknown architecture 'resnet7'", "resnet18"], False),
+        (["train", "digits", "--nproc", "0"], ["--nproc must be at least 1"], True),
+        (["train", "digits", "--batch-size", "0"], ["--batch-size must be at least 1"], True),
+        (["train", "digits", "--device", "cuda"], ["CUDA is not available"], False),
+        (["train", "digits", "--amp", "fp8"], ["--amp 'fp8' is not one of"], True),
+        (["train", "mnist"], ["needs a data directory", "--data"], False),
     ],
 )
-def test_bad_input_is_one_line_with_hint(args, needles, tmp_path):
-    result = run_shoal(*args, "--out", str(tmp_path / "out"), timeout=120)
+def test_bad_input_is_one_line_with_hint(args, needles, before_torch, tmp_path):
+    result = run_shoal(*args, "--out", str(tmp_path / "out"), timeout=120, env={"PYTHONPROFILEIMPORTTIME": "1"})
     _assert_clean_error(result, *needles)
     assert not (tmp_path / "out" / "config.json").exists()
+    # A flag or a workload name that is wrong on its face is said before torch loads (2-3 s of CPU).
+    assert bool(TORCH.search(result.stderr)) is not before_torch, args
 
 
 def test_missing_dataset_names_files_and_download(tmp_path):

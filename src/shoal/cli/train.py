@@ -78,8 +78,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from shoal.launch.options import LaunchOptions
     from shoal.train.config import TrainConfig
+    from shoal.workloads.spec import check_form
+
+    # The flags and the workload's name are checked before torch is imported (2-3 s of CPU): bad
+    # input fails at once.
+    check_form(args.workload)
+    cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
+    launch = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
     from shoal.train.job import run_training
 
-    cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
-    run_training(cfg, LaunchOptions.from_environment(given_fields(args, args.launch_fields)))
+    run_training(cfg, launch)
     return 0

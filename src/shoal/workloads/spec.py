@@ -36,19 +36,28 @@ BUNDLED: dict[str, str] = {
 SPEC_FORMS = "digits, mnist, cifar10, synthetic, pkg.module:Name or path/to/file.py:Name"
 
 
-def resolve(spec: str) -> Workload:
-    """The workload ``spec`` names, as an instance (a fresh one for a class or a factory)."""
+def check_form(spec: str) -> None:
+    """A ShoalError if ``spec`` cannot name a workload (empty, an unknown bundled name, a ``:`` with
+    nothing on one side), without importing anything: ``shoal train`` says so before torch loads."""
     if not isinstance(spec, str) or not spec.strip():
         raise ShoalError(f"a workload spec must be a non-empty string, got {spec!r}", f"pass one of: {SPEC_FORMS}")
     if spec in BUNDLED:
-        return _instantiate(_import_target(BUNDLED[spec]), spec)
+        return
     if ":" not in spec:
         raise ShoalError(
             f"unknown workload {spec!r}",
             f"choose one of: {', '.join(BUNDLED)} (e.g. `shoal train digits`), or your own as "
             "pkg.module:Name or path/to/file.py:Name",
         )
-    return _instantiate(_import_target(spec), spec)
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ShoalError(f"workload spec {spec!r} is incomplete", "write it as pkg.module:Name or path/to/file.py:Name")
+
+
+def resolve(spec: str) -> Workload:
+    """The workload ``spec`` names, as an instance (a fresh one for a class or a factory)."""
+    check_form(spec)
+    return _instantiate(_import_target(BUNDLED.get(spec, spec)), spec)
 
 
 def label(workload: Any) -> str:
@@ -69,9 +78,7 @@ def short_name(spec: str) -> str:
 
 
 def _import_target(spec: str) -> Any:
-    where, _, name = spec.rpartition(":")
-    if not where or not name:
-        raise ShoalError(f"workload spec {spec!r} is incomplete", "write it as pkg.module:Name or path/to/file.py:Name")
+    where, _, name = spec.rpartition(":")  # complete: check_form said so
     module = _load_file(where, spec) if where.endswith(".py") or "/" in where else _load_module(where, spec)
     target: Any = module
     for part in name.split("."):
