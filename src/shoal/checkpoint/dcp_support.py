@@ -30,13 +30,24 @@ def dcp_reason(err: BaseException) -> str:
     return first_line(err)
 
 
+SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+"""How DCP's warning starts, on every save and load in one plain process, that it assumes one
+process (which is what ``no_dist`` asks for)."""
+
+
 @contextlib.contextmanager
 def quiet_single_process() -> Any:
-    """DCP warns on every save and load in one plain process that it assumes one process (that is
-    what no_dist asks for): drop that warning, keep the others."""
+    """Drop DCP's single-process warning for the calls inside; keep the others."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         yield
+
+
+def quiet_single_process_writer() -> None:
+    """Drop DCP's single-process warning from now on, in this process: an async save warns from
+    DCP's writer thread, after :func:`quiet_single_process` has restored the filters. The filter
+    matches that one message only (adding it again replaces it)."""
+    warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
 
 
 def checkpoint_group() -> Any:

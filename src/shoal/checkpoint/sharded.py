@@ -53,7 +53,13 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from shoal.checkpoint.dcp_support import SafeLoadPlanner, checkpoint_group, dcp_reason, quiet_single_process
+from shoal.checkpoint.dcp_support import (
+    SafeLoadPlanner,
+    checkpoint_group,
+    dcp_reason,
+    quiet_single_process,
+    quiet_single_process_writer,
+)
 from shoal.checkpoint.rng import capture_rng, restore_rng
 from shoal.checkpoint.sharded_files import (
     FORMAT,
@@ -212,6 +218,8 @@ def save_sharded(
         pending.blocked_s = time.perf_counter() - started
         return pending
 
+    if group is None:
+        quiet_single_process_writer()
     with quiet_single_process():
         upload = dcp.async_save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
     upload = getattr(upload, "upload_completion", upload)  # an AsyncSaveResponse with a custom stager
