@@ -12,6 +12,9 @@ EXIT_ANOTHER_NODE_FAILED = 75
 the failing node's own status (a Python error exits 1) so that whoever gathers the nodes' statuses
 (``shoal launch``, ``sacct``, a Kubernetes pod list) can tell the cause from its consequences;
 75 lies in sysexits' range, clear of Python's 1, the shells' 126/127 and 128+N for signal N."""
+EXIT_HUNG = 124
+"""Exit status of a launcher that stopped a hung job (``--on-hang stop``): GNU ``timeout``'s when the
+command timed out, so scripts that already handle ``timeout`` read it the same way."""
 
 
 class ShoalError(Exception):

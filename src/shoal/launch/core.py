@@ -33,7 +33,7 @@ from typing import Any
 
 from shoal.console import write_line
 from shoal.env.host import threads_per_process
-from shoal.errors import ShoalError, first_line
+from shoal.errors import EXIT_HUNG, ShoalError, first_line
 from shoal.launch.failures import describe_child_failure
 from shoal.launch.oom import memory_state
 from shoal.launch.ports import check_port_free
@@ -47,7 +47,7 @@ from shoal.launch.rendezvous.handlers import (
     register_backends,
 )
 from shoal.launch.rendezvous.plan import RendezvousPlan
-from shoal.launch.watchdog import HANG_EXIT_CODE, JobWatch
+from shoal.launch.watchdog import JobWatch
 from shoal.launch.worker_logs import recording_logs_specs, wait_for_tees
 from shoal.progress import ENV_DIR
 
@@ -240,7 +240,7 @@ def _hang_failure(launch: Launch, watch: JobWatch, config: Any) -> WorkersFailed
         what = "stopped the workers: they hung (--on-hang stop)"
     else:
         what = f"the workers hung and no restart is left (--max-restarts {config.max_restarts}; --on-hang restart)"
-    return WorkersFailed(f"{launch.prog}: {what}\n{event.report}", exit_code=HANG_EXIT_CODE)
+    return WorkersFailed(f"{launch.prog}: {what}\n{event.report}", exit_code=EXIT_HUNG)
 
 
 def function_worker(function: Callable[..., Any], *args: Any) -> Any:

@@ -24,14 +24,13 @@ from __future__ import annotations
 from shoal.launch.watchdog.hangs import Hang, HangDetector, activity, format_ranks, hang_report, where
 from shoal.launch.watchdog.job_watch import JobWatch
 from shoal.launch.watchdog.monitor import Monitor
-from shoal.launch.watchdog.options import HANG_EXIT_CODE, ON_HANG, hang_options
+from shoal.launch.watchdog.options import ON_HANG, hang_options
 from shoal.launch.watchdog.processes import stop_processes
 from shoal.launch.watchdog.stacks import dump_all_stacks, dump_stacks
 from shoal.launch.watchdog.stragglers import StragglerJudge
 from shoal.launch.watchdog.verdict import VERDICT_FILE, write_verdict
 
 __all__ = [
-    "HANG_EXIT_CODE",
     "ON_HANG",
     "VERDICT_FILE",
     "Hang",

@@ -20,8 +20,6 @@ SLOW_FACTOR = 4.0
 STOP_GRACE_S = 5.0
 """``--on-hang stop|restart``: how long a hung rank gets after SIGTERM before SIGKILL (a rank blocked in
 a collective runs no Python handler; one that does, such as the preemption handler, gets to exit)."""
-HANG_EXIT_CODE = 124
-"""``--on-hang stop``: the launcher's exit status (as GNU ``timeout``'s when the command timed out)."""
 WATCHDOG_ENV = "SHOAL_WATCHDOG"
 """``SHOAL_WATCHDOG=0`` in the launcher's environment turns the watchdog off (for an A/B measurement)."""
 
