@@ -4,7 +4,6 @@ error reduced to one line, and the process group of its own its collectives run 
 
 from __future__ import annotations
 
-import contextlib
 import io
 import warnings
 from typing import Any
@@ -35,18 +34,13 @@ SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uninitia
 process (which is what ``no_dist`` asks for)."""
 
 
-@contextlib.contextmanager
-def quiet_single_process() -> Any:
-    """Drop DCP's single-process warning for the calls inside; keep the others."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
-        yield
+def quiet_single_process() -> None:
+    """Drop DCP's single-process warning in this process from now on; keep every other warning.
 
-
-def quiet_single_process_writer() -> None:
-    """Drop DCP's single-process warning from now on, in this process: an async save warns from
-    DCP's writer thread, after :func:`quiet_single_process` has restored the filters. The filter
-    matches that one message only (adding it again replaces it)."""
+    A filter for that one message, added before each DCP call in one process (adding it again
+    replaces it): not a ``catch_warnings`` block around the call, because an async save warns from
+    DCP's writer thread after such a block has restored the filters (and the block would swap the
+    process-wide filters under that thread)."""
     warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
 
 

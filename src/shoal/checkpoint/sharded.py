@@ -53,13 +53,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from shoal.checkpoint.dcp_support import (
-    SafeLoadPlanner,
-    checkpoint_group,
-    dcp_reason,
-    quiet_single_process,
-    quiet_single_process_writer,
-)
+from shoal.checkpoint.dcp_support import SafeLoadPlanner, checkpoint_group, dcp_reason, quiet_single_process
 from shoal.checkpoint.rng import capture_rng, restore_rng
 from shoal.checkpoint.sharded_files import (
     FORMAT,
@@ -202,10 +196,11 @@ def save_sharded(
 
     writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
     pending = PendingSave(final)
+    if group is None:
+        quiet_single_process()
     if not async_:
         try:
-            with quiet_single_process():
-                dcp.save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
+            dcp.save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
         except (Exception, CheckpointException) as err:
             raise ShoalError(
                 f"saving the checkpoint {final} failed: {dcp_reason(err)}",
@@ -218,10 +213,7 @@ def save_sharded(
         pending.blocked_s = time.perf_counter() - started
         return pending
 
-    if group is None:
-        quiet_single_process_writer()
-    with quiet_single_process():
-        upload = dcp.async_save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
+    upload = dcp.async_save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
     upload = getattr(upload, "upload_completion", upload)  # an AsyncSaveResponse with a custom stager
     pending.blocked_s = time.perf_counter() - started
 
@@ -267,15 +259,17 @@ def load_sharded(
 
     import torch.distributed.checkpoint as dcp
 
+    single = not collectives.is_initialized()
+    if single:
+        quiet_single_process()
     try:
-        with quiet_single_process():
-            dcp.load(
-                to_load,
-                storage_reader=dcp.FileSystemReader(str(path)),
-                planner=SafeLoadPlanner(),
-                process_group=checkpoint_group(),
-                no_dist=not collectives.is_initialized(),
-            )
+        dcp.load(
+            to_load,
+            storage_reader=dcp.FileSystemReader(str(path)),
+            planner=SafeLoadPlanner(),
+            process_group=checkpoint_group(),
+            no_dist=single,
+        )
     except (Exception, CheckpointException) as err:
         raise ShoalError(
             f"checkpoint {path} does not fit this model or optimizer: {dcp_reason(err)}",

@@ -81,8 +81,8 @@ def inspect_sharded(path: str | os.PathLike) -> dict[str, Any]:
             raise ShoalError(f"{path} is truncated: shard {name} has {size} of {end} bytes", "delete it")
     state: dict[str, Any] = {"shoal": b""}
     try:
-        with quiet_single_process():
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+        quiet_single_process()
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
         blob = torch.load(io.BytesIO(state["shoal"]), weights_only=True)
         extra = dict(blob["extra"])
     except (Exception, CheckpointException) as err:
