@@ -55,7 +55,7 @@ def test_the_workloads_defaults_fill_the_config_once(user_dir):
     instance = get_workload("my_workload.py:Tiny")
     instance.defaults = {"epochs": 5, "epoch": 1}
     with pytest.raises(ShoalError, match="unknown key.*epoch$") as info:
-        TrainConfig(workload="x").resolved(instance)
+        TrainConfig(workload="my_workload.py:Tiny").resolved(instance)
     assert "warmup_epochs" in info.value.hint
 
 

@@ -78,11 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from shoal.launch.options import LaunchOptions
     from shoal.train.config import TrainConfig
-    from shoal.workloads.spec import check_form
 
-    # The flags and the workload's name are checked before torch is imported (2-3 s of CPU): bad
-    # input fails at once.
-    check_form(args.workload)
+    # The flags and the workload's name are checked (TrainConfig, LaunchOptions) before torch is
+    # imported (2-3 s of CPU): bad input fails at once.
     cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
     launch = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
     from shoal.train.job import run_training

@@ -21,6 +21,7 @@ from shoal.distributed.comm_hooks import COMM_HOOKS, check_comm_hook
 from shoal.env.grace import PREEMPT_GRACE_S
 from shoal.errors import ShoalError
 from shoal.tracking.spec import parse_spec, require_installed
+from shoal.workloads.spec import check_form
 
 LR_SCALING = ("none", "linear", "sqrt")
 AMP_MODES = ("off", "bf16", "fp16")
@@ -125,6 +126,7 @@ class TrainConfig:
     """Rows of the per-epoch table of test predictions (id, image, guess, truth, scores); 0: none."""
 
     def __post_init__(self) -> None:
+        check_form(self.workload)  # the name alone, nothing imported: bad input fails before torch loads
         for flag, value in (
             ("--epochs", self.epochs),
             ("--grad-accum", self.grad_accum),

@@ -38,7 +38,8 @@ SPEC_FORMS = "digits, mnist, cifar10, synthetic, pkg.module:Name or path/to/file
 
 def check_form(spec: str) -> None:
     """A ShoalError if ``spec`` cannot name a workload (empty, an unknown bundled name, a ``:`` with
-    nothing on one side), without importing anything: ``shoal train`` says so before torch loads."""
+    nothing on one side), without importing anything: :class:`shoal.train.config.TrainConfig` checks
+    it with the flags, so ``shoal train`` says so before torch loads."""
     if not isinstance(spec, str) or not spec.strip():
         raise ShoalError(f"a workload spec must be a non-empty string, got {spec!r}", f"pass one of: {SPEC_FORMS}")
     if spec in BUNDLED:
