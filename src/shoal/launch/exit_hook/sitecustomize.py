@@ -47,8 +47,9 @@ def leave_gloo_group() -> None:
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         # The GIL released for a moment, while the interpreter is whole: a gloo thread still holding
         # a finished collective's tensors (its group kept alive by the script: Accelerate's state,
-        # a DDP model) releases them now. CI, 2026-11-24: an Accelerate script aborted under mpirun
-        # with the hook's collection alone, after Accelerator.end_training() left the group.
+        # a DDP model) releases them now. Added for an Accelerate abort under mpirun that later
+        # proved to be on a path without this hook (shoal.jobs.hosts.rank_status, since fixed);
+        # kept as a cheap guard (about 0.1-0.3 s a launch), its own effect not measured.
         time.sleep(_SETTLE_S)
 
 
