@@ -58,6 +58,7 @@ def test_smoke_startup_report(tmp_path: Path):
     assert rows["torchrun"]["vs_torchrun"] == pytest.approx(1.0)
     for r in rows.values():
         assert 0 < r["first_step_s"] <= r["exit_s"]
+        assert r["cpu_s"] > 0.5  # at least two interpreters that import torch (the launcher, a worker)
         assert r["first_step_runs"] and r["vs_torchrun"] == pytest.approx(r["first_step_s"] / base)
         assert r["vs_torchrun_paired"] == pytest.approx(r["vs_torchrun"])  # one round: the same ratio
         assert r["failed_runs"] == 0

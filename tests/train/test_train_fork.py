@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,22 +209,34 @@ def test_torch_work_in_prepare_does_not_hang_forked_workers(tmp_path):
     assert "epoch 1/1" in result.stdout
 
 
-def _train(out: Path, *extra: str):
+def _train(out: Path, *extra: str, env: dict[str, str] | None = None):
     return run_shoal(
-        "train", "digits", "--nproc", "2", "--epochs", "1", "--device", "cpu", "--out", str(out), *extra, timeout=240
-    )
+        "train", "digits", "--nproc", "2", "--epochs", "1", "--device", "cpu", "--out", str(out), *extra,
+        timeout=240, env=env,
+    )  # fmt: skip
+
+
+DYNAMO_IMPORTED = re.compile(r"^import time:.*\|\s+torch\._dynamo\.convert_frame$", re.M)
+"""A process importing ``torch._dynamo`` in ``-X importtime``'s lines (``PYTHONPROFILEIMPORTTIME=1``):
+one of its modules, since the package's own line is missing when ``torch.__getattr__`` imports it
+(as DDP's ``torch._dynamo.utils`` does)."""
 
 
 @pytest.mark.slow
 def test_shoal_train_forks_on_cpu_and_matches_spawn(tmp_path):
     """Default (auto) on CPU: fork, announced and recorded; --start-method spawn gives the same
-    weights bit for bit (the forked workers inherit nothing that changes the run)."""
-    forked = _train(tmp_path / "fork")
+    weights bit for bit (the forked workers inherit nothing that changes the run). torch._dynamo,
+    which every worker's first step imports, is imported once by the launcher for forked workers,
+    and by each spawned one."""
+    importtime = {"PYTHONPROFILEIMPORTTIME": "1"}
+    forked = _train(tmp_path / "fork", env=importtime)
     assert forked.returncode == 0, forked.stderr + forked.stdout
     assert "workers started by fork" in forked.stdout
-    spawned = _train(tmp_path / "spawn", "--start-method", "spawn")
+    spawned = _train(tmp_path / "spawn", "--start-method", "spawn", env=importtime)
     assert spawned.returncode == 0, spawned.stderr + spawned.stdout
     assert "workers started by spawn" in spawned.stdout
+    assert len(DYNAMO_IMPORTED.findall(forked.stderr)) == 1, forked.stderr[-3000:]
+    assert len(DYNAMO_IMPORTED.findall(spawned.stderr)) == 2, spawned.stderr[-3000:]
     for name, result in (("fork", forked), ("spawn", spawned)):
         out = tmp_path / name
         config = json.loads((out / "config.json").read_text())

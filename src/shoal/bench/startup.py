@@ -6,6 +6,8 @@ optimizer step imports ``torch._dynamo``, about 2 s here, which any real first s
 each rank then writes ``time.time()`` to a file. The figure is the last rank's
 stamp minus the moment just before the command was started (same clock, same machine), so it
 includes the interpreter and torch imports, the launcher, the rendezvous and the process group.
+``cpu (s)`` is the CPU time (user + system) of the command and every process it waited for: what a
+start-up costs a machine with fewer cores than processes, where the wall time hides it in overlap.
 Variants run interleaved, rotated every round, after an untimed warm-up round (page cache); the
 median of ``--repeat`` rounds is reported, with the ratio to torchrun's median and the *paired*
 ratio (the median over rounds of each run against torchrun's in the same round: steadier on a shared
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import signal
 import subprocess
@@ -166,9 +169,11 @@ def _probe_call(method: str, nproc: int, out: Path) -> str:
 
 
 def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
-    """Start ``cmd``; return seconds to the first step (all ranks) and to exit."""
+    """Start ``cmd``; return seconds to the first step (all ranks) and to exit, and the CPU seconds
+    (user + system) of the command and every process it waited for (its workers)."""
     out.mkdir(parents=True)
     seen: dict[str, float] = {}
+    used_before = _children_cpu_s()
     start = time.time()
     proc = subprocess.Popen(
         cmd.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=_env()
@@ -193,6 +198,7 @@ def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
             f"`{shlex.join(cmd.argv)}` took more than {RUN_TIMEOUT_S:.0f} s", "is the machine overloaded?"
         ) from None
     done = time.time()
+    cpu_s = _children_cpu_s() - used_before
     reader.join(timeout=5)
     if rc != 0:
         tail = "".join(lines[-15:]).rstrip()
@@ -210,7 +216,14 @@ def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
                 "has the epoch line of shoal train changed?",
             )
         first = seen["first"]
-    return {"first_step_s": first - start, "exit_s": done - start}
+    return {"first_step_s": first - start, "exit_s": done - start, "cpu_s": cpu_s}
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's ended children and of what they waited for (RUSAGE_CHILDREN):
+    on a machine with fewer cores than processes, what the start-up costs rather than how it overlaps."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def _failure_summary(message: str) -> str:
@@ -293,6 +306,7 @@ def _rows(names, runs, failures, commands_shown) -> list[dict[str, Any]]:
                 "first_step_runs": [r["first_step_s"] for r in runs[name]],
                 "failed_runs": len(failures[name]),
                 "exit_s": median(r["exit_s"] for r in runs[name]),
+                "cpu_s": median(r["cpu_s"] for r in runs[name]),
                 "vs_torchrun": first / base,
                 # Paired: each run against torchrun's in the same round (the same spell of a shared machine).
                 "vs_torchrun_paired": paired_ratio({r["round"]: r["first_step_s"] for r in runs[name]}, base_by_round),
@@ -312,7 +326,7 @@ def text(report: dict[str, Any]) -> list[str]:
         f"paired = median of per-round ratios to torchrun",
         "",
         rep.table(
-            ["variant", "first step (s)", "vs torchrun", "paired", "exit (s)", "kind", "command"],
+            ["variant", "first step (s)", "vs torchrun", "paired", "exit (s)", "cpu (s)", "kind", "command"],
             [
                 [
                     r["variant"],
@@ -320,12 +334,13 @@ def text(report: dict[str, Any]) -> list[str]:
                     _ratio(r["vs_torchrun"]),
                     _ratio(r["vs_torchrun_paired"]),
                     f"{r['exit_s']:.2f}",
+                    f"{r['cpu_s']:.2f}",
                     r["kind"],
                     _short(r["command"]),
                 ]
                 for r in report["rows"]
             ],
-            align="lrrrrll",
+            align="lrrrrrll",
         ),
     ]
 

@@ -11,7 +11,8 @@ have
 * run a torch operation on more than one intra-op thread: GNU libgomp (torch's OpenMP on Linux) is
   not fork-safe, and a child whose parent has started its thread pool hangs in its first parallel
   region (tests/train/test_train_fork.py shows it). What runs here: the config, the environment, the
-  workload's ``prepare()``, the device check and the run directory: no torch computation, except
+  workload's ``prepare()``, the device check, ``import torch._dynamo`` for the workers
+  (:func:`_import_for_forked_workers`) and the run directory: no torch computation, except
   torchvision's MNIST reader when ``--download`` fetches the files (it converts the labels with
   ``.long()``, a parallel op on 60,000 elements); :func:`_fork_safe` makes any such op run on this
   thread alone.
@@ -106,6 +107,8 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
         _prepare(workload, cfg)
     device = workers_device(cfg.device, options.nproc, spawned=options.start_method == "spawn")
     method = resolve_start_method(options.start_method, device.type)
+    if method == "fork":
+        _import_for_forked_workers()
     if cfg.out is None:
         if options.several_nodes:
             # A name made up per attempt would change on every restart, and a restarted group must
@@ -136,6 +139,18 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
 def _prepare(workload: Workload, cfg: TrainConfig) -> None:
     with blame(workload, "prepare()", "fix the error in your workload's prepare() at that line"):
         workload.prepare(cfg)
+
+
+def _import_for_forked_workers() -> None:
+    """Import here, once, what every worker's first step imports: forked workers inherit it.
+
+    DDP's constructor and every ``optimizer.step()`` import ``torch._dynamo``
+    (torch/nn/parallel/distributed.py, torch/optim/optimizer.py); the launcher has most of what it
+    needs already, the rest costs each worker about 0.4 s of CPU (docs/BENCHMARKS.md, "Start-up").
+    Importing it runs no torch operation and starts no thread.
+    """
+    with _fork_safe():
+        import torch._dynamo  # noqa: F401
 
 
 @contextlib.contextmanager
