@@ -2,7 +2,8 @@
 
 The multi-process tests run tests/checkpoint/scripts/sharded_job.py under torchrun (gloo) or as one
 plain process: it saves from 2 ranks (FSDP and DDP, sync and async) and loads at 1, 2 and 3 ranks,
-comparing every parameter and optimizer value with the full state the saver had.
+comparing every parameter and optimizer value with the full state the saver had. The 2-rank loads
+run in the saving launch, after the saves (a launch is the cost here): 4 launches in all.
 """
 
 from __future__ import annotations
@@ -51,9 +52,14 @@ def _plain(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
-    """Checkpoints written by 2 ranks: ``fsdp/`` and ``ddp/``, each at step 3 (sync) and 5 (async)."""
+    """Checkpoints written by 2 ranks: ``fsdp/`` and ``ddp/``, each at step 3 (sync) and 5 (async).
+
+    The same 2 ranks then load them across strategies into fresh models (every model rebuilt and
+    the RNG reseeded before each load, as in a new process): ``crossed.json``, the results of
+    ddp <- fsdp step 3, fsdp <- ddp step 3 and ddp <- fsdp step 5."""
     out = tmp_path_factory.mktemp("sharded")
-    _torchrun(2, "save", str(out))
+    crossed = [f"ddp={out / 'fsdp' / S3}", f"fsdp={out / 'ddp' / S3}", f"ddp={out / 'fsdp' / S5}"]
+    _torchrun(2, "save", str(out), "+", "load", str(out / "crossed.json"), *crossed)
     return out
 
 
@@ -95,12 +101,8 @@ def test_two_ranks_to_three_fsdp_ranks(saved, tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_ddp_and_fsdp_load_each_others_checkpoints_with_per_rank_state(saved, tmp_path):
-    out = tmp_path / "r.json"
-    _torchrun(
-        2, "load", str(out), f"ddp={saved / 'fsdp' / S3}", f"fsdp={saved / 'ddp' / S3}", f"ddp={saved / 'fsdp' / S5}"
-    )
-    results = json.loads(out.read_text())
+def test_ddp_and_fsdp_load_each_others_checkpoints_with_per_rank_state(saved):
+    results = json.loads((saved / "crossed.json").read_text())  # loaded by the saving launch
     assert [r["strategy"] for r in results] == ["ddp", "fsdp", "ddp"]
     for result, step in zip(results, (3, 3, 5)):
         _exact(result, step)

@@ -1,6 +1,8 @@
 """Sharded checkpoints in real processes (run by tests/checkpoint/test_sharded.py).
 
-Under torchrun (gloo) or as one plain process (no process group: a laptop):
+Under torchrun (gloo) or as one plain process (no process group: a laptop). The arguments are
+one or more jobs separated by ``+``, run one after the other in the same processes (a launch is
+the cost here):
 
 * ``save OUT``: trains a TinyGPT 3 steps under FSDP and under DDP and saves each (sync) as
   ``OUT/<strategy>/ckpt-e00001-s000000003.dcp``; then 2 more steps and an async save as
@@ -156,11 +158,21 @@ def kill(out):
     wait_pending()  # rank 1: its peer is gone; torchrun stops it
 
 
-mode = sys.argv[1]
-if mode == "save":
-    save(Path(sys.argv[2]))
-elif mode == "load":
-    load(sys.argv[2], sys.argv[3:])
-elif mode == "kill":
-    kill(Path(sys.argv[2]))
+jobs, job = [], []
+for arg in sys.argv[1:]:
+    if arg == "+":
+        jobs.append(job)
+        job = []
+    else:
+        job.append(arg)
+jobs.append(job)
+for mode, *args in jobs:
+    if mode == "save":
+        save(Path(args[0]))
+    elif mode == "load":
+        load(args[0], args[1:])
+    elif mode == "kill":
+        kill(Path(args[0]))
+    else:
+        raise SystemExit(f"unknown job {mode!r}")
 finish()
