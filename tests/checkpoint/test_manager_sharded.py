@@ -2,7 +2,8 @@
 crossing in both directions, .pt and .dcp in one directory, corrupt newest skipped, async + kill -9.
 
 The multi-process tests run tests/checkpoint/scripts/manager_sharded_job.py under torchrun (gloo),
-a few jobs per launch (a launch is the cost here). Every training run draws its batches from the
+a few jobs per launch (a launch is the cost here): the shared runs take 2 launches, the resharding
+to 3 and 1 ranks 2 more, the kill 1. Every training run draws its batches from the
 global RNG of each rank, so "bit-identical" covers the model, Adam's state, every rank's RNG, a
 per-rank object and the shared data position.
 """
@@ -60,19 +61,21 @@ def _assert_identical(got: Path, want: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    """Uninterrupted 6-step runs at 2 ranks: ``fsdp`` (async .dcp saves) and ``ddp`` (.pt saves),
-    every 2 steps, keep 2; ``fsdp4``: 2 steps at 4 ranks. Then, at 2 ranks, three runs resumed from
-    step 4: FSDP from FSDP's .dcp (``same``), DDP from FSDP's .dcp (``to_ddp``), FSDP (async) from
-    DDP's .pt (``to_fsdp``); a 4 -> 2 load; and the .pt manager's refusal of an FSDP model."""
+    """``fsdp4``: 2 steps at 4 ranks. Then, in one launch at 2 ranks: uninterrupted 6-step runs,
+    ``fsdp`` (async .dcp saves) and ``ddp`` (.pt saves), every 2 steps, keep 2; the step-4
+    checkpoints copied into new directories (rank 0, the others waiting); three runs resumed from
+    them: FSDP from FSDP's .dcp (``same``), DDP from FSDP's .dcp (``to_ddp``), FSDP (async) from
+    DDP's .pt (``to_fsdp``); a 4 -> 2 load; and the .pt manager's refusal of an FSDP model. Each run
+    builds its model and manager afresh and reseeds every rank's RNG, as a new process would."""
     out = tmp_path_factory.mktemp("manager_sharded")
-    _launch(2, f"train:{out / 'fsdp'}:fsdp:async:6", f"train:{out / 'ddp'}:ddp:pt:6")
     _launch(4, f"train:{out / 'fsdp4'}:fsdp:dcp:2")
-    for name, source in (("same", out / "fsdp" / D4), ("to_ddp", out / "fsdp" / D4), ("to_fsdp", out / "ddp" / P4)):
-        (out / name).mkdir()
-        copy = shutil.copytree if source.is_dir() else shutil.copy2
-        copy(source, out / name / source.name)
     _launch(
         2,
+        f"train:{out / 'fsdp'}:fsdp:async:6",
+        f"train:{out / 'ddp'}:ddp:pt:6",
+        f"copy:{out / 'fsdp' / D4}:{out / 'same'}",
+        f"copy:{out / 'fsdp' / D4}:{out / 'to_ddp'}",
+        f"copy:{out / 'ddp' / P4}:{out / 'to_fsdp'}",
         f"train:{out / 'same'}:fsdp:dcp:6:resume",
         f"train:{out / 'to_ddp'}:ddp:pt:6:resume",
         f"train:{out / 'to_fsdp'}:fsdp:async:6:resume",

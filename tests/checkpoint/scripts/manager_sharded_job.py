@@ -17,12 +17,15 @@ same processes.
 * ``load:RESULT:STRATEGY:CKPT:REFERENCE``: loads CKPT into a fresh model with
   :meth:`CheckpointManager.load_into` and writes how far its full state is from REFERENCE.
 * ``refuse:RESULT``: a ``.pt`` manager given an FSDP model refuses it, on every rank.
+* ``copy:SOURCE:DIR``: rank 0 copies the checkpoint SOURCE (a ``.dcp`` directory or a ``.pt``
+  file) into a new directory DIR, while the other ranks wait (what a user does between two runs).
 * ``kill:DIR``: an async sharded save, then a second one, during which rank 0 SIGKILLs the whole
   job (torchrun and every worker) once the first shard file appears.
 """
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -150,6 +153,14 @@ def refuse(result_path):
         Path(result_path).write_text(json.dumps(messages))
 
 
+def copy(source, directory):
+    source, directory = Path(source), Path(directory)
+    if rank == 0:
+        directory.mkdir()
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, directory / source.name)
+    everyone(None)  # the copy is there before any rank goes on
+
+
 # Several jobs in one launch (the test's launches are its cost): JOB[:ARG...] each.
 for job in sys.argv[1:]:
     mode, *args = job.split(":")
@@ -161,4 +172,8 @@ for job in sys.argv[1:]:
         refuse(*args)
     elif mode == "kill":
         kill(args[0])
+    elif mode == "copy":
+        copy(*args)
+    else:
+        raise SystemExit(f"unknown job {mode!r}")
 finish()
