@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal, shoal_cmd
-from procs import alive
+from procs import alive, kill_group, start_cmd
 from shoal.cli.main import main
 from shoal.errors import ShoalError
 from shoal.launch import run as launch_run
@@ -33,6 +33,7 @@ STARTUP = re.compile(
     r"OMP_NUM_THREADS=(\d+)( \(yours\))?, listening on 127.0.0.1 only$",
     re.M,
 )
+THREADS = re.compile(r"OMP_NUM_THREADS=(\d+)( \([^)]*\))?, listening on")  # start and restart lines
 
 
 def _cores() -> int:
@@ -218,17 +219,58 @@ def test_workers_die_with_the_launcher(tmp_path, sig):
         assert not list((tmp_path / "tmp").iterdir()), "temporary log dir left behind"
 
 
-@pytest.mark.multiprocess
-def test_a_killed_worker_is_restarted_with_max_restarts(tmp_path):
-    # The restarted group gets a fresh store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE): with torch's
-    # shared one, the new workers read the dead ones' gloo addresses (pytorch#135712).
+def _restarted(tmp_path: Path, **env: str) -> tuple[int, str, Path]:
+    """``shoal run --nproc 2 --max-restarts 1`` of steps.py whose rank 1 SIGKILLs itself in the first
+    attempt, in the environment of ``_run`` without TORCHELASTIC_RUN_ID (a launch not inside
+    torchrun), plus ``env``: the exit code, stderr and the results directory."""
     out = tmp_path / "out"
     out.mkdir()
-    proc = _run("--nproc", "2", "--max-restarts", "1", STEPS, str(out), "--die-rank", "1", tmp_path=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "shoal run: restarting the workers (restart 1 of 1), 2 workers on this node" in proc.stderr
+    full = _clean_env(_env(tmp_path, **env))
+    full.pop("TORCHELASTIC_RUN_ID", None)
+    proc = start_cmd(
+        *shoal_cmd("run", "--nproc", "2", "--max-restarts", "1", STEPS, str(out), "--die-rank", "1"), env=full
+    )
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        kill_group(proc)
+    return proc.returncode, err, out
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory) -> tuple[int, str, Path]:
+    """One such launch with no OMP_NUM_THREADS in its environment, shared by the restart test and the
+    start lines' test below (unset): the same command, each asserting its own claim on it."""
+    return _restarted(tmp_path_factory.mktemp("restarted"))
+
+
+@pytest.mark.multiprocess
+def test_a_killed_worker_is_restarted_with_max_restarts(restarted):
+    # The restarted group gets a fresh store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE): with torch's
+    # shared one, the new workers read the dead ones' gloo addresses (pytorch#135712).
+    code, err, out = restarted
+    assert code == 0, err
+    assert "shoal run: restarting the workers (restart 1 of 1), 2 workers on this node" in err
     results = _results(out, 2)
     assert {r["attempt"] for r in results} == {1} and {r["sum"] for r in results} == {12.0}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("omp", [None, "3"], ids=["unset", "users"])
+def test_shoal_run_says_yours_only_for_the_users_value_at_start_and_restart(omp, tmp_path, request):
+    # Who chose OMP_NUM_THREADS (tests/launch/test_threads_note.py has shoal train's lines): shoal's
+    # own value, put into the workers' environment before they start, used to be reported as the user's.
+    if omp is None:
+        code, err, _ = request.getfixturevalue("restarted")
+    else:
+        code, err, _ = _restarted(tmp_path, OMP_NUM_THREADS=omp)
+    assert code == 0, err
+    notes = [(m.group(1), m.group(2) or "") for m in THREADS.finditer(err)]
+    assert len(notes) == 2, err  # the first start and the restart
+    if omp is None:
+        assert notes == [(str(max(1, _cores() // 2)), "")] * 2, err
+    else:
+        assert notes == [("3", " (yours)")] * 2, err
 
 
 # --- bad input: fails before anything is launched ---------------------------------------------

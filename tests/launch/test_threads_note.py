@@ -1,6 +1,7 @@
 """The start lines say who chose OMP_NUM_THREADS: ``(yours)`` only when the user's environment set
 it, nothing when shoal picked it (shoal's own value, put into the workers' environment before they
-start, used to be reported as the user's)."""
+start, used to be reported as the user's). ``shoal run``'s start and restart lines are checked in
+tests/launch/test_launch_run.py, where the unset case shares the restart test's launch."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pytest
 
 from procs import checkpoints, kill_group, start_cmd, wait_for, workers
 
-STEPS = str(Path(__file__).parents[1] / "cluster" / "scripts" / "steps.py")
 THREADS = re.compile(r"OMP_NUM_THREADS=(\d+)( \([^)]*\))?, listening on")
 
 
@@ -32,26 +32,6 @@ def _notes(stderr: str) -> list[tuple[str, str]]:
 
 def _shoals_threads() -> str:
     return str(max(1, len(os.sched_getaffinity(0)) // 2))
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("omp", [None, "3"], ids=["unset", "users"])
-def test_shoal_run_says_yours_only_for_the_users_value_at_start_and_restart(omp, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--max-restarts", "1", STEPS, str(out)]
-    proc = start_cmd(*cmd, "--die-rank", "1", env=_env(tmp_path, omp))
-    try:
-        _, err = proc.communicate(timeout=180)
-    finally:
-        kill_group(proc)
-    assert proc.returncode == 0, err
-    notes = _notes(err)
-    assert len(notes) == 2, err  # the first start and the restart
-    if omp is None:
-        assert notes == [(_shoals_threads(), "")] * 2, err
-    else:
-        assert notes == [("3", " (yours)")] * 2, err
 
 
 @pytest.mark.multiprocess
