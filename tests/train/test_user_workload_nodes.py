@@ -1,6 +1,7 @@
 """A user's workload on the paths beyond one launcher: two node launchers meeting over a static
 rendezvous (on loopback, one process each), and an elastic restart after a worker crashed mid-run.
-Both must end where one uninterrupted single-node run of the same seed ends: the same weights."""
+Both must end where one uninterrupted single-node run of the same seed ends: the same weights
+(that reference run is made once, and both tests compare with it)."""
 
 from __future__ import annotations
 
@@ -54,15 +55,17 @@ def _weights(out) -> dict[str, torch.Tensor]:
     return {k.removeprefix("inner."): v for k, v in state.items()}
 
 
-def _reference(tmp_path, name: str = "Tiny"):
-    ref = run_shoal(
-        "train", f"my_workload.py:{name}", "--nproc", "2", "--out", "ref", *COMMON, cwd=tmp_path, timeout=300
-    )
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The user's Tiny on one node of 2 workers, uninterrupted: the weights both tests must reach."""
+    directory = tmp_path_factory.mktemp("reference")
+    write(directory, "my_workload.py", GOOD)
+    ref = run_shoal("train", "my_workload.py:Tiny", "--nproc", "2", "--out", "ref", *COMMON, cwd=directory, timeout=300)
     assert ref.returncode == 0, ref.stderr
-    return _weights(tmp_path / "ref")
+    return _weights(directory / "ref")
 
 
-def test_two_node_launchers_train_a_users_workload_as_one_node_would(tmp_path):
+def test_two_node_launchers_train_a_users_workload_as_one_node_would(reference, tmp_path):
     write(tmp_path, "my_workload.py", GOOD)
     port = str(_free_port())
     nodes = [
@@ -87,14 +90,13 @@ def test_two_node_launchers_train_a_users_workload_as_one_node_would(tmp_path):
     outputs = [node.communicate(timeout=300) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "world size 2" in outputs[0][0] or "2 processes" in outputs[0][0], outputs[0][0]
-    reference = _reference(tmp_path)
     got = _weights(tmp_path / "nodes")
     assert got.keys() == reference.keys()
     for key in reference:
         torch.testing.assert_close(got[key], reference[key], rtol=0, atol=1e-6)
 
 
-def test_an_elastic_restart_resumes_a_users_workload_exactly(tmp_path):
+def test_an_elastic_restart_resumes_a_users_workload_exactly(reference, tmp_path):
     write(tmp_path, "my_workload.py", GOOD + CRASHY)
     run = run_shoal(
         "train", "my_workload.py:Crashy", "--nproc", "2", "--max-restarts", "1", "--out", "crashed", *COMMON,
@@ -103,7 +105,6 @@ def test_an_elastic_restart_resumes_a_users_workload_exactly(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "restart" in (run.stdout + run.stderr).lower(), run.stdout + run.stderr
     assert "resuming from" in run.stdout, run.stdout
-    reference = _reference(tmp_path, "Tiny")
     got = _weights(tmp_path / "crashed")
     for key in reference:
         torch.testing.assert_close(got[key], reference[key], rtol=0, atol=1e-6)
