@@ -1,4 +1,8 @@
-"""``shoal train`` end to end: real worker processes over gloo, real files on disk."""
+"""``shoal train`` end to end: real worker processes over gloo, real files on disk.
+
+One single-process run (digits, batch 32, 3 epochs, seed 7) is made once and is the reference of
+two tests: 2 workers with half the batch, and gradient accumulation over two half batches.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,21 @@ from shoal.workloads.digits import TEST_SIZE
 pytestmark = pytest.mark.multiprocess
 
 
+COMMON = ["train", "digits", "--device", "cpu", "--epochs", "3", "--seed", "7"]
+
+
 def _metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def one_worker_batch_32(tmp_path_factory):
+    """1 worker x batch 32, 3 epochs, seed 7: what 2 workers x batch 16 and batch 16 x 2
+    accumulated micro-batches must each end on."""
+    out = tmp_path_factory.mktemp("one") / "one"
+    one = run_shoal(*COMMON, "--nproc", "1", "--batch-size", "32", "--out", str(out))
+    assert one.returncode == 0, one.stderr
+    return out
 
 
 def test_demo_two_workers_reaches_accuracy_and_writes_outputs(tmp_path):
@@ -45,36 +62,32 @@ def test_demo_two_workers_reaches_accuracy_and_writes_outputs(tmp_path):
     assert "global batch 64" in result.stdout
 
 
-def test_two_workers_equal_one_worker_with_double_batch(tmp_path):
+def test_two_workers_equal_one_worker_with_double_batch(one_worker_batch_32, tmp_path):
     """2 workers x batch B and 1 worker x batch 2B see the same global batches: same weights."""
-    common = ["train", "digits", "--device", "cpu", "--epochs", "3", "--seed", "7"]
     # --eval-samples changes what is evaluated, never what is trained.
     two = run_shoal(
-        *common, "--nproc", "2", "--batch-size", "16", "--eval-samples", "101", "--out", str(tmp_path / "two")
+        *COMMON, "--nproc", "2", "--batch-size", "16", "--eval-samples", "101", "--out", str(tmp_path / "two")
     )
-    one = run_shoal(*common, "--nproc", "1", "--batch-size", "32", "--out", str(tmp_path / "one"))
     assert two.returncode == 0, two.stderr
-    assert one.returncode == 0, one.stderr
+    one = one_worker_batch_32
     a = torch.load(tmp_path / "two" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
+    b = torch.load(one / "model.pt", weights_only=True)
     assert a.keys() == b.keys()
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     assert diff <= 1e-5, diff
     # ...and training moved the weights (the comparison is not between two untrained models).
-    assert _metrics(tmp_path / "one")[-1]["test_accuracy"] > 0.9
+    assert _metrics(one)[-1]["test_accuracy"] > 0.9
     # The first 101 test samples, each counted once by one of the 2 workers; all of them on one.
     assert _metrics(tmp_path / "two")[-1]["test_samples"] == 101
-    assert _metrics(tmp_path / "one")[-1]["test_samples"] == TEST_SIZE
+    assert _metrics(one)[-1]["test_samples"] == TEST_SIZE
 
 
-def test_grad_accum_matches_larger_batch(tmp_path):
+def test_grad_accum_matches_larger_batch(one_worker_batch_32, tmp_path):
     """--grad-accum 2 with batch B equals batch 2B: the micro-batch losses are re-weighted."""
-    common = ["train", "digits", "--device", "cpu", "--epochs", "2", "--seed", "3"]
-    acc = run_shoal(*common, "--batch-size", "16", "--grad-accum", "2", "--out", str(tmp_path / "acc"))
-    big = run_shoal(*common, "--batch-size", "32", "--out", str(tmp_path / "big"))
-    assert acc.returncode == 0 and big.returncode == 0, acc.stderr + big.stderr
+    acc = run_shoal(*COMMON, "--batch-size", "16", "--grad-accum", "2", "--out", str(tmp_path / "acc"))
+    assert acc.returncode == 0, acc.stderr
     a = torch.load(tmp_path / "acc" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "big" / "model.pt", weights_only=True)
+    b = torch.load(one_worker_batch_32 / "model.pt", weights_only=True)
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
 
 
