@@ -1,8 +1,11 @@
 """``shoal.run(fn, *args, nproc=N)``: a user's function on N real workers (gloo on CPU).
 
-Each case runs a small driver script in a process of its own (a launcher forked from pytest would
-inherit whatever torch thread pool earlier tests started). Every call of ``fn`` leaves a mark file
-named after its rank and process id, so the tests see which processes ran it and how often.
+The cases run a small driver script in a process of its own, not in pytest (a launcher forked from
+pytest would inherit whatever torch thread pool earlier tests started). Five cases run one after
+another in one driver process, each with its own marks, output and exit code (the one that runs
+parallel torch work in the driver comes last); the others, each in a driver process of their own.
+Every call of ``fn`` leaves a mark file named after its rank and process id, so the tests see which
+processes ran it and how often.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +34,10 @@ import torch.distributed as dist
 
 import shoal
 
-MARKS = sys.argv[2]
+
+def marks():
+    """This case's marks directory: set by the driver before each case, inherited by its workers."""
+    return os.environ["DRIVER_MARKS"]
 
 
 def probe(tag, *, scale=1):
@@ -38,20 +45,18 @@ def probe(tag, *, scale=1):
     rank = dist.get_rank()
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
-    open(os.path.join(MARKS, f"ran-{rank}-{os.getpid()}"), "w").close()
+    open(os.path.join(marks(), f"ran-{rank}-{os.getpid()}"), "w").close()
     return {"rank": rank, "world": dist.get_world_size(), "sum": total.item() * scale, "tag": tag}
 
 
 def fail_on_rank_1():
-    open(os.path.join(MARKS, f"ran-{dist.get_rank()}-{os.getpid()}"), "w").close()
+    open(os.path.join(marks(), f"ran-{dist.get_rank()}-{os.getpid()}"), "w").close()
     if dist.get_rank() == 1:
         raise ValueError("boom on rank 1")
     dist.barrier()
 
 
-def main():
-    mode = sys.argv[1]
-    print(f"DRIVER {os.getpid()}", flush=True)
+def main(mode):
     if mode == "value":
         result = shoal.run(probe, "a", kwargs={"scale": 10}, nproc=2, threads=2)  # the fork probe runs, passes
     elif mode == "spawn-all":
@@ -71,18 +76,28 @@ def main():
         result = shoal.run(probe, "d", nproc=2)
         result["pid"] = os.getpid()
         # in a file, not on stdout: the two ranks share the launcher's stdout, and lines can interleave
-        with open(os.path.join(os.path.dirname(MARKS), f"result-{result['rank']}.json"), "w") as out:
+        with open(os.path.join(sys.argv[2], f"result-{result['rank']}.json"), "w") as out:
             json.dump(result, out)
         return
     print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except shoal.ShoalError as err:
-        print(err.format(), file=sys.stderr, flush=True)
-        sys.exit(err.exit_code)
+    # argv: the cases (comma-separated, run in order), then the directory of their marks
+    print(f"DRIVER {os.getpid()}", flush=True)
+    for mode in sys.argv[1].split(","):
+        os.environ["DRIVER_MARKS"] = os.path.join(sys.argv[2], mode)
+        os.makedirs(os.environ["DRIVER_MARKS"], exist_ok=True)  # exists: the other rank of an outer job made it
+        print(f"CASE {mode}", flush=True)
+        print(f"CASE {mode}", file=sys.stderr, flush=True)
+        code = 0
+        try:
+            main(mode)
+        except shoal.ShoalError as err:
+            print(err.format(), file=sys.stderr, flush=True)
+            code = err.exit_code
+        print(f"EXIT {mode} {code}", flush=True)
+    sys.exit(code)
 '''
 
 
@@ -104,9 +119,19 @@ def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+def _results(stdout: str) -> list:
+    return [json.loads(line[len("RESULT ") :]) for line in stdout.splitlines() if line.startswith("RESULT ")]
+
+
+def _ran(marks: Path) -> list[tuple[int, int]]:
+    """The marks of one case as (rank, pid) pairs."""
+    return sorted((int(rank), int(pid)) for _, rank, pid in (p.name.split("-") for p in marks.iterdir()))
+
+
 @pytest.fixture
 def driver(tmp_path):
-    """``driver(mode)``: (process, its RESULT values, the marks as (rank, pid) pairs)."""
+    """``driver(mode)``: one case in a driver process of its own: (process, its RESULT values, the
+    marks as (rank, pid) pairs)."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     marks = tmp_path / "marks"
@@ -114,17 +139,50 @@ def driver(tmp_path):
 
     def run(mode: str, *, launcher: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, list, list]:
         proc = _run([*launcher, *([] if launcher else [sys.executable]), str(script), mode, str(marks)])
-        results = [
-            json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")
-        ]
-        ran = sorted((int(rank), int(pid)) for _, rank, pid in (p.name.split("-") for p in marks.iterdir()))
-        return proc, results, ran
+        return proc, _results(proc.stdout), _ran(marks / mode)
 
     return run
 
 
-def test_fn_on_two_workers_returns_rank_0s_value_with_a_working_group(driver):
-    proc, results, ran = driver("value")
+def _case_lines(text: str) -> dict[str, list[str]]:
+    """``text``'s lines by the case they follow (``CASE name``); those before the first, under ''."""
+    cases: dict[str, list[str]] = {"": []}
+    lines = cases[""]
+    for line in text.splitlines(keepends=True):
+        if line.startswith("CASE "):
+            lines = cases.setdefault(line[len("CASE ") :].strip(), [])
+        else:
+            lines.append(line)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, list, list]]:
+    """The cases below, in this order, in one driver process; each case's (its output as a process
+    of its own: the driver's first line, then what was written during the case, and the exit code
+    the driver would have exited with; its RESULT values; its marks as (rank, pid) pairs)."""
+    tmp_path = tmp_path_factory.mktemp("cases")
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # the parallel torch work of threads-used stays in this process: it runs last
+    modes = ("value", "spawn-all", "lambda", "fail", "threads-used")
+    cmd = [sys.executable, str(script), ",".join(modes), str(marks)]
+    proc = _run(cmd, timeout=240)
+    out, err = _case_lines(proc.stdout), _case_lines(proc.stderr)
+    found = {}
+    for mode in modes:
+        exits = [line for line in out.get(mode, []) if line.startswith(f"EXIT {mode} ")]
+        assert len(exits) == 1, f"case {mode} did not end\n{proc.stdout}\n{proc.stderr}"
+        stdout = "".join(out[""] + [line for line in out[mode] if line not in exits])
+        case = subprocess.CompletedProcess(cmd, int(exits[0].split()[2]), stdout, "".join(err[""] + err[mode]))
+        found[mode] = (case, _results(stdout), _ran(marks / mode))
+    return found
+
+
+def test_fn_on_two_workers_returns_rank_0s_value_with_a_working_group(cases):
+    proc, results, ran = cases["value"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # rank 0's value; the all_reduce summed 1 + 2 across the two workers; args and kwargs arrived
     assert results == [{"rank": 0, "world": 2, "sum": 30.0, "tag": "a"}]
@@ -133,15 +191,15 @@ def test_fn_on_two_workers_returns_rank_0s_value_with_a_working_group(driver):
     assert driver_pid not in {pid for _, pid in ran} and len({pid for _, pid in ran}) == 2  # ...in two workers
 
 
-def test_spawned_workers_run_a_module_level_function_and_all_ranks_gives_every_value(driver):
-    proc, results, ran = driver("spawn-all")
+def test_spawned_workers_run_a_module_level_function_and_all_ranks_gives_every_value(cases):
+    proc, results, ran = cases["spawn-all"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert results == [[{"rank": r, "world": 2, "sum": 3.0, "tag": "b"} for r in (0, 1)]]  # in rank order
     assert [rank for rank, _ in ran] == [0, 1]
 
 
-def test_a_failing_rank_is_named_with_its_traceback_and_no_worker_survives(driver):
-    proc, results, ran = driver("fail")
+def test_a_failing_rank_is_named_with_its_traceback_and_no_worker_survives(cases):
+    proc, results, ran = cases["fail"]
     assert proc.returncode != 0 and not results
     report = proc.stderr
     assert "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:" in report, report
@@ -151,8 +209,8 @@ def test_a_failing_rank_is_named_with_its_traceback_and_no_worker_survives(drive
     assert not [pid for _, pid in ran if alive(pid)]  # both workers are gone, the victim too
 
 
-def test_a_lambda_cannot_be_spawned_one_line_and_a_hint_before_any_worker(driver):
-    proc, results, ran = driver("lambda")
+def test_a_lambda_cannot_be_spawned_one_line_and_a_hint_before_any_worker(cases):
+    proc, results, ran = cases["lambda"]
     assert proc.returncode != 0 and not results and not ran
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("shoal: error: shoal.run cannot spawn workers for main.<locals>.<lambda>: ")
@@ -162,8 +220,8 @@ def test_a_lambda_cannot_be_spawned_one_line_and_a_hint_before_any_worker(driver
     assert "workers started" not in proc.stdout + proc.stderr
 
 
-def test_forking_after_parallel_torch_work_is_refused_in_one_line_instead_of_hanging(driver):
-    proc, results, ran = driver("threads-used")
+def test_forking_after_parallel_torch_work_is_refused_in_one_line_instead_of_hanging(cases):
+    proc, results, ran = cases["threads-used"]
     assert proc.returncode != 0 and not results and not ran  # no worker started
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("shoal: error: shoal.run cannot fork workers with 2 threads each: this process")
@@ -213,13 +271,13 @@ def test_as_one_node_of_two_the_node_with_rank_0_gets_its_value_and_the_other_no
         [line[len("RESULT ") :] for line in stdout.splitlines() if line.startswith("RESULT ")] for stdout, _ in outputs
     ]
     assert results == [['{"rank": 0, "world": 2, "sum": 3.0, "tag": "n"}'], ["null"]]
-    assert sorted(int(p.name.split("-")[1]) for p in marks.iterdir()) == [0, 1]  # one worker per node
+    assert sorted(int(p.name.split("-")[1]) for p in (marks / "node").iterdir()) == [0, 1]  # one worker per node
 
 
 def test_as_one_rank_of_an_outer_job_fn_runs_here_once_per_rank(driver, tmp_path):
     proc, _, ran = driver("outer", launcher=tuple(shoal_cmd("run", "--nproc", "2")))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("result-*.json"))]
+    results = [json.loads(path.read_text()) for path in sorted((tmp_path / "marks").glob("result-*.json"))]
     assert sorted((r["rank"], r["world"], r["sum"]) for r in results) == [(0, 2, 3.0), (1, 2, 3.0)]
     # fn ran once per rank, in the rank's own process: no workers of workers
     assert ran == sorted((r["rank"], r["pid"]) for r in results)
