@@ -48,16 +48,36 @@ def _checks(checks: list[dict]) -> dict[str, dict]:
     return {c["name"]: c for c in checks}
 
 
-def test_a_healthy_cluster_passes_every_check_under_shoal_run(tmp_path):
+def _healthy_run(tmp_path, attempt: int) -> str:
+    """``shoal run`` of ``shoal doctor`` on 3 healthy pods: rank 0's report (every node exits 0)."""
     shared = tmp_path / "ckpt"
-    shared.mkdir()
+    shared.mkdir(exist_ok=True)
     launch = ["run", "--nnodes", "3", "--nproc", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"n0:{PORT}"]
     doctor = ["-m", "shoal", "doctor", "--checkpoint-dir", str(shared)]
-    with pod_network(_specs(3), tag="dh") as net:
-        runs = [start(pod, [*launch, "--join-timeout", "120", *doctor], tmp_path / "logs") for pod in net]
+    with pod_network(_specs(3), tag=f"dh{attempt}") as net:
+        runs = [start(pod, [*launch, "--join-timeout", "120", *doctor], tmp_path / f"logs{attempt}") for pod in net]
         wait(runs, 300)
     assert [run.proc.returncode for run in runs] == [0, 0, 0], describe(runs)
     (report,) = [run.stdout for run in runs if "shoal doctor:" in run.stdout]  # whichever node got rank 0
+    return report
+
+
+def _only_a_bandwidth_warning(report: str) -> bool:
+    """The report's one finding is a slow link (a warning, not a failure)."""
+    findings = [line.split()[:2] for line in report.splitlines() if line.strip().startswith(("warn ", "fail "))]
+    return findings == [["warn", "bandwidth"]] and report.splitlines()[-1].startswith("shoal doctor: warnings only")
+
+
+def test_a_healthy_cluster_passes_every_check_under_shoal_run(tmp_path):
+    """Every check passes. One exception is tolerated once: the suite runs beside another test file on
+    the same 2 cores, and a burst of its CPU work (a few interpreters importing torch) can starve one
+    direction of a veth link through both probe passes and the confirmation (seen once in a full run:
+    206 MB/s against a median of 1,099 MB/s). The doctor is right to warn then (its HINT names "a CPU
+    too busy to feed it"); the cluster is measured once more, and that run must pass every check."""
+    report = _healthy_run(tmp_path, 0)
+    if _only_a_bandwidth_warning(report):
+        report = _healthy_run(tmp_path, 1)
+    shared = tmp_path / "ckpt"
     lines = report.splitlines()
     assert lines[0].startswith("shoal doctor: 3 node(s), 3 ranks (torchrun, master "), report
     assert lines[-1].startswith("shoal doctor: all checks pass ("), report
