@@ -59,7 +59,7 @@ def saved(tmp_path_factory) -> Path:
     ddp <- fsdp step 3, fsdp <- ddp step 3 and ddp <- fsdp step 5."""
     out = tmp_path_factory.mktemp("sharded")
     crossed = [f"ddp={out / 'fsdp' / S3}", f"fsdp={out / 'ddp' / S3}", f"ddp={out / 'fsdp' / S5}"]
-    _torchrun(2, "save", str(out), "+", "load", str(out / "crossed.json"), *crossed)
+    _torchrun(2, f"save:{out}", ":".join(["load", str(out / "crossed.json"), *crossed]))
     return out
 
 
@@ -82,7 +82,7 @@ def _exact(result: dict, step: int) -> None:
 @pytest.mark.multiprocess
 def test_two_ranks_to_one_plain_process(saved, tmp_path):
     out = tmp_path / "r.json"
-    _plain("load", str(out), f"none={saved / 'fsdp' / S3}", f"none={saved / 'fsdp' / S5}", f"none={saved / 'ddp' / S3}")
+    _plain(f"load:{out}:none={saved / 'fsdp' / S3}:none={saved / 'fsdp' / S5}:none={saved / 'ddp' / S3}")
     results = json.loads(out.read_text())
     for result, step in zip(results, (3, 5, 3)):
         _exact(result, step)
@@ -93,7 +93,7 @@ def test_two_ranks_to_one_plain_process(saved, tmp_path):
 @pytest.mark.multiprocess
 def test_two_ranks_to_three_fsdp_ranks(saved, tmp_path):
     out = tmp_path / "r.json"
-    _torchrun(3, "load", str(out), f"fsdp={saved / 'fsdp' / S3}", f"fsdp={saved / 'ddp' / S5}")
+    _torchrun(3, f"load:{out}:fsdp={saved / 'fsdp' / S3}:fsdp={saved / 'ddp' / S5}")
     results = json.loads(out.read_text())
     for result, step in zip(results, (3, 5)):
         _exact(result, step)
@@ -117,7 +117,7 @@ def test_ddp_and_fsdp_load_each_others_checkpoints_with_per_rank_state(saved):
 
 @pytest.mark.multiprocess
 def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
-    proc = _torchrun(2, "kill", str(tmp_path), check=False)
+    proc = _torchrun(2, f"kill:{tmp_path}", check=False)
     assert proc.returncode != 0
     seen = (tmp_path / "killing").read_text().split()
     assert any(name.endswith(".distcp") for name in seen)  # killed while shards were being written

@@ -1,6 +1,7 @@
 """What the checkpoint scripts run under torchrun (gloo) or as one plain process share: joining the
 job, a model wrapped by strategy, its full state gathered, every rank's value, the comparison of a
-loaded state with a reference, and the watch for a save's first shard file."""
+loaded state with a reference, the watch for a save's first shard file, and several jobs in one
+launch (:func:`run_jobs`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import copy
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/checkpoint
 from checkpoint_helpers import Counter, flat
 
 __all__ = ["CPU", "Counter", "flat", "init", "wrap", "full_state", "everyone", "diffs", "watch_first_shard"]
-__all__ += ["blocking_setup", "finish"]
+__all__ += ["blocking_setup", "finish", "run_jobs"]
 
 CPU = torch.device("cpu")
 
@@ -113,3 +115,14 @@ def finish() -> None:
         # Leave the group, then collect garbage: torchrun has no exit hook, and a gloo worker that
         # exits right after destroy_process_group() alone can abort (CI, 2026-11-24).
         destroy_process_group()
+
+
+def run_jobs(jobs: dict[str, Callable[..., None]], argv: list[str]) -> None:
+    """Each argument is one job, ``NAME:ARG:...`` (its fields joined by ``:``): ``jobs[NAME](*ARGS)``,
+    one after the other in these processes (a test's launches are its cost), then :func:`finish`."""
+    for job in argv:
+        name, *args = job.split(":")
+        if name not in jobs:
+            raise SystemExit(f"unknown job {name!r}: one of {', '.join(jobs)}")
+        jobs[name](*args)
+    finish()

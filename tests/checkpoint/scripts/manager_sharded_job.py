@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 import torch
-from jobkit import Counter, diffs, everyone, finish, full_state, init, watch_first_shard, wrap
+from jobkit import Counter, diffs, everyone, full_state, init, run_jobs, watch_first_shard, wrap
 
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.workloads.language_model import TinyGPT, lm_loss
@@ -161,19 +161,8 @@ def copy(source, directory):
     everyone(None)  # the copy is there before any rank goes on
 
 
-# Several jobs in one launch (the test's launches are its cost): JOB[:ARG...] each.
-for job in sys.argv[1:]:
-    mode, *args = job.split(":")
-    if mode == "train":
-        train(args[0], args[1], args[2], int(args[3]), resume=args[4:] == ["resume"])
-    elif mode == "load":
-        load(*args)
-    elif mode == "refuse":
-        refuse(*args)
-    elif mode == "kill":
-        kill(args[0])
-    elif mode == "copy":
-        copy(*args)
-    else:
-        raise SystemExit(f"unknown job {mode!r}")
-finish()
+def train_job(directory, strategy, fmt, steps, *resume):
+    train(directory, strategy, fmt, int(steps), resume=list(resume) == ["resume"])
+
+
+run_jobs({"train": train_job, "load": load, "refuse": refuse, "kill": kill, "copy": copy}, sys.argv[1:])

@@ -1,18 +1,18 @@
 """Sharded checkpoints in real processes (run by tests/checkpoint/test_sharded.py).
 
-Under torchrun (gloo) or as one plain process (no process group: a laptop). The arguments are
-one or more jobs separated by ``+``, run one after the other in the same processes (a launch is
-the cost here):
+Under torchrun (gloo) or as one plain process (no process group: a laptop). Each argument is one
+job, its fields joined by ``:``; the jobs run one after the other in the same processes (a launch
+is the cost here):
 
-* ``save OUT``: trains a TinyGPT 3 steps under FSDP and under DDP and saves each (sync) as
+* ``save:OUT``: trains a TinyGPT 3 steps under FSDP and under DDP and saves each (sync) as
   ``OUT/<strategy>/ckpt-e00001-s000000003.dcp``; then 2 more steps and an async save as
   ``...-s000000005.dcp``, after which the next optimizer step changes the weights at once (the
   save must hold the weights of its call). Rank 0 writes the full model and optimizer state of each
   as ``<name>.reference.pt``, and every rank its next RNG draw.
-* ``load RESULT STRATEGY=CKPT...``: loads each checkpoint into a fresh model wrapped with
+* ``load:RESULT:STRATEGY=CKPT...``: loads each checkpoint into a fresh model wrapped with
   STRATEGY (``fsdp``, ``ddp`` or ``none``) and writes the largest difference from the reference of
   every parameter and optimizer value, the extras, and whether the per-rank state came back.
-* ``kill OUT``: a sync save, then an async save of a larger model during which rank 0 kills
+* ``kill:OUT``: a sync save, then an async save of a larger model during which rank 0 kills
   itself with SIGKILL as soon as the first shard file appears (the files it saw: ``OUT/killing``).
 """
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
-from jobkit import Counter, diffs, everyone, finish, flat, full_state, init, watch_first_shard, wrap
+from jobkit import Counter, diffs, everyone, flat, full_state, init, run_jobs, watch_first_shard, wrap
 
 from shoal.checkpoint.sharded import load_sharded, save_sharded, wait_pending
 from shoal.data.sampler import ShardedSampler
@@ -98,7 +98,7 @@ def save(out):
             print(f"{strategy}: async save blocked {pending.blocked_s:.3f} s", flush=True)
 
 
-def load(result_path, pairs):
+def load(result_path, *pairs):
     results = []
     for pair in pairs:
         strategy, ckpt = pair.split("=", 1)
@@ -158,21 +158,4 @@ def kill(out):
     wait_pending()  # rank 1: its peer is gone; torchrun stops it
 
 
-jobs, job = [], []
-for arg in sys.argv[1:]:
-    if arg == "+":
-        jobs.append(job)
-        job = []
-    else:
-        job.append(arg)
-jobs.append(job)
-for mode, *args in jobs:
-    if mode == "save":
-        save(Path(args[0]))
-    elif mode == "load":
-        load(args[0], args[1:])
-    elif mode == "kill":
-        kill(Path(args[0]))
-    else:
-        raise SystemExit(f"unknown job {mode!r}")
-finish()
+run_jobs({"save": lambda out: save(Path(out)), "load": load, "kill": lambda out: kill(Path(out))}, sys.argv[1:])
