@@ -2,8 +2,9 @@
 
 The cases run a small driver script in a process of its own, not in pytest (a launcher forked from
 pytest would inherit whatever torch thread pool earlier tests started). Five cases run one after
-another in one driver process, each with its own marks, output and exit code (the one that runs
-parallel torch work in the driver comes last); the others, each in a driver process of their own.
+another in one driver process, each with its own marks, its own output and the exit status the
+driver gives its ShoalError (the one that runs parallel torch work in the driver comes last); the
+others, each in a driver process of their own.
 Every call of ``fn`` leaves a mark file named after its rank and process id, so the tests see which
 processes ran it and how often.
 """
@@ -128,14 +129,20 @@ def _ran(marks: Path) -> list[tuple[int, int]]:
     return sorted((int(rank), int(pid)) for _, rank, pid in (p.name.split("-") for p in marks.iterdir()))
 
 
+def _driver(directory: Path) -> tuple[Path, Path]:
+    """The driver script written into ``directory``, and the directory of its cases' marks."""
+    script = directory / "driver.py"
+    script.write_text(DRIVER)
+    marks = directory / "marks"
+    marks.mkdir()
+    return script, marks
+
+
 @pytest.fixture
 def driver(tmp_path):
     """``driver(mode)``: one case in a driver process of its own: (process, its RESULT values, the
     marks as (rank, pid) pairs)."""
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    script, marks = _driver(tmp_path)
 
     def run(mode: str, *, launcher: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, list, list]:
         proc = _run([*launcher, *([] if launcher else [sys.executable]), str(script), mode, str(marks)])
@@ -161,11 +168,7 @@ def cases(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, list
     """The cases below, in this order, in one driver process; each case's (its output as a process
     of its own: the driver's first line, then what was written during the case, and the exit code
     the driver would have exited with; its RESULT values; its marks as (rank, pid) pairs)."""
-    tmp_path = tmp_path_factory.mktemp("cases")
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    script, marks = _driver(tmp_path_factory.mktemp("cases"))
     # the parallel torch work of threads-used stays in this process: it runs last
     modes = ("value", "spawn-all", "lambda", "fail", "threads-used")
     cmd = [sys.executable, str(script), ",".join(modes), str(marks)]
@@ -243,10 +246,7 @@ def test_a_function_typed_into_a_repl_runs_on_forked_workers_and_is_refused_for_
 
 
 def test_as_one_node_of_two_the_node_with_rank_0_gets_its_value_and_the_other_none(tmp_path):
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    script, marks = _driver(tmp_path)
     port = free_port()
     nodes = [
         subprocess.Popen(
