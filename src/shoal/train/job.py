@@ -147,7 +147,8 @@ def _import_for_forked_workers() -> None:
     DDP's constructor and every ``optimizer.step()`` import ``torch._dynamo``
     (torch/nn/parallel/distributed.py, torch/optim/optimizer.py); the launcher has most of what it
     needs already, the rest costs each worker about 0.4 s of CPU (docs/BENCHMARKS.md, "Start-up").
-    Importing it runs no torch operation and starts no thread.
+    With torch 2.15 the import starts no thread; it runs under :func:`_fork_safe` all the same, so
+    that a release that computes at import cannot leave a thread pool for the workers to inherit.
     """
     with _fork_safe():
         import torch._dynamo  # noqa: F401
