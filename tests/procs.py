@@ -82,6 +82,47 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def process_tree(pid: int) -> list[str]:
+    """One line per process from ``pid`` down: pid, state, kernel wait channel, thread names, command."""
+    lines, todo = [], [(pid, 0)]
+    while todo:
+        current, depth = todo.pop()
+        base = Path(f"/proc/{current}")
+        try:
+            state = (base / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (base / "wchan").read_text() or "-"
+            threads = sorted({(task / "comm").read_text().strip() for task in (base / "task").iterdir()})
+            cmd = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        lines.append(f"{'  ' * depth}{current} {state} {wchan} [{', '.join(threads)}] {cmd[:160]}")
+        todo += [(child, depth + 1) for child in sorted(children(current), reverse=True)]
+    return lines
+
+
+def diagnose_stuck(proc: subprocess.Popen, wait_s: float = 10.0) -> str:
+    """What a launcher that does not exit is doing, then gone with its process group.
+
+    The process tree (states, wait channels, threads), then SIGABRT: started with
+    ``PYTHONFAULTHANDLER=1``, it prints every thread's Python stack to its stderr, which this returns
+    with the tree (read from ``proc``'s stderr pipe, if it has one)."""
+    tree = process_tree(proc.pid)
+    proc.send_signal(signal.SIGABRT)
+    try:
+        _, err = proc.communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired as timeout:
+        err = timeout.stderr
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        proc.wait()
+    if isinstance(err, bytes):
+        err = err.decode(errors="replace")
+    return "process tree:\n" + "\n".join(tree) + "\nstderr after SIGABRT:\n" + (err or "")
+
+
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     try:
         os.killpg(proc.pid, sig)

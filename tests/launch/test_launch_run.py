@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal, shoal_cmd
-from procs import alive, kill_group, start_cmd
+from procs import alive, diagnose_stuck, kill_group, start_cmd
 from shoal.cli.main import main
 from shoal.errors import ShoalError
 from shoal.launch import run as launch_run
@@ -200,18 +200,24 @@ def test_workers_die_with_the_launcher(tmp_path, sig):
     # kernel kills the workers (PR_SET_PDEATHSIG).
     pids = tmp_path / "pids"
     pids.mkdir()
+    # PYTHONFAULTHANDLER: should the launcher not exit, diagnose_stuck gets its threads' stacks.
     proc = subprocess.Popen(
         shoal_cmd("run", "--nproc", "2", str(SCRIPTS / "sleep_forever.py"), str(pids)),
-        env=_clean_env(_env(tmp_path)),
+        env=_clean_env(_env(tmp_path, PYTHONFAULTHANDLER="1")),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while len(list(pids.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     proc.send_signal(sig)  # the pid files are renamed into place: both are complete
-    err = proc.communicate(timeout=60)[1]
+    try:
+        # torch's agent gives the workers up to 30 s after its SIGTERM before SIGKILL
+        err = proc.communicate(timeout=90)[1]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the launcher did not exit within 90 s of {sig.name}\n{diagnose_stuck(proc)}")
     assert proc.returncode == (128 + sig if sig == signal.SIGTERM else -sig), err
     _assert_no_worker_left(pids, 2)
     if sig == signal.SIGTERM:
