@@ -194,6 +194,21 @@ def test_worker_killed_by_a_signal(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_a_rank_that_never_joins_is_named_by_those_that_waited(tmp_path):
+    # gloo's full mesh waits for each peer's key in the launcher's store; the key names the rank.
+    start = time.monotonic()
+    proc = _run("--nproc", "3", str(SCRIPTS / "late_rank.py"), tmp_path=tmp_path, SHOAL_INIT_TIMEOUT="4")
+    assert proc.returncode == 1, proc.stderr
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"shoal: error: rank [01] failed: shoal.errors.ShoalError: rank [01] of 3 timed out after 4 s joining the "
+        r"process group at 127\.0\.0\.1:\d+ \(torchrun\): rank 2 never arrived(; rank [01] failed too)?",
+        summary,
+    ), proc.stderr
+    assert time.monotonic() - start < 60  # rank 2 sleeps 300 s: the launcher stopped it
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_workers_die_with_the_launcher(tmp_path, sig):
     # SIGTERM: the agent stops the workers. SIGKILL: nothing runs in the launcher any more; the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 from datetime import timedelta
 
@@ -65,8 +66,18 @@ def _join_error(err: Exception, info: EnvInfo, endpoint: str, init_timeout: floa
             "set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME on GPUs) to the interface that routes between nodes",
         )
     if "timeout" in text.lower() or "timed out" in text.lower():
+        missing = _missing_peer(text, info)
+        if missing is not None:
+            return ShoalError(
+                f"{who} timed out after {init_timeout:.0f} s joining the process group at {endpoint} "
+                f"({info.scheme}): rank {missing} never arrived",
+                f"rank {missing} was not started or is stuck before joining: read its output (its node's log); "
+                "wait longer with SHOAL_INIT_TIMEOUT",
+            )
+        arrived = _ARRIVED.search(text)
+        count = f": {arrived[1]} of {arrived[2]} ranks arrived" if arrived else ""
         return ShoalError(
-            f"{who} timed out after {init_timeout:.0f} s joining the process group at {endpoint} ({info.scheme})",
+            f"{who} timed out after {init_timeout:.0f} s joining the process group at {endpoint} ({info.scheme}){count}",
             f"check that every rank was started and that {endpoint} is reachable from node "
             f"{info.node_rank} (MASTER_ADDR, firewall); wait longer with SHOAL_INIT_TIMEOUT",
         )
@@ -74,6 +85,26 @@ def _join_error(err: Exception, info: EnvInfo, endpoint: str, init_timeout: floa
         f"{who} could not join the process group at {endpoint}: {text}",
         f"check MASTER_ADDR/MASTER_PORT and that {endpoint} is reachable from node {info.node_rank}",
     )
+
+
+_AWAITED_KEY = re.compile(r"wait timeout after \d+ms, keys: /default_pg/\S*/(\d+)$")
+"""gloo's full mesh: each rank publishes its address in the store under a key ending in its rank, and
+waits for its peers' keys in turn (torch 2.15: "wait timeout after 60000ms, keys:
+/default_pg/0//cpu//0/2" for a missing rank 2, on every rank that waited)."""
+_ARRIVED = re.compile(r"(\d+)/(\d+) clients joined")
+"""The TCPStore that rank 0 hosts for tcp:// counts who connected ("2/3 clients joined")."""
+
+
+def _missing_peer(text: str, info: EnvInfo) -> int | None:
+    """The rank this one waited for when it timed out, if the store was the launcher's.
+
+    Only then: with tcp://, rank 0 hosts the store and publishes nothing until every rank has
+    connected, so the others' wait names rank 0 whichever rank is missing."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    match = _AWAITED_KEY.search(text)
+    peer = int(match[1]) if match else None
+    return peer if peer is not None and peer != info.rank and peer < info.world_size else None
 
 
 def choose_socket_interface(info: EnvInfo, backend: str) -> None:
