@@ -19,6 +19,14 @@ import torchvision  # noqa: F401
 # use): a fixture imported by several test modules would be several fixtures, and two clusters.
 from cluster_slurm.slurm_cluster import slurm  # noqa: F401
 
+# --cpu-profile DIR: each test's wall time and CPU, its child processes' included (tests/cpu_profile.py).
+from cpu_profile import (  # noqa: F401
+    pytest_addoption,
+    pytest_runtest_protocol,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MNIST_GZ = SHARED / "data" / "mnist"

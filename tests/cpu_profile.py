@@ -1,0 +1,91 @@
+"""``--cpu-profile DIR``: where the suite's CPU goes, per test and per file.
+
+The suite is CPU-bound on 2 cores (README, "Tests"), so its wall time follows the CPU its tests
+spend, nearly all of it in the processes they start. For each test this records the wall time, the
+CPU of the pytest process and the CPU of its waited-for descendants (``RUSAGE_CHILDREN``: every
+launcher, worker, daemon and pod process once reaped, forked workers included) into
+``DIR/tests-<worker>.jsonl``, one JSON object a line; at the end the run prints the files that cost
+the most (records of an earlier run in DIR are removed first). A module fixture's processes count in the first test that uses it; a process nobody
+waits for (a daemon left to init) counts nowhere.
+
+    make test PYTEST_ARGS="-n 2 --dist loadgroup --no-loadscope-reorder --cpu-profile /tmp/cpu"
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import pytest
+
+TOP_FILES = 25
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-profile",
+        metavar="DIR",
+        default=None,
+        help="record each test's wall time and CPU (its own and its child processes') in DIR; "
+        "print the costliest files at the end",
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The controller clears an earlier run's records (before any xdist worker writes)."""
+    directory = session.config.getoption("cpu_profile")
+    if directory and not hasattr(session.config, "workerinput"):
+        for old in Path(directory).glob("tests-*.jsonl"):
+            old.unlink()
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    directory = item.config.getoption("cpu_profile")
+    if not directory:
+        return (yield)
+    own, children, start = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), time.monotonic()
+    try:
+        return (yield)
+    finally:
+        record = {
+            "test": item.nodeid,
+            "wall_s": round(time.monotonic() - start, 3),
+            "cpu_s": round(_cpu(resource.RUSAGE_SELF) - own, 3),
+            "children_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
+        }
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(Path(directory) / f"tests-{worker}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    directory = config.getoption("cpu_profile")
+    if not directory or hasattr(config, "workerinput"):  # the summary once, from the controller
+        return
+    records = [json.loads(line) for path in Path(directory).glob("tests-*.jsonl") for line in path.open()]
+    if not records:
+        return
+    wall, cpu, count = collections.Counter(), collections.Counter(), collections.Counter()
+    for record in records:
+        name = record["test"].split("::")[0]
+        wall[name] += record["wall_s"]
+        cpu[name] += record["cpu_s"] + record["children_cpu_s"]
+        count[name] += 1
+    write = terminalreporter.write_line
+    terminalreporter.section("CPU by test file (--cpu-profile)")
+    write(f"{len(records)} tests: {sum(wall.values()):.0f} s of test wall time, {sum(cpu.values()):.0f} CPU-s")
+    write(f"{'CPU-s':>8} {'wall s':>8} {'tests':>5}  file")
+    for name, seconds in cpu.most_common(TOP_FILES):
+        write(f"{seconds:8.1f} {wall[name]:8.1f} {count[name]:5d}  {name}")
+    write(f"records: {directory}/tests-*.jsonl")
