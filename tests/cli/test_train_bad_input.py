@@ -35,6 +35,7 @@ TORCH = re.compile(r"^import time:.*\|\s+torch$", re.M)
         (["train", "digits", "--device", "cuda"], ["CUDA is not available"], False),
         (["train", "digits", "--amp", "fp8"], ["--amp 'fp8' is not one of"], True),
         (["train", "mnist"], ["needs a data directory", "--data"], False),
+        (["train", "digits", "--resume", "no/such/ckpt-e00001.pt"], ["no such checkpoint", "--resume auto"], True),
     ],
 )
 def test_bad_input_is_one_line_with_hint(args, needles, before_torch, tmp_path):

@@ -196,6 +196,14 @@ class TrainConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+def no_such_checkpoint(path: str) -> ShoalError:
+    """``--resume PATH`` that names no checkpoint (the CLI says so before torch loads if nothing is there)."""
+    return ShoalError(
+        f"--resume {path}: no such checkpoint",
+        "pass --resume auto, never, a ckpt-*.pt file or a sharded ckpt-*.dcp directory",
+    )
+
+
 def _check_strategy(strategy: str, comm_hook: str, amp: str, channels_last: bool | None) -> None:
     """--strategy, and what fsdp refuses, in the process that starts the workers (one line + HINT)."""
     if strategy == "ddp":

@@ -35,7 +35,7 @@ from shoal.distributed.device import workers_device
 from shoal.errors import ShoalError
 from shoal.launch.local import launch_local, resolve_start_method, starts_workers
 from shoal.launch.options import LaunchOptions
-from shoal.train.config import TrainConfig
+from shoal.train.config import TrainConfig, no_such_checkpoint
 from shoal.train.entry import run_worker
 from shoal.train.outputs import default_out_dir, prepare_out_dir
 from shoal.train.trainer import TrainResult, train
@@ -95,10 +95,7 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)
     if cfg.resume not in ("auto", "never") and not (Path(cfg.resume).is_file() or is_sharded(cfg.resume)):
-        raise ShoalError(
-            f"--resume {cfg.resume}: no such checkpoint",
-            "pass --resume auto, never, a ckpt-*.pt file or a sharded ckpt-*.dcp directory",
-        )
+        raise no_such_checkpoint(cfg.resume)
     if not starts_workers(options):
         _prepare(workload, cfg)
         return train(cfg, workload=workload)
