@@ -17,12 +17,12 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from shoal.checkpoint.dcp_support import SafeLoadPlanner, dcp_reason, quiet_single_process
+from shoal.checkpoint.layout import META, is_sharded
 from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError, first_line
 
 FORMAT = "shoal-sharded"
 FORMAT_VERSION = 1
-META = "shoal.json"
 SUFFIX = ".dcp"
 """The suffix the checkpoint manager gives a sharded checkpoint's directory (``ckpt-e00001-s000000100.dcp``)."""
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.dcp$")
@@ -104,11 +104,6 @@ def sharded_checkpoints(directory: str | os.PathLike) -> list[Path]:
         if match and is_sharded(path):
             found.append(((int(match.group(1)), int(match.group(2))), path))
     return [path for _, path in sorted(found)]
-
-
-def is_sharded(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a committed sharded checkpoint directory (cheap: no reading of shards)."""
-    return Path(path).is_dir() and (Path(path) / META).is_file() and (Path(path) / ".metadata").is_file()
 
 
 def remove_stale(parent: str | os.PathLike) -> None:

@@ -10,7 +10,6 @@ options' defaults (:mod:`shoal.launch.pods`).
 from __future__ import annotations
 
 import argparse
-import os
 
 from shoal.cli.fields import add_fields, given_fields
 
@@ -78,14 +77,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from shoal.launch.options import LaunchOptions
-    from shoal.train.config import TrainConfig, no_such_checkpoint
+    from shoal.train.config import TrainConfig, check_resume
 
-    # The flags and the workload's name are checked (TrainConfig, LaunchOptions) before torch is
-    # imported (2-3 s of CPU): bad input fails at once.
+    # The flags, the workload's name and --resume are checked (TrainConfig, LaunchOptions,
+    # check_resume) before torch is imported (2-3 s of CPU): bad input fails at once.
     cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
     launch = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
-    if cfg.resume not in ("auto", "never") and not os.path.exists(cfg.resume):
-        raise no_such_checkpoint(cfg.resume)  # a typo said at once; what is there is checked later
+    check_resume(cfg.resume)
     from shoal.train.job import run_training
 
     run_training(cfg, launch)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shoal.checkpoint.cadence import Cadence
+from shoal.checkpoint.layout import is_sharded
 from shoal.distributed.comm_hooks import COMM_HOOKS, check_comm_hook
 from shoal.env.grace import PREEMPT_GRACE_S
 from shoal.errors import ShoalError
@@ -196,12 +198,15 @@ class TrainConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def no_such_checkpoint(path: str) -> ShoalError:
-    """``--resume PATH`` that names no checkpoint (the CLI says so before torch loads if nothing is there)."""
-    return ShoalError(
-        f"--resume {path}: no such checkpoint",
-        "pass --resume auto, never, a ckpt-*.pt file or a sharded ckpt-*.dcp directory",
-    )
+def check_resume(resume: str) -> None:
+    """``--resume``: auto, never, or a ``ckpt-*.pt`` file or sharded ``ckpt-*.dcp`` directory that exists.
+    Torch-free: ``shoal train`` says so before torch loads, :func:`~shoal.train.job.run_training` for
+    ``shoal.fit``."""
+    if resume not in ("auto", "never") and not (os.path.isfile(resume) or is_sharded(resume)):
+        raise ShoalError(
+            f"--resume {resume}: no such checkpoint",
+            "pass --resume auto, never, a ckpt-*.pt file or a sharded ckpt-*.dcp directory",
+        )
 
 
 def _check_strategy(strategy: str, comm_hook: str, amp: str, channels_last: bool | None) -> None:

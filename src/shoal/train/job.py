@@ -27,15 +27,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shoal.checkpoint.sharded import is_sharded
 from shoal.distributed.device import workers_device
 from shoal.errors import ShoalError
 from shoal.launch.local import launch_local, resolve_start_method, starts_workers
 from shoal.launch.options import LaunchOptions
-from shoal.train.config import TrainConfig, no_such_checkpoint
+from shoal.train.config import TrainConfig, check_resume
 from shoal.train.entry import run_worker
 from shoal.train.outputs import default_out_dir, prepare_out_dir
 from shoal.train.trainer import TrainResult, train
@@ -94,8 +92,7 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     given = workload
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)
-    if cfg.resume not in ("auto", "never") and not (Path(cfg.resume).is_file() or is_sharded(cfg.resume)):
-        raise no_such_checkpoint(cfg.resume)
+    check_resume(cfg.resume)
     if not starts_workers(options):
         _prepare(workload, cfg)
         return train(cfg, workload=workload)
