@@ -5,8 +5,8 @@ spend, nearly all of it in the processes they start. For each test this records 
 CPU of the pytest process and the CPU of its waited-for descendants (``RUSAGE_CHILDREN``: every
 launcher, worker, daemon and pod process once reaped, forked workers included) into
 ``DIR/tests-<worker>.jsonl``, one JSON object a line; at the end the run prints the files that cost
-the most (records of an earlier run in DIR are removed first). A module fixture's processes count in the first test that uses it; a process nobody
-waits for (a daemon left to init) counts nowhere.
+the most. Records of an earlier run in DIR are removed first. A module fixture's processes count in
+the first test that uses it; a process nobody waits for (a daemon left to init) counts nowhere.
 
     make test PYTEST_ARGS="-n 2 --dist loadgroup --no-loadscope-reorder --cpu-profile /tmp/cpu"
 """
@@ -36,9 +36,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The controller clears an earlier run's records (before any xdist worker writes)."""
+    """DIR made once per process; the controller clears an earlier run's records (it starts before
+    any xdist worker writes)."""
     directory = session.config.getoption("cpu_profile")
-    if directory and not hasattr(session.config, "workerinput"):
+    if not directory:
+        return
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    if not hasattr(session.config, "workerinput"):
         for old in Path(directory).glob("tests-*.jsonl"):
             old.unlink()
 
@@ -63,7 +67,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
             "cpu_s": round(_cpu(resource.RUSAGE_SELF) - own, 3),
             "children_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
         }
-        Path(directory).mkdir(parents=True, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(Path(directory) / f"tests-{worker}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -113,9 +113,8 @@ def diagnose_stuck(proc: subprocess.Popen, wait_s: float = 10.0) -> str:
     except subprocess.TimeoutExpired as timeout:
         err = timeout.stderr
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+        kill_group(proc)  # the launcher's session (start_new_session=True), workers and all
+        if proc.poll() is None:
             proc.kill()
         proc.wait()
     if isinstance(err, bytes):

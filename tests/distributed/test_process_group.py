@@ -17,7 +17,7 @@ def _info(rank: int, world: int) -> EnvInfo:
 
 def test_with_tcp_rank_0_says_how_many_ranks_reached_its_store():
     # tcp://: rank 0 hosts the store and waits for every rank to connect (only itself here).
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(dist.DistStoreError) as raised:
         dist.TCPStore("127.0.0.1", 0, 3, True, timeout=timedelta(seconds=1), wait_for_workers=True)
     error = _join_error(raised.value, _info(0, 3), "127.0.0.1:29500", 1)
     assert error.message.endswith("joining the process group at 127.0.0.1:29500 (torchrun): 1 of 3 ranks arrived")
@@ -28,7 +28,7 @@ def test_the_awaited_key_names_a_rank_only_in_a_launchers_store(monkeypatch, age
     # The key gloo waits on, read from a real store's timeout; only a launcher's store makes it the
     # missing rank (with tcp:// the others wait for rank 0's key whoever is missing).
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=1), wait_for_workers=False)
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(dist.DistStoreError) as raised:
         store.wait(["default_pg/0//cpu//0/2"])  # reported as torch reports gloo's: "/default_pg/0//cpu//0/2"
     if agent_store is None:
         monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)

@@ -13,14 +13,14 @@ import json
 import math
 import shutil
 import signal
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from memory_demo import train_large
 
-from cgroups import memory_cgroup, run_in_cgroup
+from cgroups import memory_cgroup
 from conftest import run_shoal
 from procs import kill_group, start, wait_for
 
@@ -324,8 +324,6 @@ WORKER_LIMIT = 1152 << 20
 launcher's share: 2.88 GiB, against peaks of 2.15 GiB under FSDP and 3.76 GiB under DDP)."""
 LAUNCHER = 640 << 20
 """The launcher: Python, torch, the agent (its pages are shared with the forked workers until written)."""
-LARGE = ["language", "--arch", "large", "--samples", "8", "--batch-size", "1", "--epochs", "1"]
-LARGE += ["--device", "cpu", "--checkpoint-every", "off", "--no-progress", "--nproc", "2", "--seed", "0"]
 
 
 @pytest.fixture
@@ -335,12 +333,8 @@ def memory_limit():
         yield child
 
 
-def _in_cgroup(cgroup: str, *args: str) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "shoal", "train", *args]
-    # glibc's malloc raises its mmap threshold to the size of the largest block freed (up to 32 MiB),
-    # and keeps smaller blocks in its heap afterwards: the whole model FSDP frees after sharding it
-    # would stay resident. A fixed threshold returns freed tensors to the system (same for both).
-    proc = run_in_cgroup(cgroup, cmd, timeout=900, env={"MALLOC_MMAP_THRESHOLD_": str(128 << 10)})
+def _in_cgroup(cgroup: str, strategy: str, out: Path) -> tuple[int, str]:
+    proc = train_large(cgroup, 2, strategy, str(out))
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -351,11 +345,11 @@ def test_the_large_model_trains_under_fsdp_where_ddp_is_killed_for_memory(memory
     under DDP, 0.8 GB under FSDP at 2) at 2 workers in 2 x 1.125 GiB (+ the launcher's 640 MiB):
     DDP's workers are OOM-killed and shoal says so; FSDP (its peak 2.15 GiB for the whole job,
     measured unlimited; DDP's 3.76 GiB) trains to the end. docs/SHARDING.md."""
-    code, out = _in_cgroup(memory_limit, *LARGE, "--strategy", "ddp", "--out", str(tmp_path / "ddp"))
+    code, out = _in_cgroup(memory_limit, "ddp", tmp_path / "ddp")
     assert code == 128 + signal.SIGKILL, out
     summary = next(line for line in out.splitlines() if line.startswith("shoal: error:"))
     assert "killed by SIGKILL" in summary and "the kernel's out-of-memory killer" in summary, out
-    code, out = _in_cgroup(memory_limit, *LARGE, "--strategy", "fsdp", "--out", str(tmp_path / "fsdp"))
+    code, out = _in_cgroup(memory_limit, "fsdp", tmp_path / "fsdp")
     assert code == 0, out
     (record,) = _metrics(tmp_path / "fsdp")
     assert record["samples_seen"] == 8 and math.isfinite(record["test_loss"])

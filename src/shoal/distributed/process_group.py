@@ -68,18 +68,18 @@ def _join_error(err: Exception, info: EnvInfo, endpoint: str, init_timeout: floa
     if "timeout" in text.lower() or "timed out" in text.lower():
         missing = _missing_peer(text, info)
         if missing is not None:
-            return ShoalError(
-                f"{who} timed out after {init_timeout:.0f} s joining the process group at {endpoint} "
-                f"({info.scheme}): rank {missing} never arrived",
-                f"rank {missing} was not started or is stuck before joining: read its output (its node's log); "
-                "wait longer with SHOAL_INIT_TIMEOUT",
+            found = f": rank {missing} never arrived"
+            hint = f"rank {missing} was not started or is stuck before joining: read its output (its node's log)"
+        else:
+            arrived = _ARRIVED.search(text)
+            found = f": {arrived[1]} of {arrived[2]} ranks arrived" if arrived else ""
+            hint = (
+                f"check that every rank was started and that {endpoint} is reachable from node "
+                f"{info.node_rank} (MASTER_ADDR, firewall)"
             )
-        arrived = _ARRIVED.search(text)
-        count = f": {arrived[1]} of {arrived[2]} ranks arrived" if arrived else ""
         return ShoalError(
-            f"{who} timed out after {init_timeout:.0f} s joining the process group at {endpoint} ({info.scheme}){count}",
-            f"check that every rank was started and that {endpoint} is reachable from node "
-            f"{info.node_rank} (MASTER_ADDR, firewall); wait longer with SHOAL_INIT_TIMEOUT",
+            f"{who} timed out after {init_timeout:.0f} s joining the process group at {endpoint} ({info.scheme}){found}",
+            f"{hint}; wait longer with SHOAL_INIT_TIMEOUT",
         )
     return ShoalError(
         f"{who} could not join the process group at {endpoint}: {text}",
@@ -103,8 +103,9 @@ def _missing_peer(text: str, info: EnvInfo) -> int | None:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     match = _AWAITED_KEY.search(text)
-    peer = int(match[1]) if match else None
-    return peer if peer is not None and peer != info.rank and peer < info.world_size else None
+    if match is None or int(match[1]) == info.rank or int(match[1]) >= info.world_size:
+        return None
+    return int(match[1])
 
 
 def choose_socket_interface(info: EnvInfo, backend: str) -> None:

@@ -1,6 +1,6 @@
-"""The memory demo of docs/SHARDING.md by hand: ``shoal train language --arch large`` under DDP or
-FSDP, launched inside a fresh memory cgroup (tests/cgroups.py, as the test does), then the exit
-status, the seconds and the cgroup's peak usage. Root and a writable memory cgroup needed.
+"""The memory demo of docs/SHARDING.md by hand: the test's launch (tests/train/memory_demo.py) in a
+fresh memory cgroup (tests/cgroups.py), then the exit status, the seconds and the cgroup's peak
+usage. Root and a writable memory cgroup needed.
 
 Usage (from the repository root): python tests/train/scripts/fsdp_memory_peak.py NPROC LIMIT_MIB ddp|fsdp
 """
@@ -13,22 +13,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: cgroups
-from cgroups import memory_cgroup, run_in_cgroup
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/train/: memory_demo
+from memory_demo import train_large
 
-nproc, limit_mib, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-large = ["language", "--arch", "large", "--samples", "8", "--batch-size", "1", "--epochs", "1", "--device", "cpu"]
-large += ["--checkpoint-every", "off", "--no-progress", "--nproc", nproc, "--seed", "0", "--strategy", strategy]
+from cgroups import memory_cgroup
+
+nproc, limit_mib, strategy = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 out = tempfile.mkdtemp(prefix="fsdp-memory-")
 try:
     with memory_cgroup(limit_mib << 20, "peak") as cgroup:
         started = time.time()
-        # the test's malloc setting (tests/train/test_fsdp_train.py, _in_cgroup): freed tensors go back
-        proc = run_in_cgroup(
-            cgroup,
-            [sys.executable, "-m", "shoal", "train", *large, "--out", os.path.join(out, "run")],
-            timeout=900,
-            env={"MALLOC_MMAP_THRESHOLD_": str(128 << 10)},
-        )
+        proc = train_large(cgroup, nproc, strategy, os.path.join(out, "run"))
         seconds = time.time() - started
         peaks = [os.path.join(cgroup, n) for n in ("memory.max_usage_in_bytes", "memory.peak")]
         peak = next(int(Path(p).read_text()) for p in peaks if os.path.exists(p)) / 2**30
