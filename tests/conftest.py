@@ -19,7 +19,7 @@ import torchvision  # noqa: F401
 # use): a fixture imported by several test modules would be several fixtures, and two clusters.
 from cluster_slurm.slurm_cluster import slurm  # noqa: F401
 
-# --cpu-profile DIR: each test's wall time and CPU, its child processes' included (tests/cpu_profile.py).
+# --cpu-profile=DIR: each test's wall time and CPU, its child processes' included (tests/cpu_profile.py).
 from cpu_profile import (  # noqa: F401
     pytest_addoption,
     pytest_runtest_protocol,

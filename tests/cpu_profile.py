@@ -1,4 +1,4 @@
-"""``--cpu-profile DIR``: where the suite's CPU goes, per test and per file.
+"""``--cpu-profile=DIR``: where the suite's CPU goes, per test and per file.
 
 The suite is CPU-bound on 2 cores (README, "Tests"), so its wall time follows the CPU its tests
 spend, nearly all of it in the processes they start. For each test this records the wall time, the
@@ -8,7 +8,11 @@ launcher, worker, daemon and pod process once reaped, forked workers included) i
 the most. Records of an earlier run in DIR are removed first. A module fixture's processes count in
 the first test that uses it; a process nobody waits for (a daemon left to init) counts nowhere.
 
-    make test PYTEST_ARGS="-n 2 --dist loadgroup --no-loadscope-reorder --cpu-profile /tmp/cpu"
+    make test PYTEST_ARGS="-n 2 --dist loadgroup --no-loadscope-reorder --cpu-profile=/tmp/cpu"
+
+With ``=``: tests/conftest.py defines the option, and before it is read pytest takes a separate
+value that names an existing directory for a path to test (xdist's workers, started once the
+directory exists, then find no conftest and no such option).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--cpu-profile",
         metavar="DIR",
         default=None,
-        help="record each test's wall time and CPU (its own and its child processes') in DIR; "
+        help="(as --cpu-profile=DIR) record each test's wall time and CPU (its own and its child processes') in DIR; "
         "print the costliest files at the end",
     )
 
