@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,8 @@ from pathlib import Path
 import joblib  # noqa: F401
 import pytest
 import torchvision  # noqa: F401
+
+import warm
 
 # One definition of the session's Slurm cluster (real slurmctld, slurmd and munge, started on first
 # use): a fixture imported by several test modules would be several fixtures, and two clusters.
@@ -122,12 +123,15 @@ def shoal_cmd(*args: str) -> list[str]:
 
 
 def run_shoal(*args: str, timeout: float = 180, env: dict | None = None, cwd: str | Path | None = None):
-    """Run ``shoal ARGS`` in a subprocess; return the CompletedProcess (text, both streams captured)."""
+    """Run ``shoal ARGS`` in a subprocess; return the CompletedProcess (text, both streams captured).
+
+    Started warm (tests/warm.py: a fork of a process that has imported torch and shoal) unless the
+    environment asks for a fresh interpreter."""
     full_env = dict(os.environ)
     full_env.pop("SHOAL_ENV", None)
     if env:
         full_env.update(env)
-    return subprocess.run(shoal_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+    return warm.run(shoal_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
 
 
 @pytest.fixture

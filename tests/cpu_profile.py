@@ -3,7 +3,8 @@
 The suite is CPU-bound on 2 cores (README, "Tests"), so its wall time follows the CPU its tests
 spend, nearly all of it in the processes they start. For each test this records the wall time, the
 CPU of the pytest process and the CPU of its waited-for descendants (``RUSAGE_CHILDREN``: every
-launcher, worker, daemon and pod process once reaped, forked workers included) into
+launcher, worker, daemon and pod process once reaped, forked workers included, and the commands
+started warm by tests/warm.py) into
 ``DIR/tests-<worker>.jsonl``, one JSON object a line; at the end the run prints the files that cost
 the most. Records of an earlier run in DIR are removed first. A module fixture's processes count in
 the first test that uses it; a process nobody waits for (a daemon left to init) counts nowhere.
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+import warm
 
 TOP_FILES = 25
 
@@ -53,7 +56,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def _cpu(who: int) -> float:
     usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
+    warm_children = warm.children_cpu_s() if who == resource.RUSAGE_CHILDREN else 0.0  # the warm server's
+    return usage.ru_utime + usage.ru_stime + warm_children
 
 
 @pytest.hookimpl(wrapper=True)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import warm
+
 
 def start(*args: str, **kwargs) -> subprocess.Popen:
     """``python -m shoal ARGS`` in its own session (so its whole process group can be killed)."""
@@ -16,8 +18,9 @@ def start(*args: str, **kwargs) -> subprocess.Popen:
 
 
 def start_cmd(*cmd: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    """``cmd`` in its own session, both streams piped as text; ``python -m shoal`` started warm (tests/warm.py)."""
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "SHOAL_ENV"}
-    return subprocess.Popen(
+    return warm.popen(
         list(cmd),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -5,11 +5,11 @@ every rendered launch command, script or manifest."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+import warm
 from conftest import shoal_cmd
 
 SECRETS = {
@@ -37,7 +37,7 @@ def _leaks(root: Path) -> list[str]:
 @pytest.mark.multiprocess
 def test_training_runs_and_kept_logs_hold_no_secret(tmp_path):
     run = tmp_path / "run"
-    train = subprocess.run(
+    train = warm.run(
         shoal_cmd("train", "digits", "--nproc", "2", "--epochs", "1", "--device", "cpu", "--out", str(run),
                   "--tracker", "tensorboard"),
         capture_output=True, text=True, timeout=300, env=_env(),
@@ -46,7 +46,7 @@ def test_training_runs_and_kept_logs_hold_no_secret(tmp_path):
     logs = tmp_path / "logs"
     out = tmp_path / "out"
     out.mkdir()
-    job = subprocess.run(
+    job = warm.run(
         shoal_cmd("run", "--nproc", "2", "--log-dir", str(logs), "--verbose", str(SCRIPT), str(out)),
         capture_output=True, text=True, timeout=300, env=_env(),
     )  # fmt: skip
@@ -69,7 +69,7 @@ def test_training_runs_and_kept_logs_hold_no_secret(tmp_path):
     ],
 )
 def test_rendered_launches_hold_no_secret(form, tmp_path):
-    proc = subprocess.run(
+    proc = warm.run(
         shoal_cmd(*form, "--", "shoal", "train", "digits"), capture_output=True, text=True, timeout=120,
         env=_env(), cwd=tmp_path,
     )  # fmt: skip
@@ -90,7 +90,7 @@ def test_rendered_launches_hold_no_secret(form, tmp_path):
 def test_a_secret_whose_value_would_be_written_is_refused(form, env, tmp_path):
     """A secret's value would land in the launch line (SSH inlines the shell's value; a manifest
     holds values; NAME=VALUE is typed in clear): refused with the way to pass it; nothing written."""
-    proc = subprocess.run(
+    proc = warm.run(
         shoal_cmd(*form, "--env", env, "--", "shoal", "train", "digits"),
         capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path,
     )  # fmt: skip
@@ -110,7 +110,7 @@ def test_a_secret_whose_value_would_be_written_is_refused(form, env, tmp_path):
 )
 def test_a_secret_passed_by_name_stays_a_name(form, tmp_path):
     """mpirun (``-x NAME``) and sbatch (its exported environment) carry a variable by name."""
-    proc = subprocess.run(
+    proc = warm.run(
         shoal_cmd(*form, "--env", "DB_PASSWORD", "--", "shoal", "train", "digits"),
         capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path,
     )  # fmt: skip

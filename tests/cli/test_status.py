@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from procs import wait_for
 from progress_job import start_job, stop_job
 from shoal.progress import read_progress
 
 
 def status(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shoal", "status", *args], capture_output=True, text=True, timeout=120)
+    return warm.run([sys.executable, "-m", "shoal", "status", *args], capture_output=True, text=True, timeout=120)
 
 
 def _stepping(progress, steps=3):

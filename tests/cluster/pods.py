@@ -38,6 +38,7 @@ operator's rules see ``tests/k8s/pod_runtime.py``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -50,6 +51,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import warm
 from procs import stop_all
 
 SUBNET_PREFIX = "10.77"
@@ -109,8 +111,12 @@ class Pod:
 
     def popen(self, cmd: Sequence[str], *, cwd: str | os.PathLike | None = None, **kw: Any) -> subprocess.Popen:
         """``subprocess.Popen`` in this pod (stopped at teardown if still running). nsenter execs the
-        command, so the returned process's PID is the command's own."""
-        proc = subprocess.Popen(self.cmd(cmd, cwd), **kw)
+        command, so the returned process's PID is the command's own; ``python -m shoal`` starts warm
+        in the pod's namespaces (tests/warm.py)."""
+        if warm.starts_warm(list(cmd), **kw):
+            proc = warm.WarmProcess(list(cmd), enter=self.pause.pid, cwd=cwd or "/", **kw)
+        else:
+            proc = subprocess.Popen(self.cmd(cmd, cwd), **kw)
         self._procs.append(proc)
         return proc
 
@@ -118,7 +124,7 @@ class Pod:
         self, cmd: Sequence[str], *, cwd: str | os.PathLike | None = None, **kw: Any
     ) -> subprocess.CompletedProcess:
         """``subprocess.run`` in this pod."""
-        return subprocess.run(self.cmd(cmd, cwd), **kw)
+        return warm.run(list(cmd), start=functools.partial(self.popen, cwd=cwd), **kw)
 
     def pids(self, *, live_only: bool = True) -> list[int]:
         """Processes in this pod's network namespace (the pause process included)."""

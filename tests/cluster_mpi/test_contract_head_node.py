@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
+import warm
 from contract.torchrun import SCRIPT, check_report, report_from_output
 
 pytestmark = pytest.mark.multiprocess
@@ -34,7 +34,7 @@ def _env() -> dict[str, str]:
 def test_launch_from_the_head_node_gives_torchruns_contract(via, tmp_path):
     if via == "auto" and shutil.which("mpirun") is None:
         pytest.skip("Open MPI's mpirun is not installed: auto would be ssh")
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "shoal", "launch", "--hosts", "localhost:2", "--via", via, "--", str(SCRIPT)],
         env=_env(),
         cwd=tmp_path,

@@ -7,11 +7,11 @@ their own tests run the same script: see docs/LAUNCHERS.md.)
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 
+import warm
 from contract.torchrun import SCRIPT, check_report, report_from_output
 
 pytestmark = pytest.mark.multiprocess
@@ -24,7 +24,7 @@ def test_shoal_run_gives_torchruns_contract(tmp_path):
         if not k.startswith(("OMPI_", "PMI_", "SLURM_", "TORCHELASTIC_", "PET_"))
         and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS")
     }
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--max-restarts", "1", str(SCRIPT)],
         env=env,
         cwd=tmp_path,

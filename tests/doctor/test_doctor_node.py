@@ -14,6 +14,7 @@ import sys
 
 import jsonschema
 
+import warm
 from shoal.doctor.model import FAIL, OK, WARN
 from shoal.doctor.network import _match_ifnames
 from shoal.doctor.resources import nofile_check, shm_check
@@ -30,7 +31,7 @@ def _doctor(*args: str, env: dict[str, str] | None = None, nofile: int | None = 
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "shoal", "doctor", *args],
         capture_output=True,
         text=True,

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import warm
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED
 from shoal.jobs.hosts import processes as remote
 from shoal.jobs.hosts import rank_status
@@ -103,9 +104,8 @@ def test_mpirun_all_ranks_succeed():
 def test_the_rank_wrapper_starts_without_a_warning_on_every_rank(tmp_path):
     """``python -m shoal.jobs.hosts.rank_status`` found itself imported by its own package (runpy's
     RuntimeWarning, once per rank, in every ``shoal launch --via mpirun`` job's output)."""
-    import subprocess
 
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "shoal", "launch", "--hosts", "localhost:2", "--via", "mpirun", "--", "sh", "-c", "true"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from conftest import run_shoal, shoal_cmd
 from procs import alive, diagnose_stuck, kill_group, start_cmd
 from shoal.cli.main import main
@@ -74,7 +75,7 @@ def _clean_env(env: dict) -> dict:
 
 
 def _run(*args: str, tmp_path: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return warm.run(
         shoal_cmd("run", *args),
         capture_output=True,
         text=True,
@@ -94,7 +95,7 @@ def test_two_jobs_at_once_each_get_a_free_port(tmp_path):
     env = _clean_env(_env(tmp_path))
     spellings = [["--nproc", "2"], ["--nproc_per_node=2"]]
     procs = [
-        subprocess.Popen(
+        warm.popen(
             shoal_cmd("run", *flags, ALLREDUCE, str(out)),
             env=env,
             stdout=subprocess.PIPE,
@@ -159,7 +160,7 @@ def test_failing_rank_shows_its_own_traceback_and_no_worker_survives(tmp_path):
     log = tmp_path / "stderr.txt"
     start = time.monotonic()
     with open(log, "w") as stderr:
-        proc = subprocess.run(
+        proc = warm.run(
             shoal_cmd("run", "--nproc", "2", FAIL, str(pids), "raise"),
             stdout=subprocess.DEVNULL,
             stderr=stderr,
@@ -216,7 +217,7 @@ def test_workers_die_with_the_launcher(tmp_path, sig):
     pids = tmp_path / "pids"
     pids.mkdir()
     # PYTHONFAULTHANDLER: should the launcher not exit, diagnose_stuck gets its threads' stacks.
-    proc = subprocess.Popen(
+    proc = warm.popen(
         shoal_cmd("run", "--nproc", "2", str(SCRIPTS / "sleep_forever.py"), str(pids)),
         env=_clean_env(_env(tmp_path, PYTHONFAULTHANDLER="1")),
         stdout=subprocess.DEVNULL,

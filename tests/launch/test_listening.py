@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from conftest import shoal_cmd
 from listening import descendants, is_loopback, listening
 from procs import wait_for
@@ -33,7 +34,7 @@ def _sockets_while_ready(proc: subprocess.Popen, out: Path, ranks: int, pids_of=
 
 
 def test_shoal_run_on_one_node_listens_on_loopback_only(tmp_path):
-    proc = subprocess.Popen(shoal_cmd("run", "--nproc", "2", HOLD, str(tmp_path)), stderr=subprocess.PIPE, text=True)
+    proc = warm.popen(shoal_cmd("run", "--nproc", "2", HOLD, str(tmp_path)), stderr=subprocess.PIPE, text=True)
     try:
         found = _sockets_while_ready(proc, tmp_path, 2)
         _, err = proc.communicate(timeout=120)

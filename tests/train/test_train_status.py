@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import warm
+
 
 @pytest.mark.multiprocess
 def test_shoal_status_reads_a_finished_trains_run_directory(tmp_path):
@@ -15,7 +17,7 @@ def test_shoal_status_reads_a_finished_trains_run_directory(tmp_path):
     done = subprocess.run(train, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in (out / "progress").glob("rank-*.progress")) == ["rank-0.progress", "rank-1.progress"]
-    status = subprocess.run(
+    status = warm.run(
         [sys.executable, "-m", "shoal", "status", str(out), "--json"], capture_output=True, text=True, timeout=60
     )
     assert status.returncode == 0, status.stderr

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import torch
 
+import warm
 from conftest import run_shoal, shoal_cmd
 from workloads.user_workload_files import GOOD, write
 
@@ -69,7 +70,7 @@ def test_two_node_launchers_train_a_users_workload_as_one_node_would(reference, 
     write(tmp_path, "my_workload.py", GOOD)
     port = str(_free_port())
     nodes = [
-        subprocess.Popen(
+        warm.popen(
             [
                 *shoal_cmd("train", "my_workload.py:Tiny", "--nproc", "1", "--nnodes", "2", "--node-rank", str(i)),
                 "--master-addr",

@@ -1,0 +1,107 @@
+"""tests/warm.py starts the tests' ``python -m shoal`` commands as forks of a process that imported torch
+and shoal once: a command must give the same result warm as fresh, and the cases that could differ
+must start fresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import warm
+from cluster.pods import PodSpec, pod_network, pods_unavailable
+from conftest import shoal_cmd
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _both(args: list[str], env: dict[str, str], cwd) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    cmd = shoal_cmd(*args)
+    assert warm.starts_warm(cmd, env=env)
+    started = warm.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+    return started, fresh
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--version"],
+        ["env", "--json"],
+        ["train", "imagenet"],  # a one-line error and its HINT, exit 2
+        ["train", "digits", "--nproc", "0"],
+        ["status", "no-such-run"],
+    ],
+)
+def test_a_command_gives_the_same_result_warm_and_fresh(args, tmp_path):
+    torchrun = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.77.9.9"}
+    env = {**os.environ, **torchrun, "MASTER_PORT": "29500"}
+    env.pop("SHOAL_ENV", None)
+    started, fresh = _both(args, env, tmp_path)
+    assert (started.returncode, started.stdout, started.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    if args == ["env", "--json"]:  # the command saw the environment it was given, not the server's
+        seen = json.loads(started.stdout)
+        assert (seen["rank"], seen["world_size"], seen["scheme"]) == (3, 4, "torchrun"), seen
+
+
+def test_a_variable_read_at_import_starts_the_command_fresh(tmp_path):
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    cmd = shoal_cmd("--version")
+    assert not warm.starts_warm(cmd, env=env)
+    proc = warm.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert isinstance(proc, subprocess.Popen)
+    _, err = proc.communicate(timeout=60)
+    assert "import time:" in err  # a real interpreter's start-up, not the server's
+    assert not warm.starts_warm([sys.executable, "script.py"])
+    assert not warm.starts_warm(cmd, stdin=subprocess.PIPE)
+    given = warm.run(
+        [sys.executable, "-c", "import sys; print(sys.stdin.read())"], input="to stdin", capture_output=True, text=True
+    )
+    assert given.stdout == "to stdin\n"
+
+
+def test_a_warm_command_has_its_own_session_signals_and_timeout(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    proc = warm.popen(
+        shoal_cmd("run", "--nproc", "1", str(script)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert isinstance(proc, warm.WarmProcess)
+    assert os.getpgid(proc.pid) == proc.pid == os.getsid(proc.pid)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and proc.poll() == proc.returncode, err
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm.run(shoal_cmd("run", "--nproc", "1", str(script)), capture_output=True, text=True, timeout=3)
+
+
+def test_a_warm_command_in_a_pod_runs_in_the_pods_namespaces(tmp_path):
+    """Its workers, which it starts, see the pod's host name, address and private /run, as under nsenter."""
+    reason = pods_unavailable()
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os, socket\n"
+        "print(socket.gethostname(), socket.gethostbyname(socket.gethostname()), os.path.isdir('/run/sshd'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
+    cmd = shoal_cmd("run", "--nproc", "1", str(script))
+    with pod_network([PodSpec("w0")]) as net:
+        pod = net["w0"]
+        started = pod.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+        fresh = subprocess.run(pod.cmd(cmd), capture_output=True, text=True, timeout=60, env=env)
+    assert started.returncode == fresh.returncode == 0, started.stderr + fresh.stderr
+    assert started.stdout.split() == fresh.stdout.split() == ["w0", pod.addr, "True"], started.stdout
+    assert socket.gethostname() != "w0"

@@ -1,0 +1,244 @@
+"""Warm starts for the tests' ``python -m shoal`` commands: the same command, minus the 2-3 CPU-s of imports.
+
+Most of the suite's CPU goes into starting interpreters that import torch (README, "Tests"). A
+command that :func:`popen` or :func:`run` starts warm is a fork of tests/warm_server.py, which
+imported torch, torch._dynamo and shoal's CLI once: from there it is ``python -m shoal ARGS`` as a
+fresh interpreter runs it (its own argv, environment, directory, standard streams, session and, in a
+pod, namespaces; its own exit), and everything it starts (forked or spawned workers, torchrun's
+agent, mpirun, ssh) is started for real.
+
+A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm start could differ:
+- its environment differs from the server's in a variable read while modules are imported
+  (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH or PYTHONPROFILEIMPORTTIME, OpenMP's and
+  torch's settings, TMPDIR, HOME): the tests that assert what a command imports, or give it their
+  own PYTHONPATH, get a real interpreter;
+- it is not ``python -m shoal`` with this interpreter (scripts, the console script), or it asks for
+  what :func:`popen` does not do (any other Popen argument);
+- ``SHOAL_TEST_FRESH=1`` is set: every command fresh, to check that the warm start hides nothing.
+
+What a warm start does not show, then: a command's import errors and its start-up cost. Those are
+tested by commands started fresh (tests/test_compat.py, tests/cli/test_train_bad_input.py,
+``shoal bench startup``, and every script a launcher starts).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SERVER = Path(__file__).with_name("warm_server.py")
+FRESH = "SHOAL_TEST_FRESH"
+IMPORT_TIME = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "LD_", "CUDA",
+               "NVIDIA_", "LOGLEVEL", "MALLOC_", "TMPDIR", "HOME", "XDG_")  # fmt: skip
+"""Prefixes of the variables that modules read when imported (a warm start would keep the server's)."""
+HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
+"""The Popen arguments a warm start honours; any other one starts the command fresh."""
+
+_BASE_ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+_server: subprocess.Popen | None = None
+_address = ""
+_cpu_s = 0.0
+
+
+def children_cpu_s() -> float:
+    """CPU of the warm commands that have ended (theirs and their descendants'): they are the warm
+    server's children, so ``RUSAGE_CHILDREN`` of this process does not see them (tests/cpu_profile.py)."""
+    return _cpu_s
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+
+
+def starts_warm(cmd: list[str], **kwargs: Any) -> bool:
+    """Whether ``cmd`` with these Popen arguments starts warm (see the module's docstring)."""
+    env = kwargs.get("env")
+    return (
+        list(cmd[:3]) == [sys.executable, "-m", "shoal"]
+        and set(kwargs) <= HANDLED
+        and kwargs.get("stdin") != subprocess.PIPE
+        and os.environ.get(FRESH) != "1"
+        and _import_time(dict(os.environ) if env is None else env) == _import_time(_BASE_ENV)
+    )
+
+
+def popen(cmd: list[str], **kwargs: Any):
+    """``subprocess.Popen(cmd, **kwargs)``, started warm (a :class:`WarmProcess`) when
+    :func:`starts_warm` says so."""
+    if starts_warm(cmd, **kwargs):
+        return WarmProcess(list(cmd), **kwargs)
+    return subprocess.Popen(cmd, **kwargs)
+
+
+def run(cmd: list[str], *, input: Any = None, capture_output: bool = False, timeout: float | None = None,
+        check: bool = False, start=popen, **kwargs: Any) -> subprocess.CompletedProcess:  # fmt: skip
+    """``subprocess.run`` on ``start`` (:func:`popen`, or a pod's): the same CompletedProcess, the
+    same TimeoutExpired after the command was killed (SIGKILL), the same CalledProcessError with ``check``."""
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    if input is not None:  # as subprocess.run: a pipe to write it to (so the command starts fresh)
+        kwargs["stdin"] = subprocess.PIPE
+    with start(cmd, **kwargs) as proc:
+        try:
+            stdout, stderr = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    if check and proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, stdout, stderr)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _connect() -> socket.socket:
+    global _server, _address
+    if _server is None or _server.poll() is not None:
+        _address = os.path.join(tempfile.mkdtemp(prefix="shoal-warm-"), "socket")
+        _server = subprocess.Popen(
+            [sys.executable, str(SERVER), _address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_BASE_ENV
+        )
+        if _server.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"tests/warm_server.py did not start (exit {_server.wait()}); see its stderr above")
+        atexit.register(_stop, _server)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.connect(_address)
+    return conn
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.stdin.close()  # its signal to end
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+class WarmProcess:
+    """What the tests use of ``subprocess.Popen``, for a command started warm: ``pid`` (its session's
+    too with ``start_new_session``), ``stdout``/``stderr`` (pipes, or where they were sent),
+    ``poll``, ``wait``, ``communicate``, ``send_signal``/``terminate``/``kill`` and ``with``. The
+    server reaps it and sends its exit status, so ``wait`` reads that, not ``waitpid``."""
+
+    def __init__(self, cmd: list[str], *, enter: int | None = None, env: dict[str, str] | None = None,
+                 cwd: str | os.PathLike | None = None, stdin: Any = None, stdout: Any = None, stderr: Any = None,
+                 text: bool = False, start_new_session: bool = False) -> None:  # fmt: skip
+        self.args = cmd
+        self.returncode: int | None = None
+        self.stdin = None
+        self._text = text
+        self._output: dict[int, bytearray] = {}
+        child_ends: list[int] = []
+        pipes: dict[str, int] = {}
+        for name, given, default in (("stdin", stdin, 0), ("stdout", stdout, 1), ("stderr", stderr, 2)):
+            if given == subprocess.PIPE and name != "stdin":
+                read_end, write_end = os.pipe()
+                pipes[name] = read_end
+                child_ends.append(write_end)
+            elif given == subprocess.STDOUT and name == "stderr":
+                child_ends.append(os.dup(child_ends[1]))
+            elif given == subprocess.DEVNULL:
+                child_ends.append(os.open(os.devnull, os.O_RDWR))
+            else:
+                fd = default if given is None else given if isinstance(given, int) else given.fileno()
+                child_ends.append(os.dup(fd))
+        if cwd is None:
+            cwd = "/" if enter is not None else os.getcwd()
+        request = {
+            "argv": [str(SERVER), *cmd[3:]],
+            "env": dict(os.environ if env is None else env),
+            "cwd": os.fspath(cwd) if enter is not None else os.path.abspath(cwd),
+            "session": start_new_session,
+            "enter": enter,
+        }
+        self._conn = _connect()
+        try:
+            socket.send_fds(self._conn, [json.dumps(request).encode()], child_ends)
+        finally:
+            for fd in child_ends:
+                os.close(fd)
+        started = json.loads(self._conn.recv(4096))
+        if "pid" not in started:  # it died setting up (entering the namespaces, the directory): its stderr says
+            raise RuntimeError(f"the warm start of {cmd} failed (exit {started['returncode']}): see the stderr above")
+        self.pid = started["pid"]
+        self._pipes = [pipes.get("stdout"), pipes.get("stderr")]
+        self.stdout, self.stderr = (None if fd is None else open(fd, "r" if text else "rb") for fd in self._pipes)  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self._ended()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._ended()
+        return self.returncode
+
+    def _ended(self) -> None:
+        global _cpu_s
+        answer = json.loads(self._conn.recv(4096))
+        self._conn.close()
+        self.returncode = answer["returncode"]
+        _cpu_s += answer["cpu_s"]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input: None = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """Read the piped streams to their end, then wait; a timeout keeps what was read for the next call."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            for stream, fd in zip((self.stdout, self.stderr), self._pipes):
+                if stream is not None and not stream.closed:
+                    self._output.setdefault(fd, bytearray())
+                    selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    so_far = [bytes(self._output[fd]) if fd in self._output else None for fd in self._pipes]
+                    raise subprocess.TimeoutExpired(self.args, timeout, output=so_far[0], stderr=so_far[1])
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if chunk:
+                        self._output[key.fd] += chunk
+                    else:
+                        selector.unregister(key.fd)
+        results = []
+        for stream, fd in zip((self.stdout, self.stderr), self._pipes):
+            data = bytes(self._output.pop(fd, b"")) if fd is not None else None
+            if stream is not None:
+                stream.close()
+            results.append(
+                data.decode().replace("\r\n", "\n").replace("\r", "\n") if self._text and data is not None else data
+            )
+        self.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
+        return results[0], results[1]
+
+    def __enter__(self) -> WarmProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self.wait()

@@ -1,0 +1,177 @@
+"""The warm server behind tests/warm.py: imports what every ``python -m shoal`` command imports first,
+once, then forks a copy of itself for each command the tests run.
+
+``python tests/warm_server.py SOCKET`` listens on the Unix socket SOCKET (SOCK_SEQPACKET: one message
+is one request). A request is a JSON object ``{"argv": [...], "env": {...}, "cwd": "...",
+"session": bool, "enter": PID or null}`` sent with three file descriptors (stdin, stdout, stderr).
+The server forks. The child becomes ``python -m shoal ARGV[1:]``: in PID's network, UTS and mount
+namespaces if asked (a pod's, as ``nsenter`` enters them), in a session of its own if asked, those
+descriptors as 0, 1 and 2, that directory, exactly that environment, ``sys.argv`` and ``sys.path[0]``
+as ``-m`` sets them; then it answers ``{"pid": PID}`` and runs. It ends as an interpreter ends
+(SystemExit's code, or a traceback and 1; threads joined, atexit run, streams flushed) but for the
+module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
+child has ended (its CPU and that of its waited-for descendants, ``wait4``'s rusage).
+
+No thread is started and no torch operation is run here before a fork (a forked OpenMP or libuv
+runtime with threads behind it can hang). The server ends when its parent closes its stdin (the
+parent is gone or done) or on SIGTERM; its commands go on to their own end.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import gc
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import threading
+
+# What `shoal train --nproc N` has imported when it forks its workers (1.3 CPU-s for torch, 1.1 for
+# torch._dynamo, which the first optimizer pulls in, 0.3 for shoal's own: README, "Tests").
+import numpy  # noqa: F401
+import torch
+import torch._dynamo
+import torch.distributed.elastic.agent.server.local_elastic_agent
+import torch.distributed.launcher.api
+import torch.distributed.run  # noqa: F401
+import tqdm  # noqa: F401
+
+import shoal.cli.main
+import shoal.launch.core
+import shoal.launch.run
+import shoal.train.job
+import shoal.train.trainer  # noqa: F401
+
+MAX_REQUEST = 1 << 20
+
+
+def serve(listener: socket.socket) -> tuple[dict, list[int], socket.socket]:
+    """Answer requests until one forks: returns ``(request, fds, connection)`` in the child; never in
+    the server."""
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin, selectors.EVENT_READ, "parent")
+    while True:
+        for key, _ in selector.select():
+            if key.data == "parent":
+                os._exit(0)  # the tests' process closed our stdin: it is gone or done (see end())
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    for other in list(selector.get_map().values()):
+                        if isinstance(other.data, tuple):  # another command's pidfd and connection
+                            os.close(other.fd)
+                            other.data[1].close()
+                    selector.close()
+                    listener.close()
+                    return json.loads(message), fds, conn
+                for fd in fds:
+                    os.close(fd)
+                selector.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
+                continue
+            pid, conn = key.data
+            selector.unregister(key.fd)
+            os.close(key.fd)
+            _, status, usage = os.wait4(pid, 0)
+            answer = {"returncode": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime}
+            try:
+                conn.send(json.dumps(answer).encode())
+            except OSError:
+                pass  # the test gave up waiting (its own timeout): nobody to tell
+            conn.close()
+
+
+def enter(pid: int) -> None:
+    """Join the network, UTS and mount namespaces of ``pid``, as ``nsenter --target=PID --net --uts
+    --mount`` does (setns(2); the mount namespace last, as it changes this process's root)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind in ("uts", "net", "mnt"):
+        fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, 0) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"setns into {kind} namespace of {pid}: {os.strerror(error)}")
+        finally:
+            os.close(fd)
+
+
+def become(request: dict, fds: list[int], conn: socket.socket) -> None:
+    """Turn this forked child into ``python -m shoal ARGV[1:]`` (see the module's docstring), then
+    send its PID: like Popen, whose return means the child's session and streams are in place."""
+    if request["enter"] is not None:
+        enter(request["enter"])
+    if request["session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.getcwd()  # what `python -m` puts first
+    conn.send(json.dumps({"pid": os.getpid()}).encode())
+    conn.close()
+
+
+def run() -> None:
+    runpy.run_module("shoal", run_name="__main__", alter_sys=True)
+
+
+def exit_code() -> int:
+    """What the interpreter makes of the command's end: SystemExit's code (a message: printed, 1), an
+    uncaught exception's traceback and 1, an uncaught KeyboardInterrupt as a death by SIGINT."""
+    try:
+        run()
+        return 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
+
+
+def end(code: int) -> None:
+    """End as ``Py_FinalizeEx`` begins (non-daemon threads joined, atexit run, streams flushed), then
+    stop there: tearing down the modules imported before the fork costs more than the command (0.9
+    CPU-s for ``--version``) and makes triton's bindings print leak warnings for the frozen objects."""
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)
+
+
+def main() -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(sys.argv[1])
+    listener.listen(8)
+    gc.freeze()  # the imported objects: no collection in a child walks them (each walk copies their pages)
+    print("ready", flush=True)
+    request, fds, conn = serve(listener)
+    become(request, fds, conn)
+    end(exit_code())
+
+
+if __name__ == "__main__":
+    main()
