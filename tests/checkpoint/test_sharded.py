@@ -119,6 +119,7 @@ def test_ddp_and_fsdp_load_each_others_checkpoints_with_per_rank_state(saved):
 def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
     proc = _torchrun(2, f"kill:{tmp_path}", check=False)
     assert proc.returncode != 0
+    assert (tmp_path / "killing").is_file(), f"rank 0 ended before it killed itself:\n{proc.stderr[-4000:]}"
     seen = (tmp_path / "killing").read_text().split()
     assert any(name.endswith(".distcp") for name in seen)  # killed while shards were being written
     first, second = tmp_path / "ckpt-e00001-s000000001.dcp", tmp_path / "ckpt-e00001-s000000002.dcp"
