@@ -46,6 +46,8 @@ HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session
 """The Popen arguments a warm start honours; any other one starts the command fresh."""
 
 _BASE_ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+"""The server's environment: this process's when tests/warm.py was first imported."""
+_BASE_IMPORT_TIME = {k: v for k, v in _BASE_ENV.items() if k.startswith(IMPORT_TIME)}
 _server: subprocess.Popen | None = None
 _address = ""
 _cpu_s = 0.0
@@ -57,19 +59,15 @@ def children_cpu_s() -> float:
     return _cpu_s
 
 
-def _import_time(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
-
-
 def starts_warm(cmd: list[str], **kwargs: Any) -> bool:
     """Whether ``cmd`` with these Popen arguments starts warm (see the module's docstring)."""
-    env = kwargs.get("env")
+    env = os.environ if kwargs.get("env") is None else kwargs["env"]
     return (
         list(cmd[:3]) == [sys.executable, "-m", "shoal"]
         and set(kwargs) <= HANDLED
         and kwargs.get("stdin") != subprocess.PIPE
         and os.environ.get(FRESH) != "1"
-        and _import_time(dict(os.environ) if env is None else env) == _import_time(_BASE_ENV)
+        and {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)} == _BASE_IMPORT_TIME
     )
 
 

@@ -150,8 +150,8 @@ def exit_code() -> int:
 
 def end(code: int) -> None:
     """End as ``Py_FinalizeEx`` begins (non-daemon threads joined, atexit run, streams flushed), then
-    stop there: tearing down the modules imported before the fork costs more than the command (0.9
-    CPU-s for ``--version``) and makes triton's bindings print leak warnings for the frozen objects."""
+    stop there: tearing down the modules imported before the fork costs more than most commands
+    (README, "Tests") and makes triton's bindings print leak warnings for the frozen objects."""
     threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

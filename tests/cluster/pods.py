@@ -114,7 +114,7 @@ class Pod:
         command, so the returned process's PID is the command's own; ``python -m shoal`` starts warm
         in the pod's namespaces (tests/warm.py)."""
         if warm.starts_warm(list(cmd), **kw):
-            proc = warm.WarmProcess(list(cmd), enter=self.pause.pid, cwd=cwd or "/", **kw)
+            proc = warm.WarmProcess(list(cmd), enter=self.pause.pid, cwd=cwd, **kw)
         else:
             proc = subprocess.Popen(self.cmd(cmd, cwd), **kw)
         self._procs.append(proc)
