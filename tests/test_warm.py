@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,7 +50,7 @@ def test_a_command_gives_the_same_result_warm_and_fresh(args, tmp_path):
         assert (seen["rank"], seen["world_size"], seen["scheme"]) == (3, 4, "torchrun"), seen
 
 
-def test_a_variable_read_at_import_starts_the_command_fresh(tmp_path):
+def test_a_variable_that_reports_on_imports_starts_the_command_fresh(tmp_path):
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
     cmd = shoal_cmd("--version")
     assert not warm.starts_warm(cmd, env=env)
@@ -105,3 +106,37 @@ def test_a_warm_command_in_a_pod_runs_in_the_pods_namespaces(tmp_path):
     assert started.returncode == fresh.returncode == 0, started.stderr + fresh.stderr
     assert started.stdout.split() == fresh.stdout.split() == ["w0", pod.addr, "True"], started.stdout
     assert socket.gethostname() != "w0"
+
+
+def test_the_console_script_in_a_pod_with_the_images_environment_starts_warm_as_it_runs_fresh(tmp_path):
+    """A pod's container command (``shoal run ...``, with the image's PYTHONUNBUFFERED, LANG and
+    LD_LIBRARY_PATH) gets a server started with that environment by the script's own interpreter:
+    the worker it starts sees the same interpreter, host and unbuffered streams as under nsenter."""
+    reason = pods_unavailable()
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os, socket, sys\n"
+        "print(sys.executable, socket.gethostname(), os.environ.get('PYTHONUNBUFFERED'), os.environ.get('LANG'))\n"
+    )
+    image = {"PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8", "LD_LIBRARY_PATH": "/usr/local/nvidia/lib"}
+    env = {**{k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}, **image}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    cmd = ["shoal", "run", "--nproc", "1", str(script)]
+    assert warm.starts_warm(cmd, env=env) and not warm.starts_warm(["shoal-other", "--version"], env=env)
+    results = []
+    with pod_network([PodSpec("w1")]) as net:
+        for expected in (subprocess.Popen, warm.WarmProcess):  # the first of its environment starts fresh
+            proc = net["w1"].popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert isinstance(proc, expected)
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            launcher = [  # the launcher's own lines, but for the free port each picked
+                re.sub(r":\d+ \(free port", ":PORT (free port", line)
+                for line in err.splitlines()
+                if line.startswith("shoal")
+            ]
+            results.append((out.split(), launcher))
+    interpreter = warm.CONSOLE_SCRIPT.read_text().splitlines()[0][2:]
+    assert results[0] == results[1] and results[0][0] == [interpreter, "w1", "1", "C.UTF-8"], results

@@ -2,18 +2,24 @@
 
 Most of the suite's CPU goes into starting interpreters that import torch (README, "Tests"). A
 command that :func:`popen` or :func:`run` starts warm is a fork of tests/warm_server.py, which
-imported torch, torch._dynamo and shoal's CLI once: from there it is ``python -m shoal ARGS`` as a
-fresh interpreter runs it (its own argv, environment, directory, standard streams, session and, in a
-pod, namespaces; its own exit), and everything it starts (forked or spawned workers, torchrun's
-agent, mpirun, ssh) is started for real.
+imported torch, torch._dynamo and shoal's CLI once: from there it is ``python -m shoal ARGS`` (or
+the ``shoal`` console script, as a pod's container command names it) as a fresh interpreter runs it
+(its own argv, environment, directory, standard streams, session and, in a pod, namespaces; its own
+exit), and everything it starts (forked or spawned workers, torchrun's agent, mpirun, ssh) is
+started for real. A server is started by the interpreter the command names (the console script's
+``#!`` line) with the command's own import-time variables (:data:`IMPORT_TIME`), so a pod's image
+environment (PYTHONUNBUFFERED, LD_LIBRARY_PATH, LANG) gets a server of its own from its second
+command on (the first starts fresh); at most :data:`MAX_SERVERS` per test process.
 
 A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm start could differ:
-- its environment differs from the server's in a variable read while modules are imported
-  (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH or PYTHONPROFILEIMPORTTIME, OpenMP's and
-  torch's settings, TMPDIR, HOME): the tests that assert what a command imports, or give it their
-  own PYTHONPATH, get a real interpreter;
-- it is not ``python -m shoal`` with this interpreter (scripts, the console script), or it asks for
-  what :func:`popen` does not do (any other Popen argument);
+- it sets a variable that makes the interpreter report on its start-up (:data:`REPORTS_START`:
+  PYTHONPROFILEIMPORTTIME among them): the tests that assert what a command imports get a real
+  interpreter;
+- its environment differs from this process's in a variable read while modules are imported
+  (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH, OpenMP's and torch's settings, TMPDIR,
+  HOME, the locale) and :data:`MAX_SERVERS` servers are already running with other values;
+- it is neither ``python -m shoal`` with this interpreter nor this environment's ``shoal`` console
+  script (other scripts), or it asks for what :func:`popen` does not do (any other Popen argument);
 - ``SHOAL_TEST_FRESH=1`` is set: every command fresh, to check that the warm start hides nothing.
 
 What a warm start does not show, then: a command's import errors and its start-up cost. Those are
@@ -28,6 +34,7 @@ import json
 import os
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,16 +47,27 @@ from typing import Any
 SERVER = Path(__file__).with_name("warm_server.py")
 FRESH = "SHOAL_TEST_FRESH"
 IMPORT_TIME = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "LD_", "CUDA",
-               "NVIDIA_", "LOGLEVEL", "MALLOC_", "TMPDIR", "HOME", "XDG_")  # fmt: skip
-"""Prefixes of the variables that modules read when imported (a warm start would keep the server's)."""
+               "NVIDIA_", "LOGLEVEL", "MALLOC_", "TMPDIR", "HOME", "XDG_", "LANG", "LC_")  # fmt: skip
+"""Prefixes of the variables read when the interpreter starts or modules are imported (a warm start
+keeps the server's: the command gets a server started with its own)."""
+REPORTS_START = ("PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE", "PYTHONDEBUG", "PYTHONMALLOCSTATS", "PYTHONINSPECT")
+"""Variables that make the interpreter report on its start-up or imports: a command given one starts fresh."""
 HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
 """The Popen arguments a warm start honours; any other one starts the command fresh."""
+MAX_SERVERS = 3
+"""Servers per test process (each holds ~0.7 GB, mostly torch's shared pages): this process's
+environment, a pod image's, and a pod image's with the client libraries' PYTHONPATH (tests/clients/)."""
+CONSOLE_SCRIPT = Path(sys.executable).with_name("shoal")
+"""The ``shoal`` console script of this environment (pip's: ``#!PYTHON``, then ``sys.exit(main())``)."""
 
 _BASE_ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-"""The server's environment: this process's when tests/warm.py was first imported."""
-_BASE_IMPORT_TIME = {k: v for k, v in _BASE_ENV.items() if k.startswith(IMPORT_TIME)}
-_server: subprocess.Popen | None = None
-_address = ""
+"""The environment servers start with (their import-time variables replaced by the command's): this
+process's when tests/warm.py was first imported."""
+_BASE_IMPORT_TIME = tuple(sorted((k, v) for k, v in _BASE_ENV.items() if k.startswith(IMPORT_TIME)))
+_servers: dict[tuple, tuple[subprocess.Popen, str]] = {}
+"""The running servers by key: (interpreter, import-time variables)."""
+_asked: dict[tuple, int] = {}
+"""Commands asked for by key, for a key with no server yet."""
 _cpu_s = 0.0
 
 
@@ -61,22 +79,60 @@ def children_cpu_s() -> float:
 
 def starts_warm(cmd: list[str], **kwargs: Any) -> bool:
     """Whether ``cmd`` with these Popen arguments starts warm (see the module's docstring)."""
+    return _plan(cmd, kwargs) is not None
+
+
+def _plan(cmd: list[str], kwargs: dict[str, Any]) -> tuple[tuple, str | None, list[str]] | None:
+    """How ``cmd`` starts warm: the server's key (interpreter, import-time variables), the script
+    the child runs (None: ``-m shoal``) and its ``sys.argv``; None when it starts fresh."""
+    if not (set(kwargs) <= HANDLED and kwargs.get("stdin") != subprocess.PIPE and os.environ.get(FRESH) != "1"):
+        return None
     env = os.environ if kwargs.get("env") is None else kwargs["env"]
-    return (
-        list(cmd[:3]) == [sys.executable, "-m", "shoal"]
-        and set(kwargs) <= HANDLED
-        and kwargs.get("stdin") != subprocess.PIPE
-        and os.environ.get(FRESH) != "1"
-        and {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)} == _BASE_IMPORT_TIME
+    if any(env.get(name) for name in REPORTS_START):
+        return None
+    if list(cmd[:3]) == [sys.executable, "-m", "shoal"]:
+        interpreter, script, argv = sys.executable, None, [str(SERVER), *cmd[3:]]
+    elif cmd and shutil.which(cmd[0], path=env.get("PATH", os.defpath)) == str(CONSOLE_SCRIPT):
+        interpreter, script, argv = _shebang(CONSOLE_SCRIPT), str(CONSOLE_SCRIPT), [str(CONSOLE_SCRIPT), *cmd[1:]]
+        if interpreter is None:
+            return None
+    else:
+        return None
+    key = (interpreter, tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))))
+    if key not in _servers and len(_servers) >= MAX_SERVERS:
+        return None
+    return key, script, argv
+
+
+def _shebang(script: Path) -> str | None:
+    """The interpreter of ``script``'s ``#!`` line when it is this environment's Python, else None."""
+    with open(script, "rb") as f:
+        first = f.readline().decode(errors="replace").strip()
+    interpreter = first[2:].strip() if first.startswith("#!") else ""
+    same = os.path.dirname(interpreter) == os.path.dirname(sys.executable) and (
+        os.path.realpath(interpreter) == os.path.realpath(sys.executable)
     )
+    return interpreter if same else None
+
+
+def start(cmd: list[str], *, enter: int | None = None, **kwargs: Any) -> WarmProcess | None:
+    """``cmd`` started warm (in the namespaces of PID ``enter`` if given), or None: it must start
+    fresh (:func:`starts_warm`), or its import-time environment is not this process's and was not
+    asked for before (a server for a one-off costs more than the command started fresh)."""
+    plan = _plan(cmd, kwargs)
+    if plan is None:
+        return None
+    key = plan[0]
+    if key not in _servers and key[1] != _BASE_IMPORT_TIME:
+        _asked[key] = _asked.get(key, 0) + 1
+        if _asked[key] < 2:
+            return None
+    return WarmProcess(list(cmd), enter=enter, **kwargs)
 
 
 def popen(cmd: list[str], **kwargs: Any):
-    """``subprocess.Popen(cmd, **kwargs)``, started warm (a :class:`WarmProcess`) when
-    :func:`starts_warm` says so."""
-    if starts_warm(cmd, **kwargs):
-        return WarmProcess(list(cmd), **kwargs)
-    return subprocess.Popen(cmd, **kwargs)
+    """``subprocess.Popen(cmd, **kwargs)``, started warm (a :class:`WarmProcess`) when :func:`start` can."""
+    return start(cmd, **kwargs) or subprocess.Popen(cmd, **kwargs)
 
 
 def run(cmd: list[str], *, input: Any = None, capture_output: bool = False, timeout: float | None = None,
@@ -99,18 +155,22 @@ def run(cmd: list[str], *, input: Any = None, capture_output: bool = False, time
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def _connect() -> socket.socket:
-    global _server, _address
-    if _server is None or _server.poll() is not None:
-        _address = os.path.join(tempfile.mkdtemp(prefix="shoal-warm-"), "socket")
-        _server = subprocess.Popen(
-            [sys.executable, str(SERVER), _address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_BASE_ENV
+def _connect(key: tuple) -> socket.socket:
+    """A connection to the server of ``key`` (interpreter, import-time variables), started if need be."""
+    server, address = _servers.get(key, (None, ""))
+    if server is None or server.poll() is not None:
+        interpreter, import_time = key
+        env = {**{k: v for k, v in _BASE_ENV.items() if not k.startswith(IMPORT_TIME)}, **dict(import_time)}
+        address = os.path.join(tempfile.mkdtemp(prefix="shoal-warm-"), "socket")
+        server = subprocess.Popen(
+            [interpreter, str(SERVER), address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
-        if _server.stdout.readline() != b"ready\n":
-            raise RuntimeError(f"tests/warm_server.py did not start (exit {_server.wait()}); see its stderr above")
-        atexit.register(_stop, _server)
+        if server.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"tests/warm_server.py did not start (exit {server.wait()}); see its stderr above")
+        atexit.register(_stop, server)
+        _servers[key] = (server, address)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    conn.connect(_address)
+    conn.connect(address)
     return conn
 
 
@@ -132,6 +192,10 @@ class WarmProcess:
     def __init__(self, cmd: list[str], *, enter: int | None = None, env: dict[str, str] | None = None,
                  cwd: str | os.PathLike | None = None, stdin: Any = None, stdout: Any = None, stderr: Any = None,
                  text: bool = False, start_new_session: bool = False) -> None:  # fmt: skip
+        plan = _plan(cmd, {"env": env})
+        if plan is None:
+            raise ValueError(f"{cmd} does not start warm (tests/warm.py: starts_warm)")
+        key, script, argv = plan
         self.args = cmd
         self.returncode: int | None = None
         self.stdin = None
@@ -154,13 +218,14 @@ class WarmProcess:
         if cwd is None:
             cwd = "/" if enter is not None else os.getcwd()
         request = {
-            "argv": [str(SERVER), *cmd[3:]],
+            "argv": argv,
+            "script": script,
             "env": dict(os.environ if env is None else env),
             "cwd": os.fspath(cwd) if enter is not None else os.path.abspath(cwd),
             "session": start_new_session,
             "enter": enter,
         }
-        self._conn = _connect()
+        self._conn = _connect(key)
         try:
             socket.send_fds(self._conn, [json.dumps(request).encode()], child_ends)
         finally:

@@ -2,12 +2,14 @@
 once, then forks a copy of itself for each command the tests run.
 
 ``python tests/warm_server.py SOCKET`` listens on the Unix socket SOCKET (SOCK_SEQPACKET: one message
-is one request). A request is a JSON object ``{"argv": [...], "env": {...}, "cwd": "...",
-"session": bool, "enter": PID or null}`` sent with three file descriptors (stdin, stdout, stderr).
-The server forks. The child becomes ``python -m shoal ARGV[1:]``: in PID's network, UTS and mount
-namespaces if asked (a pod's, as ``nsenter`` enters them), in a session of its own if asked, those
-descriptors as 0, 1 and 2, that directory, exactly that environment, ``sys.argv`` and ``sys.path[0]``
-as ``-m`` sets them; then it answers ``{"pid": PID}`` and runs. It ends as an interpreter ends
+is one request). A request is a JSON object ``{"argv": [...], "script": PATH or null, "env": {...},
+"cwd": "...", "session": bool, "enter": PID or null}`` sent with three file descriptors (stdin,
+stdout, stderr). The server forks. The child becomes ``python -m shoal ARGV[1:]`` (or, with a
+script, ``python SCRIPT ARGV[1:]``, as the kernel runs a ``#!`` script such as the ``shoal`` console
+script): in PID's network, UTS and mount namespaces if asked (a pod's, as ``nsenter`` enters them),
+in a session of its own if asked, those descriptors as 0, 1 and 2, that directory, exactly that
+environment, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets them; then it answers
+``{"pid": PID}`` and runs. It ends as an interpreter ends
 (SystemExit's code, or a traceback and 1; threads joined, atexit run, streams flushed) but for the
 module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
 child has ended (its CPU and that of its waited-for descendants, ``wait4``'s rusage).
@@ -118,20 +120,24 @@ def become(request: dict, fds: list[int], conn: socket.socket) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = list(request["argv"])
-    sys.path[0] = os.getcwd()  # what `python -m` puts first
+    # What the interpreter puts first: the working directory for `-m`, the script's directory for a script.
+    sys.path[0] = os.getcwd() if request["script"] is None else os.path.dirname(os.path.realpath(request["script"]))
     conn.send(json.dumps({"pid": os.getpid()}).encode())
     conn.close()
 
 
-def run() -> None:
-    runpy.run_module("shoal", run_name="__main__", alter_sys=True)
+def run(script: str | None) -> None:
+    if script is None:
+        runpy.run_module("shoal", run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(script, run_name="__main__")
 
 
-def exit_code() -> int:
+def exit_code(script: str | None) -> int:
     """What the interpreter makes of the command's end: SystemExit's code (a message: printed, 1), an
     uncaught exception's traceback and 1, an uncaught KeyboardInterrupt as a death by SIGINT."""
     try:
-        run()
+        run(script)
         return 0
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
@@ -170,7 +176,7 @@ def main() -> None:
     print("ready", flush=True)
     request, fds, conn = serve(listener)
     become(request, fds, conn)
-    end(exit_code())
+    end(exit_code(request["script"]))
 
 
 if __name__ == "__main__":

@@ -111,12 +111,9 @@ class Pod:
 
     def popen(self, cmd: Sequence[str], *, cwd: str | os.PathLike | None = None, **kw: Any) -> subprocess.Popen:
         """``subprocess.Popen`` in this pod (stopped at teardown if still running). nsenter execs the
-        command, so the returned process's PID is the command's own; ``python -m shoal`` starts warm
-        in the pod's namespaces (tests/warm.py)."""
-        if warm.starts_warm(list(cmd), **kw):
-            proc = warm.WarmProcess(list(cmd), enter=self.pause.pid, cwd=cwd, **kw)
-        else:
-            proc = subprocess.Popen(self.cmd(cmd, cwd), **kw)
+        command, so the returned process's PID is the command's own; ``python -m shoal`` and the
+        ``shoal`` console script start warm in the pod's namespaces (tests/warm.py)."""
+        proc = warm.start(list(cmd), enter=self.pause.pid, cwd=cwd, **kw) or subprocess.Popen(self.cmd(cmd, cwd), **kw)
         self._procs.append(proc)
         return proc
 
