@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,18 +86,35 @@ def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
     assert "horovod / plain: " in proc.stdout and "horovod" in report["weights"]
 
 
+# Both jobs from one fresh interpreter that forks their workers, as ``shoal bench overhead`` does on CPU
+# (not from pytest, whose earlier tests may have started an OpenMP pool a forked worker would hang in).
+TWO_JOBS = """
+import json, sys
+from pathlib import Path
+
+from shoal.bench import overhead, overhead_workers
+from shoal.bench.harness import launch_workers
+
+overhead._preimport(["plain"])  # what measure() imports once before it forks workers, and
+import torch._dynamo  # what each worker's optimizer would import (torch.optim.Optimizer.__init__)
+results = []
+for name, seed in (("a", 0), ("b", 1)):
+    job = overhead_workers.Job("mlp", 8, 8, 32, 1, 1, str(Path(sys.argv[1]) / name), seed=seed)
+    Path(job.out).mkdir()
+    results.append(launch_workers(overhead_workers.plain_worker, (job,), 2, "fork"))
+print("RESULTS " + json.dumps(results), flush=True)
+"""
+
+
 @pytest.mark.multiprocess
 def test_a_different_job_is_detected(tmp_path: Path):
     """The check can fail: two different jobs do not end with the same digest."""
-    from shoal.bench.harness import launch_workers
-
-    jobs = [
-        overhead_workers.Job("mlp", 8, 8, 32, 1, 1, str(tmp_path / name), seed=seed)
-        for name, seed in (("a", 0), ("b", 1))
-    ]
-    results = []
-    for job in jobs:
-        Path(job.out).mkdir()
-        results.append(launch_workers(overhead_workers.plain_worker, (job,), 2, "spawn"))
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
+    proc = subprocess.run(
+        [sys.executable, "-c", TWO_JOBS, str(tmp_path)], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    results = json.loads(line.removeprefix("RESULTS "))
     assert results[0]["digest"] != results[1]["digest"]
     assert overhead.largest_difference(results[0]["weights"], results[1]["weights"]) > 0
