@@ -15,7 +15,11 @@ from procs import checkpoints, start_cmd, wait_for
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = Path(__file__).parent / "scripts" / "trace_train.py"
-EPOCHS = 40  # 97 samples, batch 4: a few hundred steps, time enough to interrupt
+EPOCHS = 20
+"""97 samples, batch 4: 260 steps on 2 ranks, 500 on 1 (was 40 epochs, twice that). The first life is
+signalled once its second checkpoint is there (step 10) and stopped, measured, at step 15 to 44: 216
+or more steps are left, over 6x the most steps (34) it trained while the test found and signalled a
+worker. The second life trains the rest of the epochs, which is all more epochs would add."""
 
 
 def _steps(out: Path) -> dict[int, tuple[int, list[int]]]:

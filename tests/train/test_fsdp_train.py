@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from memory_demo import SAMPLES as LARGE_SAMPLES
 from memory_demo import train_large
 
 from cgroups import memory_cgroup
@@ -352,4 +353,4 @@ def test_the_large_model_trains_under_fsdp_where_ddp_is_killed_for_memory(memory
     code, out = _in_cgroup(memory_limit, "fsdp", tmp_path / "fsdp")
     assert code == 0, out
     (record,) = _metrics(tmp_path / "fsdp")
-    assert record["samples_seen"] == 8 and math.isfinite(record["test_loss"])
+    assert record["samples_seen"] == LARGE_SAMPLES and math.isfinite(record["test_loss"])
