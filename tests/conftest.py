@@ -6,6 +6,14 @@ import os
 import sys
 from pathlib import Path
 
+# Two test files run at a time on 2 cores, each starting processes with OpenMP threads of their own,
+# and libgomp spins ~300,000 times in a barrier before it sleeps (it sees its own threads, not the
+# other processes'): there the spinning takes the CPU the others wait for (README, "Tests": a
+# 2-thread worker 4.8-9.0 CPU-s by default, 3.9-4.3 passive). PASSIVE sleeps at once. Read when
+# libgomp loads (torch's import below), so set first; every process the tests start inherits it.
+# A value of the caller's wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # joblib and torchvision set variables in os.environ when first imported (KMP_INIT_AT_FORK: joblib,
 # which flytekit and scikit-learn import; TORCHINDUCTOR_CACHE_DIR: torchvision): imported once, up
 # front, so the leak guard below only reports what the code under test changes, whichever test

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import warm
 from cluster.netns import Node
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -77,7 +78,7 @@ def shoal_on(
     with open(log, "w") as out:
         kw = dict(stdout=out, stderr=subprocess.STDOUT, env=env or clean_env(), cwd=cwd)
         started = time.monotonic()
-        proc = node.popen(cmd, **kw) if node is not None else subprocess.Popen(cmd, **kw)
+        proc = node.popen(cmd, **kw) if node is not None else warm.popen(cmd, **kw)
     return Launched(node, proc, log, started)
 
 

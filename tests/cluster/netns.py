@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from procs import stop_all
+import warm
+from procs import stop_all, wait_for
 
 SUBNET_PREFIX = "10.77"
 """Private addresses used inside the namespaces only: 10.77.<subnet>.1 and 10.77.<subnet>.2."""
@@ -46,16 +47,39 @@ class Node:
     ifname: str
     """The name of its end of the veth pair (inside the namespace)."""
     _procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
+    _parked: subprocess.Popen | None = field(default=None, repr=False)
 
     def cmd(self, cmd: Sequence[str]) -> list[str]:
         """``cmd`` wrapped to run inside this namespace."""
         return ["ip", "netns", "exec", self.name, *cmd]
 
     def popen(self, cmd: Sequence[str], **kw: Any) -> subprocess.Popen:
-        """``subprocess.Popen`` inside this namespace (stopped at teardown if still running)."""
-        proc = subprocess.Popen(self.cmd(cmd), **kw)
+        """``subprocess.Popen`` inside this namespace (stopped at teardown if still running).
+        ``python -m shoal`` starts warm (tests/warm.py) in the namespaces of a process that ``ip netns
+        exec`` set up here (:meth:`parked_pid`), in the caller's directory, as ``ip netns exec`` leaves it."""
+        proc = None
+        if warm.starts_warm(list(cmd), **kw):
+            proc = warm.start(list(cmd), enter=self.parked_pid(), **{**kw, "cwd": kw.get("cwd") or os.getcwd()})
+        if proc is None:
+            proc = subprocess.Popen(self.cmd(cmd), **kw)
         self._procs.append(proc)
         return proc
+
+    def parked_pid(self) -> int:
+        """A process left in this node as ``ip netns exec`` sets one up (the node's network namespace,
+        a mount namespace of its own with the node's /sys): started on first use, stopped with the rest."""
+        if self._parked is None or self._parked.poll() is not None:
+            self._parked = subprocess.Popen(self.cmd(["sleep", "infinity"]))
+            self._procs.append(self._parked)
+            pid = self._parked.pid  # ip netns exec execs the command once the namespaces are in place
+            wait_for(lambda: os.path.realpath(f"/proc/{pid}/exe").endswith("/sleep"), timeout=30)
+        return self._parked.pid
+
+    def pids(self) -> list[int]:
+        """The processes in this node's network namespace, but for the parked one (:meth:`parked_pid`)."""
+        listed = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split()
+        parked = self._parked.pid if self._parked is not None else None
+        return [int(pid) for pid in listed if int(pid) != parked]
 
     def run(self, cmd: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         """``subprocess.run`` inside this namespace."""

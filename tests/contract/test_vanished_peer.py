@@ -120,5 +120,5 @@ def test_sigterm_stops_a_node_whose_store_host_vanished(nodes, tmp_path):
     assert node_b.returncode == 128 + signal.SIGTERM, node_b.output
     assert "stopped by SIGTERM" in node_b.output
     assert took < 15, f"node B took {took:.1f} s to stop after SIGTERM:\n{node_b.output}"
-    left = subprocess.run(["ip", "netns", "pids", b.name], capture_output=True, text=True).stdout.split()
+    left = b.pids()
     assert not left, f"processes left in node B: {left}"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from cluster.helpers import clean_env, describe, shoal_on, wait_all
 from cluster.netns import netns_unavailable, node_pair
 from procs import alive
@@ -40,7 +41,7 @@ def _shoal_run(tmp_path: Path, *flags: str, timeout: float = 150, **fault) -> tu
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(run_dir), *flags, SCRIPT]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(out, **fault))
+    proc = warm.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(out, **fault))
     return proc, run_dir
 
 
@@ -129,9 +130,7 @@ def test_an_interrupted_launcher_leaves_no_process_even_a_blocked_loader_worker(
     out = tmp_path / "out"
     out.mkdir()
     cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(tmp_path / "run"), SCRIPT]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(out, FAULT="loader")
-    )
+    proc = warm.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(out, FAULT="loader"))
     try:
         deadline = time.monotonic() + 120
         while not list(out.glob("pid-blocked-*")) and time.monotonic() < deadline:
@@ -171,7 +170,7 @@ def test_with_defaults_a_hang_is_reported_within_60_s_of_its_start(tmp_path):
     out.mkdir()
     cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(tmp_path / "run"), SCRIPT]
     env = _env(out, FAULT="block", FAULT_STEP="30", STEPS="60", HANG_MARK=str(out / "hang-started"))
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = warm.popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     reported = None
     try:
         for line in proc.stderr:
