@@ -40,23 +40,18 @@ def call(*args: str, env: dict[str, str], cwd: Path) -> tuple[subprocess.Complet
     return proc, json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def scored(model_file: str, data_dir: Path, env: dict[str, str], cwd: Path) -> tuple[list[int], list[int]]:
-    """(the saved Net's guesses, the labels) on the test subset, computed afresh from the file."""
-    _, report = call("score", model_file, str(data_dir), str(HP["test_samples"]), env=env, cwd=cwd)
-    return report["guesses"], report["labels"]
-
-
 def test_a_flyte_task_runs_the_tutorials_function_on_two_workers_through_shoal_run(tmp_path, mnist_root):
     env = flyte_environment(tmp_path)
     out = tmp_path / "run"
     out.mkdir()
     hp = {**HP, "log_interval": LOG_INTERVAL}
     inputs = {"hp": hp, "data_dir": str(mnist_root), "out": str(out)}
-    proc, report = call("function_workflow", json.dumps(inputs), env=env, cwd=tmp_path)
+    # With the test subset's size: the saved Net's guesses and the labels, computed afresh from the file.
+    proc, report = call("function_workflow", json.dumps(inputs), str(HP["test_samples"]), env=env, cwd=tmp_path)
     assert report["model_is_flyte_file"]
     (accuracy,) = report["accuracies"]
 
-    guesses, labels = scored(report["model_path"], mnist_root, env, tmp_path)
+    guesses, labels = report["guesses"], report["labels"]
     assert sum(g == t for g, t in zip(guesses, labels)) / len(labels) == pytest.approx(accuracy, abs=1e-12)
     assert accuracy > 0.2  # learnt something in one epoch of 1,000 images (chance: 0.1)
 
@@ -82,13 +77,13 @@ def test_a_flyte_task_runs_the_tutorials_function_on_two_workers_through_shoal_r
 def test_a_flyte_task_trains_the_tutorials_net_as_a_workload(tmp_path, mnist_root):
     env = flyte_environment(tmp_path)
     inputs = {"hp": HP, "data_dir": str(mnist_root), "tracker": "wandb"}
-    _, report = call("workload_workflow", json.dumps(inputs), env=env, cwd=tmp_path)
+    _, report = call("workload_workflow", json.dumps(inputs), str(HP["test_samples"]), env=env, cwd=tmp_path)
     (accuracy,) = report["accuracies"]
     run = Path(report["model_path"]).parent  # the run directory holds model.pt
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["test_accuracy"] for r in records] == [accuracy] and records[0]["world_size"] == 2
 
-    guesses, labels = scored(report["model_path"], mnist_root, env, tmp_path)
+    guesses, labels = report["guesses"], report["labels"]
     # shoal's exact evaluation, every test image once across the two ranks (in other batches: an image
     # whose top two scores tie to the last bit may go the other way)
     correct = sum(g == t for g, t in zip(guesses, labels))

@@ -1,8 +1,9 @@
 """Call a workflow of examples/flyte_own_model.py in this process, under real flytekit (local execution).
 
-python flyte_own_model_driver.py WORKFLOW '{"hp": {...}, "data_dir": "...", ...}'   prints RESULT {...}
-python flyte_own_model_driver.py score MODEL.pt DATA_DIR SAMPLES    the saved Net's guesses on the first
-                                                                    SAMPLES test images, and their labels
+python flyte_own_model_driver.py WORKFLOW '{"hp": {...}, "data_dir": "...", ...}' [SAMPLES]
+    prints RESULT {...}; with SAMPLES, also the guesses of the Net loaded afresh from the model file
+    the workflow returned (its workers trained it, in processes of their own) on the first SAMPLES
+    test images of DATA_DIR, and their labels (one interpreter for both: flytekit and torch load once)
 """
 
 import json
@@ -16,7 +17,8 @@ import flyte_own_model
 from flytekit.types.file import FlyteFile
 
 
-def score(model_file: str, data_dir: str, samples: int) -> None:
+def score(model_file: str, data_dir: str, samples: int) -> dict:
+    """The guesses of a new Net with the file's weights on the first ``samples`` test images, and their labels."""
     import torch
 
     model = flyte_own_model.Net()
@@ -24,14 +26,12 @@ def score(model_file: str, data_dir: str, samples: int) -> None:
     images, labels = zip(*flyte_own_model.mnist(data_dir, False, samples))
     with torch.no_grad():
         outputs = torch.cat([model.eval()(batch) for batch in torch.stack(images).split(100)])
-    print("RESULT " + json.dumps({"guesses": outputs.argmax(dim=1).tolist(), "labels": list(labels)}), flush=True)
+    return {"guesses": outputs.argmax(dim=1).tolist(), "labels": list(labels)}
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "score":
-        score(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-        sys.exit(0)
     workflow, inputs = sys.argv[1], json.loads(sys.argv[2])
+    data_dir = inputs["data_dir"]
     if "hp" in inputs:
         inputs["hp"] = flyte_own_model.Hyperparameters(**inputs["hp"])
     outputs = getattr(flyte_own_model, workflow)(**inputs)
@@ -40,4 +40,6 @@ if __name__ == "__main__":
         "model_is_flyte_file": isinstance(outputs.model_state, FlyteFile),
         "model_path": os.fspath(outputs.model_state),  # a local copy of the file
     }
+    if len(sys.argv) > 3:
+        report.update(score(report["model_path"], data_dir, int(sys.argv[3])))
     print("RESULT " + json.dumps(report), flush=True)
