@@ -140,3 +140,22 @@ def test_the_console_script_in_a_pod_with_the_images_environment_starts_warm_as_
             results.append((out.split(), launcher))
     interpreter = warm.CONSOLE_SCRIPT.read_text().splitlines()[0][2:]
     assert results[0] == results[1] and results[0][0] == [interpreter, "w1", "1", "C.UTF-8"], results
+
+
+def test_torchrun_starts_warm_and_its_worker_sees_what_it_sees_fresh(tmp_path):
+    """``python -m torch.distributed.run`` (the Horovod-style tests' reference launcher) warm: the same
+    exit, the same worker environment, and nothing on stderr that a fresh torchrun does not print."""
+    script = tmp_path / "who.py"
+    script.write_text(
+        "import os, sys\n"
+        "print(os.path.basename(sys.argv[0]), os.environ['RANK'], os.environ['WORLD_SIZE'], "
+        "os.environ['LOCAL_WORLD_SIZE'], 'TORCHELASTIC_RUN_ID' in os.environ)\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(script)]
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
+    assert warm.starts_warm(cmd, env=env)
+    started = warm.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert started.returncode == fresh.returncode == 0, started.stderr + fresh.stderr
+    assert started.stdout == fresh.stdout == "who.py 0 1 1 True\n"
+    assert "Warning" not in started.stderr.replace(fresh.stderr, ""), started.stderr

@@ -18,8 +18,8 @@ A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm
 - its environment differs from this process's in a variable read while modules are imported
   (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH, OpenMP's and torch's settings, TMPDIR,
   HOME, the locale) and :data:`MAX_SERVERS` servers are already running with other values;
-- it is neither ``python -m shoal`` with this interpreter nor this environment's ``shoal`` console
-  script (other scripts), or it asks for what :func:`popen` does not do (any other Popen argument);
+- it is neither ``python -m shoal`` (or ``-m torch.distributed.run``, torchrun) with this
+  interpreter nor this environment's ``shoal`` console script (other scripts), or it asks for what :func:`popen` does not do (any other Popen argument);
 - ``SHOAL_TEST_FRESH=1`` is set: every command fresh, to check that the warm start hides nothing.
 
 What a warm start does not show, then: a command's import errors and its start-up cost. Those are
@@ -54,9 +54,12 @@ REPORTS_START = ("PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE", "PYTHONDEBUG", "PYT
 """Variables that make the interpreter report on its start-up or imports: a command given one starts fresh."""
 HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
 """The Popen arguments a warm start honours; any other one starts the command fresh."""
-MAX_SERVERS = 3
+MAX_SERVERS = 4
 """Servers per test process (each holds ~0.7 GB, mostly torch's shared pages): this process's
-environment, a pod image's, and a pod image's with the client libraries' PYTHONPATH (tests/clients/)."""
+environment, a pod image's, a pod image's with the client libraries' PYTHONPATH (tests/clients/),
+and the Horovod-style tests' OMP_NUM_THREADS=1 (tests/integrations/horovod_launch.py)."""
+MODULES = ("shoal", "torch.distributed.run")
+"""The ``python -m`` modules that start warm: shoal, and torchrun's (the server imported both)."""
 CONSOLE_SCRIPT = Path(sys.executable).with_name("shoal")
 """The ``shoal`` console script of this environment (pip's: ``#!PYTHON``, then ``sys.exit(main())``)."""
 
@@ -82,18 +85,20 @@ def starts_warm(cmd: list[str], **kwargs: Any) -> bool:
     return _plan(cmd, kwargs) is not None
 
 
-def _plan(cmd: list[str], kwargs: dict[str, Any]) -> tuple[tuple, str | None, list[str]] | None:
-    """How ``cmd`` starts warm: the server's key (interpreter, import-time variables), the script
-    the child runs (None: ``-m shoal``) and its ``sys.argv``; None when it starts fresh."""
+def _plan(cmd: list[str], kwargs: dict[str, Any]) -> tuple[tuple, list[str], list[str]] | None:
+    """How ``cmd`` starts warm: the server's key (interpreter, import-time variables), what the child
+    runs (``["module", NAME]`` for ``-m NAME``, ``["script", PATH]``) and its ``sys.argv``; None when
+    it starts fresh."""
     if not (set(kwargs) <= HANDLED and kwargs.get("stdin") != subprocess.PIPE and os.environ.get(FRESH) != "1"):
         return None
     env = os.environ if kwargs.get("env") is None else kwargs["env"]
     if any(env.get(name) for name in REPORTS_START):
         return None
-    if list(cmd[:3]) == [sys.executable, "-m", "shoal"]:
-        interpreter, script, argv = sys.executable, None, [str(SERVER), *cmd[3:]]
+    if list(cmd[:2]) == [sys.executable, "-m"] and len(cmd) > 2 and cmd[2] in MODULES:
+        interpreter, main, argv = sys.executable, ["module", cmd[2]], [str(SERVER), *cmd[3:]]
     elif cmd and shutil.which(cmd[0], path=env.get("PATH", os.defpath)) == str(CONSOLE_SCRIPT):
-        interpreter, script, argv = _shebang(CONSOLE_SCRIPT), str(CONSOLE_SCRIPT), [str(CONSOLE_SCRIPT), *cmd[1:]]
+        interpreter, main = _shebang(CONSOLE_SCRIPT), ["script", str(CONSOLE_SCRIPT)]
+        argv = [str(CONSOLE_SCRIPT), *cmd[1:]]
         if interpreter is None:
             return None
     else:
@@ -101,7 +106,7 @@ def _plan(cmd: list[str], kwargs: dict[str, Any]) -> tuple[tuple, str | None, li
     key = (interpreter, tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))))
     if key not in _servers and len(_servers) >= MAX_SERVERS:
         return None
-    return key, script, argv
+    return key, main, argv
 
 
 def _shebang(script: Path) -> str | None:
@@ -195,7 +200,7 @@ class WarmProcess:
         plan = _plan(cmd, {"env": env})
         if plan is None:
             raise ValueError(f"{cmd} does not start warm (tests/warm.py: starts_warm)")
-        key, script, argv = plan
+        key, main, argv = plan
         self.args = cmd
         self.returncode: int | None = None
         self.stdin = None
@@ -219,7 +224,7 @@ class WarmProcess:
             cwd = "/" if enter is not None else os.getcwd()
         request = {
             "argv": argv,
-            "script": script,
+            "main": main,
             "env": dict(os.environ if env is None else env),
             "cwd": os.fspath(cwd) if enter is not None else os.path.abspath(cwd),
             "session": start_new_session,

@@ -2,11 +2,11 @@
 once, then forks a copy of itself for each command the tests run.
 
 ``python tests/warm_server.py SOCKET`` listens on the Unix socket SOCKET (SOCK_SEQPACKET: one message
-is one request). A request is a JSON object ``{"argv": [...], "script": PATH or null, "env": {...},
-"cwd": "...", "session": bool, "enter": PID or null}`` sent with three file descriptors (stdin,
-stdout, stderr). The server forks. The child becomes ``python -m shoal ARGV[1:]`` (or, with a
-script, ``python SCRIPT ARGV[1:]``, as the kernel runs a ``#!`` script such as the ``shoal`` console
-script): in PID's network, UTS and mount namespaces if asked (a pod's, as ``nsenter`` enters them),
+is one request). A request is a JSON object ``{"argv": [...], "main": ["module", NAME] or ["script",
+PATH], "env": {...}, "cwd": "...", "session": bool, "enter": PID or null}`` sent with three file
+descriptors (stdin, stdout, stderr). The server forks. The child becomes ``python -m NAME ARGV[1:]``
+(shoal, or torchrun's torch.distributed.run) or ``python PATH ARGV[1:]`` (as the kernel runs a ``#!``
+script such as the ``shoal`` console script): in PID's network, UTS and mount namespaces if asked (a pod's, as ``nsenter`` enters them),
 in a session of its own if asked, those descriptors as 0, 1 and 2, that directory, exactly that
 environment, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets them; then it answers
 ``{"pid": PID}`` and runs. It ends as an interpreter ends
@@ -121,23 +121,28 @@ def become(request: dict, fds: list[int], conn: socket.socket) -> None:
     os.environ.update(request["env"])
     sys.argv = list(request["argv"])
     # What the interpreter puts first: the working directory for `-m`, the script's directory for a script.
-    sys.path[0] = os.getcwd() if request["script"] is None else os.path.dirname(os.path.realpath(request["script"]))
+    kind, name = request["main"]
+    sys.path[0] = os.getcwd() if kind == "module" else os.path.dirname(os.path.realpath(name))
     conn.send(json.dumps({"pid": os.getpid()}).encode())
     conn.close()
 
 
-def run(script: str | None) -> None:
-    if script is None:
-        runpy.run_module("shoal", run_name="__main__", alter_sys=True)
+def run(main: list[str]) -> None:
+    kind, name = main
+    if kind == "module":
+        # Imported here before the fork (torch.distributed.run): as in a fresh `python -m`, the
+        # module runs as __main__ only (and runpy would warn that it found it imported).
+        sys.modules.pop(name, None)
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
     else:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_path(name, run_name="__main__")
 
 
-def exit_code(script: str | None) -> int:
+def exit_code(main: list[str]) -> int:
     """What the interpreter makes of the command's end: SystemExit's code (a message: printed, 1), an
     uncaught exception's traceback and 1, an uncaught KeyboardInterrupt as a death by SIGINT."""
     try:
-        run(script)
+        run(main)
         return 0
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
@@ -176,7 +181,7 @@ def main() -> None:
     print("ready", flush=True)
     request, fds, conn = serve(listener)
     become(request, fds, conn)
-    end(exit_code(request["script"]))
+    end(exit_code(request["main"]))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from shoal.launch.ports import find_free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -69,8 +70,9 @@ def command(launcher: str, np: int, script: Path, *args: str) -> list[str]:
 
 
 def run(launcher: str, np: int, script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240):
-    """Run and return the CompletedProcess (text, both streams captured); never hangs past ``timeout``."""
-    return subprocess.run(
+    """Run and return the CompletedProcess (text, both streams captured); never hangs past ``timeout``.
+    shoal's and torchrun's launchers start warm (tests/warm.py); the ranks they start, fresh."""
+    return warm.run(
         command(launcher, np, script, *args),
         env=env or clean_env(),
         capture_output=True,
