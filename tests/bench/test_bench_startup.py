@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from conftest import run_shoal
 from shoal.bench import startup
 from shoal.errors import ShoalError
@@ -111,7 +112,7 @@ def test_probe_file_runs_as_a_script_of_one_rank(tmp_path: Path):
 def test_probe_file_runs_under_torchrun_on_every_rank(tmp_path: Path):
     start = time.time()
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run([*argv, str(startup.PROBE), str(tmp_path)], capture_output=True, text=True, timeout=180)
+    proc = warm.run([*argv, str(startup.PROBE), str(tmp_path)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     _stamps(tmp_path, 2, start)
 

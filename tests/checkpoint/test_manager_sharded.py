@@ -24,6 +24,7 @@ import torch
 from checkpoint_helpers import Counter, flat
 from torch import nn
 
+import warm
 from shoal.checkpoint.manager import POINTER, CheckpointManager, restore
 from shoal.checkpoint.sharded import META, is_sharded
 from shoal.errors import ShoalError
@@ -40,7 +41,7 @@ def _launch(nproc: int, *jobs: str, check: bool = True, **kwargs) -> subprocess.
     else:  # one plain process, no process group
         cmd = [sys.executable]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
-    proc = subprocess.run([*cmd, str(SCRIPT), *jobs], capture_output=True, text=True, timeout=300, env=env, **kwargs)
+    proc = warm.run([*cmd, str(SCRIPT), *jobs], capture_output=True, text=True, timeout=300, env=env, **kwargs)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

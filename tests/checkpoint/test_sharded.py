@@ -19,6 +19,7 @@ import torch
 from checkpoint_helpers import Counter
 from torch import nn
 
+import warm
 from shoal.checkpoint.sharded import (
     FORMAT,
     META,
@@ -38,7 +39,7 @@ S3, S5 = "ckpt-e00001-s000000003.dcp", "ckpt-e00001-s000000005.dcp"
 
 def _torchrun(nproc: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    proc = subprocess.run([*cmd, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    proc = warm.run([*cmd, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

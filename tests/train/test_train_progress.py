@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import warm
 from shoal.launch.watchdog import VERDICT_FILE, write_verdict
 from shoal.progress import ENV_DIR, ProgressWriter, read_progress
 from shoal.train.config import TrainConfig
@@ -99,7 +99,7 @@ def test_the_trainers_records_and_the_verdict_in_metrics(tmp_path):
     env[ENV_DIR] = str(progress)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "shoal"]
     cmd += ["train", "digits", "--device", "cpu", "--epochs", "2", "--out", str(tmp_path / "run"), "--no-progress"]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    result = warm.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     records = read_progress(progress)
     assert [r.rank for r in records] == [0, 1]
