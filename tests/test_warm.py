@@ -87,15 +87,22 @@ def test_a_warm_command_has_its_own_session_signals_and_timeout(tmp_path):
         warm.run(shoal_cmd("run", "--nproc", "1", str(script)), capture_output=True, text=True, timeout=3)
 
 
-def test_a_warm_command_in_a_pod_runs_in_the_pods_namespaces(tmp_path):
-    """Its workers, which it starts, see the pod's host name, address and private /run, as under nsenter."""
+def _script_for_a_pod(tmp_path, code: str):
+    """tmp_path/where.py holding ``code`` (the test skips where pods cannot be made)."""
     reason = pods_unavailable()
     if reason:
         pytest.skip(reason)
     script = tmp_path / "where.py"
-    script.write_text(
+    script.write_text(code)
+    return script
+
+
+def test_a_warm_command_in_a_pod_runs_in_the_pods_namespaces(tmp_path):
+    """Its workers, which it starts, see the pod's host name, address and private /run, as under nsenter."""
+    script = _script_for_a_pod(
+        tmp_path,
         "import os, socket\n"
-        "print(socket.gethostname(), socket.gethostbyname(socket.gethostname()), os.path.isdir('/run/sshd'))\n"
+        "print(socket.gethostname(), socket.gethostbyname(socket.gethostname()), os.path.isdir('/run/sshd'))\n",
     )
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
     cmd = shoal_cmd("run", "--nproc", "1", str(script))
@@ -112,13 +119,10 @@ def test_the_console_script_in_a_pod_with_the_images_environment_starts_warm_as_
     """A pod's container command (``shoal run ...``, with the image's PYTHONUNBUFFERED, LANG and
     LD_LIBRARY_PATH) gets a server started with that environment by the script's own interpreter:
     the worker it starts sees the same interpreter, host and unbuffered streams as under nsenter."""
-    reason = pods_unavailable()
-    if reason:
-        pytest.skip(reason)
-    script = tmp_path / "where.py"
-    script.write_text(
+    script = _script_for_a_pod(
+        tmp_path,
         "import os, socket, sys\n"
-        "print(sys.executable, socket.gethostname(), os.environ.get('PYTHONUNBUFFERED'), os.environ.get('LANG'))\n"
+        "print(sys.executable, socket.gethostname(), os.environ.get('PYTHONUNBUFFERED'), os.environ.get('LANG'))\n",
     )
     image = {"PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8", "LD_LIBRARY_PATH": "/usr/local/nvidia/lib"}
     env = {**{k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}, **image}
