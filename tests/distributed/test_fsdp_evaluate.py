@@ -4,17 +4,18 @@ leave the others waiting in an all-gather)."""
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import run_shoal
 
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_evaluate.py"
 
 
 def _run(samples: int, out: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "shoal", "run", "--nproc", "2", str(SCRIPT), str(samples), str(out)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=180)
+    # ``shoal run`` started warm (tests/warm.py); the two workers it launches start for real.
+    return run_shoal("run", "--nproc", "2", str(SCRIPT), str(samples), str(out), timeout=180)
 
 
 @pytest.mark.multiprocess

@@ -18,7 +18,7 @@ from torch import nn
 import shoal
 from shoal.distributed.comm_hooks import register_comm_hook
 
-START, CHECKPOINT_AT, STEPS = 3, 6, 10
+START, CHECKPOINT_AT, STEPS = 3, 6, 8
 
 
 def build(ctx):
