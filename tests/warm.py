@@ -8,8 +8,8 @@ the ``shoal`` console script, as a pod's container command names it) as a fresh 
 exit), and everything it starts (forked or spawned workers, torchrun's agent, mpirun, ssh) is
 started for real. A server is started by the interpreter the command names (the console script's
 ``#!`` line) with the command's own import-time variables (:data:`IMPORT_TIME`), so a pod's image
-environment (PYTHONUNBUFFERED, LD_LIBRARY_PATH, LANG) gets a server of its own from its second
-command on (the first starts fresh); at most :data:`MAX_SERVERS` per test process.
+environment (PYTHONUNBUFFERED, LD_LIBRARY_PATH, LANG) gets a server of its own from its third
+command on (:data:`FRESH_BEFORE_A_SERVER`); at most :data:`MAX_SERVERS` per test process.
 
 A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm start could differ:
 - it sets a variable that makes the interpreter report on its start-up (:data:`REPORTS_START`:
@@ -58,6 +58,9 @@ MAX_SERVERS = 4
 """Servers per test process (each holds ~0.7 GB, mostly torch's shared pages): this process's
 environment, a pod image's, a pod image's with the client libraries' PYTHONPATH (tests/clients/),
 and the Horovod-style tests' OMP_NUM_THREADS=1 (tests/integrations/horovod_launch.py)."""
+FRESH_BEFORE_A_SERVER = 2
+"""Commands of an import-time environment other than this process's that start fresh before it gets
+a server of its own (the pods' image environment has dozens; a test's own HOME one or two)."""
 MODULES = ("shoal", "torch.distributed.run")
 """The ``python -m`` modules that start warm: shoal, and torchrun's (the server imported both)."""
 CONSOLE_SCRIPT = Path(sys.executable).with_name("shoal")
@@ -122,15 +125,16 @@ def _shebang(script: Path) -> str | None:
 
 def start(cmd: list[str], *, enter: int | None = None, **kwargs: Any) -> WarmProcess | None:
     """``cmd`` started warm (in the namespaces of PID ``enter`` if given), or None: it must start
-    fresh (:func:`starts_warm`), or its import-time environment is not this process's and was not
-    asked for before (a server for a one-off costs more than the command started fresh)."""
+    fresh (:func:`starts_warm`), or its import-time environment is not this process's and has no
+    server yet: the first :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh
+    (a server for one or two commands, a test's own HOME or PYTHONPATH, costs more than it saves)."""
     plan = _plan(cmd, kwargs)
     if plan is None:
         return None
     key = plan[0]
     if key not in _servers and key[1] != _BASE_IMPORT_TIME:
         _asked[key] = _asked.get(key, 0) + 1
-        if _asked[key] < 2:
+        if _asked[key] <= FRESH_BEFORE_A_SERVER:
             return None
     return WarmProcess(list(cmd), enter=enter, **kwargs)
 
