@@ -163,4 +163,5 @@ def test_torchrun_starts_warm_and_its_worker_sees_what_it_sees_fresh(tmp_path):
     fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert started.returncode == fresh.returncode == 0, started.stderr + fresh.stderr
     assert started.stdout == fresh.stdout == "who.py 0 1 1 True\n"
-    assert "Warning" not in started.stderr.replace(fresh.stderr, ""), started.stderr
+    # runpy warns (RuntimeWarning) when the module it runs was imported already, as the server had it
+    assert started.stderr.count("Warning") == fresh.stderr.count("Warning"), started.stderr

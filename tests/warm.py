@@ -19,7 +19,8 @@ A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm
   (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH, OpenMP's and torch's settings, TMPDIR,
   HOME, the locale) and :data:`MAX_SERVERS` servers are already running with other values;
 - it is neither ``python -m shoal`` (or ``-m torch.distributed.run``, torchrun) with this
-  interpreter nor this environment's ``shoal`` console script (other scripts), or it asks for what :func:`popen` does not do (any other Popen argument);
+  interpreter nor this environment's ``shoal`` console script (other scripts), or it asks for what
+  :func:`popen` does not do (any other Popen argument);
 - ``SHOAL_TEST_FRESH=1`` is set: every command fresh, to check that the warm start hides nothing.
 
 What a warm start does not show, then: a command's import errors and its start-up cost. Those are
@@ -30,6 +31,7 @@ tested by commands started fresh (tests/test_compat.py, tests/cli/test_train_bad
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import select
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +115,7 @@ def _plan(cmd: list[str], kwargs: dict[str, Any]) -> tuple[tuple, list[str], lis
     return key, main, argv
 
 
+@functools.cache
 def _shebang(script: Path) -> str | None:
     """The interpreter of ``script``'s ``#!`` line when it is this environment's Python, else None."""
     with open(script, "rb") as f:
@@ -123,11 +127,12 @@ def _shebang(script: Path) -> str | None:
     return interpreter if same else None
 
 
-def start(cmd: list[str], *, enter: int | None = None, **kwargs: Any) -> WarmProcess | None:
-    """``cmd`` started warm (in the namespaces of PID ``enter`` if given), or None: it must start
-    fresh (:func:`starts_warm`), or its import-time environment is not this process's and has no
-    server yet: the first :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh
-    (a server for one or two commands, a test's own HOME or PYTHONPATH, costs more than it saves)."""
+def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, **kwargs: Any) -> WarmProcess | None:
+    """``cmd`` started warm (in the namespaces of PID ``enter`` if given; a callable is asked for it
+    only when the command does start warm), or None: it must start fresh (:func:`starts_warm`), or its
+    import-time environment is not this process's and has no server yet: the first
+    :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh (a server for one or
+    two commands, a test's own HOME or PYTHONPATH, costs more than it saves)."""
     plan = _plan(cmd, kwargs)
     if plan is None:
         return None
@@ -136,7 +141,7 @@ def start(cmd: list[str], *, enter: int | None = None, **kwargs: Any) -> WarmPro
         _asked[key] = _asked.get(key, 0) + 1
         if _asked[key] <= FRESH_BEFORE_A_SERVER:
             return None
-    return WarmProcess(list(cmd), enter=enter, **kwargs)
+    return WarmProcess(list(cmd), plan, enter=enter() if callable(enter) else enter, **kwargs)
 
 
 def popen(cmd: list[str], **kwargs: Any):
@@ -198,13 +203,11 @@ class WarmProcess:
     ``poll``, ``wait``, ``communicate``, ``send_signal``/``terminate``/``kill`` and ``with``. The
     server reaps it and sends its exit status, so ``wait`` reads that, not ``waitpid``."""
 
-    def __init__(self, cmd: list[str], *, enter: int | None = None, env: dict[str, str] | None = None,
-                 cwd: str | os.PathLike | None = None, stdin: Any = None, stdout: Any = None, stderr: Any = None,
-                 text: bool = False, start_new_session: bool = False) -> None:  # fmt: skip
-        plan = _plan(cmd, {"env": env})
-        if plan is None:
-            raise ValueError(f"{cmd} does not start warm (tests/warm.py: starts_warm)")
-        key, main, argv = plan
+    def __init__(self, cmd: list[str], plan: tuple[tuple, list[str], list[str]], *, enter: int | None = None,
+                 env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None, stdin: Any = None,
+                 stdout: Any = None, stderr: Any = None, text: bool = False,
+                 start_new_session: bool = False) -> None:  # fmt: skip
+        key, main, argv = plan  # what start() found with _plan: the server and what the child runs
         self.args = cmd
         self.returncode: int | None = None
         self.stdin = None

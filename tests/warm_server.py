@@ -6,10 +6,10 @@ is one request). A request is a JSON object ``{"argv": [...], "main": ["module",
 PATH], "env": {...}, "cwd": "...", "session": bool, "enter": PID or null}`` sent with three file
 descriptors (stdin, stdout, stderr). The server forks. The child becomes ``python -m NAME ARGV[1:]``
 (shoal, or torchrun's torch.distributed.run) or ``python PATH ARGV[1:]`` (as the kernel runs a ``#!``
-script such as the ``shoal`` console script): in PID's network, UTS and mount namespaces if asked (a pod's, as ``nsenter`` enters them),
-in a session of its own if asked, those descriptors as 0, 1 and 2, that directory, exactly that
-environment, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets them; then it answers
-``{"pid": PID}`` and runs. It ends as an interpreter ends
+script such as the ``shoal`` console script): in PID's network, UTS and mount namespaces if asked (a
+pod's, as ``nsenter`` enters them), in a session of its own if asked, those descriptors as 0, 1 and
+2, that directory, exactly that environment, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets
+them; then it answers ``{"pid": PID}`` and runs. It ends as an interpreter ends
 (SystemExit's code, or a traceback and 1; threads joined, atexit run, streams flushed) but for the
 module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
 child has ended (its CPU and that of its waited-for descendants, ``wait4``'s rusage).

@@ -57,11 +57,8 @@ class Node:
         """``subprocess.Popen`` inside this namespace (stopped at teardown if still running).
         ``python -m shoal`` starts warm (tests/warm.py) in the namespaces of a process that ``ip netns
         exec`` set up here (:meth:`parked_pid`), in the caller's directory, as ``ip netns exec`` leaves it."""
-        proc = None
-        if warm.starts_warm(list(cmd), **kw):
-            proc = warm.start(list(cmd), enter=self.parked_pid(), **{**kw, "cwd": kw.get("cwd") or os.getcwd()})
-        if proc is None:
-            proc = subprocess.Popen(self.cmd(cmd), **kw)
+        warm_kw = {**kw, "cwd": kw.get("cwd") or os.getcwd()}
+        proc = warm.start(list(cmd), enter=self.parked_pid, **warm_kw) or subprocess.Popen(self.cmd(cmd), **kw)
         self._procs.append(proc)
         return proc
 
@@ -77,9 +74,12 @@ class Node:
 
     def pids(self) -> list[int]:
         """The processes in this node's network namespace, but for the parked one (:meth:`parked_pid`)."""
-        listed = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split()
         parked = self._parked.pid if self._parked is not None else None
-        return [int(pid) for pid in listed if int(pid) != parked]
+        return [pid for pid in self._all_pids() if pid != parked]
+
+    def _all_pids(self) -> list[int]:
+        listed = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout
+        return [int(pid) for pid in listed.split()]
 
     def run(self, cmd: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         """``subprocess.run`` inside this namespace."""
@@ -90,11 +90,10 @@ class Node:
         stop_all(self._procs, 10)
         self._procs.clear()
         # Anything else still running in the namespace (orphaned workers): only this node's.
-        pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True)
-        for pid in pids.stdout.split():
+        for pid in self._all_pids():
             try:
-                os.kill(int(pid), 9)
-            except (ProcessLookupError, ValueError):
+                os.kill(pid, 9)
+            except ProcessLookupError:
                 pass
 
 
