@@ -21,6 +21,9 @@ rank = int(os.environ["RANK"])
 with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as f:
     f.write(str(os.getpid()))
 dist.init_process_group("gloo")
+# Both ranks past the group's set-up before rank 1 fails: else rank 0 can fail on its own, still
+# connecting to the peer that just left, and be reported as a rank that "failed too".
+dist.barrier()
 
 
 def check(value: int) -> None:
