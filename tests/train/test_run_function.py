@@ -1,10 +1,10 @@
 """``shoal.run(fn, *args, nproc=N)``: a user's function on N real workers (gloo on CPU).
 
 The cases run a small driver script in a process of its own, not in pytest (a launcher forked from
-pytest would inherit whatever torch thread pool earlier tests started). Five cases run one after
+pytest would inherit whatever torch thread pool earlier tests started). Four cases run one after
 another in one driver process, each with its own marks, its own output and the exit status the
-driver gives its ShoalError (the one that runs parallel torch work in the driver comes last); the
-others, each in a driver process of their own.
+driver gives its ShoalError; the one that runs parallel torch work in its driver runs at the same
+time in a second driver; the others, each in a driver process of their own.
 Every call of ``fn`` leaves a mark file named after its rank and process id, so the tests see which
 processes ran it and how often.
 """
@@ -106,11 +106,20 @@ def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
 
 
-def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """``cmd`` in its own session; on a timeout its whole group is killed (hung workers included)."""
-    proc = subprocess.Popen(
+def _start(cmd: list[str]) -> subprocess.Popen:
+    """``cmd`` started in its own session (see :func:`_finish`)."""
+    return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=_environ()
     )
+
+
+def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return _finish(_start(cmd), timeout)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """``proc`` waited for; on a timeout its whole group is killed (hung workers included)."""
+    cmd = proc.args
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -165,22 +174,29 @@ def _case_lines(text: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, list, list]]:
-    """The cases below, in this order, in one driver process; each case's (its output as a process
+    """The cases below in two driver processes started together (threads-used alone; the others one
+    after another, in this order, in the second); each case's (its output as a process
     of its own: the driver's first line, then what was written during the case, and the exit code
     the driver would have exited with; its RESULT values; its marks as (rank, pid) pairs)."""
     script, marks = _driver(tmp_path_factory.mktemp("cases"))
-    # the parallel torch work of threads-used stays in this process: it runs last
-    modes = ("value", "spawn-all", "lambda", "fail", "threads-used")
-    cmd = [sys.executable, str(script), ",".join(modes), str(marks)]
-    proc = _run(cmd, timeout=240)
-    out, err = _case_lines(proc.stdout), _case_lines(proc.stderr)
+    # threads-used in a driver of its own, beside the others: its parallel torch work stays out of
+    # their process, and its fork probe's 10 s wait for the hung child overlaps their work.
+    groups = [("threads-used",), ("value", "spawn-all", "lambda", "fail")]
+    started = {modes: _start([sys.executable, str(script), ",".join(modes), str(marks)]) for modes in groups}
     found = {}
-    for mode in modes:
-        exits = [line for line in out.get(mode, []) if line.startswith(f"EXIT {mode} ")]
-        assert len(exits) == 1, f"case {mode} did not end\n{proc.stdout}\n{proc.stderr}"
-        stdout = "".join(out[""] + [line for line in out[mode] if line not in exits])
-        case = subprocess.CompletedProcess(cmd, int(exits[0].split()[2]), stdout, "".join(err[""] + err[mode]))
-        found[mode] = (case, _results(stdout), _ran(marks / mode))
+    for modes, running in started.items():  # each prints a few KB at most: a pipe holds it until read
+        proc = _finish(running, timeout=240)
+        out, err = _case_lines(proc.stdout), _case_lines(proc.stderr)
+        for mode in modes:
+            exits = [line for line in out.get(mode, []) if line.startswith(f"EXIT {mode} ")]
+            assert len(exits) == 1, f"case {mode} did not end\n{proc.stdout}\n{proc.stderr}"
+            stdout = "".join(out[""] + [line for line in out[mode] if line not in exits])
+            code = int(exits[0].split()[2])
+            found[mode] = (
+                subprocess.CompletedProcess(proc.args, code, stdout, "".join(err[""] + err[mode])),
+                _results(stdout),
+                _ran(marks / mode),
+            )
     return found
 
 
