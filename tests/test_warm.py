@@ -50,6 +50,30 @@ def test_a_command_gives_the_same_result_warm_and_fresh(args, tmp_path):
         assert (seen["rank"], seen["world_size"], seen["scheme"]) == (3, 4, "torchrun"), seen
 
 
+DRIVER = """
+import json, os, sys
+import torch
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
+                  "file": globals().get("__file__"), "sum": torch.ones(3).sum().item()}))
+raise SystemExit(int(sys.argv[-1])) if sys.argv[-1].isdigit() else ValueError(sys.argv[-1])
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "code"])
+@pytest.mark.parametrize("end", ["0", "3", "boom"])
+def test_a_driver_script_opted_in_gives_the_same_result_warm_and_fresh(how, end, tmp_path):
+    """``python SCRIPT`` and ``python -c CODE`` start warm only with ``script=True``, and then as the
+    interpreter runs them: argv, sys.path[0], __name__, __file__, directory, exit code, traceback."""
+    (tmp_path / "driver.py").write_text(DRIVER)
+    cmd = [sys.executable, "driver.py", "x", end] if how == "script" else [sys.executable, "-c", DRIVER, "x", end]
+    assert not warm.starts_warm(cmd) and warm.starts_warm(cmd, script=True)
+    started = warm.run(cmd, script=True, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (started.returncode, started.stdout, started.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert started.returncode == {"0": 0, "3": 3, "boom": 1}[end] and json.loads(started.stdout)["sum"] == 3.0
+    assert end != "boom" or started.stderr.rstrip().endswith("ValueError: boom")
+
+
 def test_a_variable_that_reports_on_imports_starts_the_command_fresh(tmp_path):
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
     cmd = shoal_cmd("--version")

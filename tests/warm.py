@@ -19,8 +19,11 @@ A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm
   (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH, OpenMP's and torch's settings, TMPDIR,
   HOME, the locale) and :data:`MAX_SERVERS` servers are already running with other values;
 - it is neither ``python -m shoal`` (or ``-m torch.distributed.run``, torchrun) with this
-  interpreter nor this environment's ``shoal`` console script (other scripts), or it asks for what
-  :func:`popen` does not do (any other Popen argument);
+  interpreter nor this environment's ``shoal`` console script, or it asks for what :func:`popen`
+  does not do (any other Popen argument). Other scripts start warm only when the caller says
+  ``script=True``: ``python SCRIPT ARGS`` or ``python -c CODE ARGS`` whose start-up and imports are
+  not what the test looks at (a driver that calls shoal's API and reports what it did), run with
+  torch, torch._dynamo and shoal already imported;
 - ``SHOAL_TEST_FRESH=1`` is set: every command fresh, to check that the warm start hides nothing.
 
 What a warm start does not show, then: a command's import errors and its start-up cost. Those are
@@ -86,22 +89,27 @@ def children_cpu_s() -> float:
     return _cpu_s
 
 
-def starts_warm(cmd: list[str], **kwargs: Any) -> bool:
+def starts_warm(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:
     """Whether ``cmd`` with these Popen arguments starts warm (see the module's docstring)."""
-    return _plan(cmd, kwargs) is not None
+    return _plan(cmd, kwargs, script=script) is not None
 
 
-def _plan(cmd: list[str], kwargs: dict[str, Any]) -> tuple[tuple, list[str], list[str]] | None:
+def _plan(cmd: list[str], kwargs: dict[str, Any], *, script: bool = False) -> tuple[tuple, list[str], list[str]] | None:
     """How ``cmd`` starts warm: the server's key (interpreter, import-time variables), what the child
-    runs (``["module", NAME]`` for ``-m NAME``, ``["script", PATH]``) and its ``sys.argv``; None when
-    it starts fresh."""
+    runs (``["module", NAME]`` for ``-m NAME``, ``["script", PATH]``, ``["code", CODE]`` for ``-c``)
+    and its ``sys.argv``; None when it starts fresh. ``script``: the caller's opt-in for other scripts."""
     if not (set(kwargs) <= HANDLED and kwargs.get("stdin") != subprocess.PIPE and os.environ.get(FRESH) != "1"):
         return None
     env = os.environ if kwargs.get("env") is None else kwargs["env"]
     if any(env.get(name) for name in REPORTS_START):
         return None
-    if list(cmd[:2]) == [sys.executable, "-m"] and len(cmd) > 2 and cmd[2] in MODULES:
+    cmd = [os.fspath(part) for part in cmd]
+    if cmd[:2] == [sys.executable, "-m"] and len(cmd) > 2 and cmd[2] in MODULES:
         interpreter, main, argv = sys.executable, ["module", cmd[2]], [str(SERVER), *cmd[3:]]
+    elif script and cmd[:2] == [sys.executable, "-c"] and len(cmd) > 2:
+        interpreter, main, argv = sys.executable, ["code", cmd[2]], ["-c", *cmd[3:]]
+    elif script and cmd[:1] == [sys.executable] and len(cmd) > 1 and not cmd[1].startswith("-"):
+        interpreter, main, argv = sys.executable, ["script", cmd[1]], cmd[1:]
     elif cmd and shutil.which(cmd[0], path=env.get("PATH", os.defpath)) == str(CONSOLE_SCRIPT):
         interpreter, main = _shebang(CONSOLE_SCRIPT), ["script", str(CONSOLE_SCRIPT)]
         argv = [str(CONSOLE_SCRIPT), *cmd[1:]]
@@ -127,13 +135,15 @@ def _shebang(script: Path) -> str | None:
     return interpreter if same else None
 
 
-def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, **kwargs: Any) -> WarmProcess | None:
+def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, script: bool = False,
+          **kwargs: Any) -> WarmProcess | None:  # fmt: skip
     """``cmd`` started warm (in the namespaces of PID ``enter`` if given; a callable is asked for it
     only when the command does start warm), or None: it must start fresh (:func:`starts_warm`), or its
     import-time environment is not this process's and has no server yet: the first
     :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh (a server for one or
-    two commands, a test's own HOME or PYTHONPATH, costs more than it saves)."""
-    plan = _plan(cmd, kwargs)
+    two commands, a test's own HOME or PYTHONPATH, costs more than it saves). ``script``: see the
+    module's docstring."""
+    plan = _plan(cmd, kwargs, script=script)
     if plan is None:
         return None
     key = plan[0]
@@ -144,9 +154,9 @@ def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, **kwa
     return WarmProcess(list(cmd), plan, enter=enter() if callable(enter) else enter, **kwargs)
 
 
-def popen(cmd: list[str], **kwargs: Any):
+def popen(cmd: list[str], *, script: bool = False, **kwargs: Any):
     """``subprocess.Popen(cmd, **kwargs)``, started warm (a :class:`WarmProcess`) when :func:`start` can."""
-    return start(cmd, **kwargs) or subprocess.Popen(cmd, **kwargs)
+    return start(cmd, script=script, **kwargs) or subprocess.Popen(cmd, **kwargs)
 
 
 def run(cmd: list[str], *, input: Any = None, capture_output: bool = False, timeout: float | None = None,

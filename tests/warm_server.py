@@ -2,11 +2,11 @@
 once, then forks a copy of itself for each command the tests run.
 
 ``python tests/warm_server.py SOCKET`` listens on the Unix socket SOCKET (SOCK_SEQPACKET: one message
-is one request). A request is a JSON object ``{"argv": [...], "main": ["module", NAME] or ["script",
-PATH], "env": {...}, "cwd": "...", "session": bool, "enter": PID or null}`` sent with three file
+is one request). A request is a JSON object ``{"argv": [...], "main": ["module", NAME], ["script",
+PATH] or ["code", CODE], "env": {...}, "cwd": "...", "session": bool, "enter": PID or null}`` sent with three file
 descriptors (stdin, stdout, stderr). The server forks. The child becomes ``python -m NAME ARGV[1:]``
-(shoal, or torchrun's torch.distributed.run) or ``python PATH ARGV[1:]`` (as the kernel runs a ``#!``
-script such as the ``shoal`` console script): in PID's network, UTS and mount namespaces if asked (a
+(shoal, or torchrun's torch.distributed.run), ``python PATH ARGV[1:]`` (as the kernel runs a ``#!``
+script such as the ``shoal`` console script) or ``python -c CODE ARGV[1:]`` (``["code", CODE]``): in PID's network, UTS and mount namespaces if asked (a
 pod's, as ``nsenter`` enters them), in a session of its own if asked, those descriptors as 0, 1 and
 2, that directory, exactly that environment, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets
 them; then it answers ``{"pid": PID}`` and runs. It ends as an interpreter ends
@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import threading
+import types
 
 # What `shoal train --nproc N` has imported when it forks its workers (1.3 CPU-s for torch, 1.1 for
 # torch._dynamo, which the first optimizer pulls in, 0.3 for shoal's own: README, "Tests").
@@ -120,9 +121,12 @@ def become(request: dict, fds: list[int], conn: socket.socket) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = list(request["argv"])
-    # What the interpreter puts first: the working directory for `-m`, the script's directory for a script.
+    # What the interpreter puts first: the working directory for `-m`, "" for `-c`, the script's directory.
     kind, name = request["main"]
-    sys.path[0] = os.getcwd() if kind == "module" else os.path.dirname(os.path.realpath(name))
+    if kind == "script":
+        sys.path[0] = os.path.dirname(os.path.realpath(name))
+    else:
+        sys.path[0] = os.getcwd() if kind == "module" else ""
     conn.send(json.dumps({"pid": os.getpid()}).encode())
     conn.close()
 
@@ -134,8 +138,26 @@ def run(main: list[str]) -> None:
         # module runs as __main__ only (and runpy would warn that it found it imported).
         sys.modules.pop(name, None)
         runpy.run_module(name, run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(name, run_name="__main__")
+    else:  # as the interpreter runs `python -c CODE` or `python PATH`: a fresh __main__ (for a script,
+        # __file__ the absolute path, sys.argv[0] as given; runpy.run_path would set both to the path)
+        main_module = types.ModuleType("__main__")
+        if kind == "code":
+            filename, source = "<string>", name
+        else:
+            filename = main_module.__file__ = os.path.abspath(name)
+            with open(filename, "rb") as f:
+                source = f.read()
+        sys.modules["__main__"] = main_module
+        exec(compile(source, filename, "exec"), main_module.__dict__)
+
+
+def _print_exception() -> None:
+    """The uncaught exception as the interpreter prints it: its traceback from the command's own
+    first frame on (this file's frames, which a fresh interpreter has not, left out)."""
+    kind, error, tb = sys.exc_info()
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    sys.excepthook(kind, error.with_traceback(tb), tb)  # the hook prints the exception's own __traceback__
 
 
 def exit_code(main: list[str]) -> int:
@@ -150,12 +172,12 @@ def exit_code(main: list[str]) -> int:
         print(stop.code, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        sys.excepthook(*sys.exc_info())
+        _print_exception()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         return 130
     except BaseException:
-        sys.excepthook(*sys.exc_info())
+        _print_exception()
         return 1
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import warm
 from conftest import run_shoal
 from shoal.bench import overhead, overhead_workers
 from shoal.bench.harness import PEERS
@@ -110,9 +110,8 @@ print("RESULTS " + json.dumps(results), flush=True)
 def test_a_different_job_is_detected(tmp_path: Path):
     """The check can fail: two different jobs do not end with the same digest."""
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
-    proc = subprocess.run(
-        [sys.executable, "-c", TWO_JOBS, str(tmp_path)], capture_output=True, text=True, timeout=180, env=env
-    )
+    cmd = [sys.executable, "-c", TWO_JOBS, str(tmp_path)]
+    proc = warm.run(cmd, script=True, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
     results = json.loads(line.removeprefix("RESULTS "))

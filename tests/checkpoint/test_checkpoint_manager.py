@@ -14,6 +14,7 @@ import torch
 from checkpoint_helpers import Counter
 from torch import nn
 
+import warm
 from shoal.checkpoint.cadence import Cadence
 from shoal.checkpoint.manager import POINTER, CheckpointManager, restore
 from shoal.checkpoint.storage import TMP_PREFIX
@@ -34,7 +35,9 @@ def test_killed_at_random_points_always_leaves_old_or_new(tmp_path):
     directory = tmp_path / "ckpt"
     last_saved = 0
     for _ in range(5):
-        proc = subprocess.Popen([sys.executable, str(SAVE_FOREVER), str(directory)], stdout=subprocess.PIPE, text=True)
+        proc = warm.popen(
+            [sys.executable, str(SAVE_FOREVER), str(directory)], script=True, stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout.readline().strip() == "ready"
         first = proc.stdout.readline().split()  # ["saved", N]: every round kills after a save
         assert first[0] == "saved" and int(first[1]) == last_saved + 1, first

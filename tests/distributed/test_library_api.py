@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import shoal
+import warm
 from shoal.distributed.wrap import clean_state_dict, unwrap_model
 
 SCRIPT = Path(__file__).parent / "scripts" / "library_user.py"
@@ -36,7 +37,7 @@ def _check_run(result: dict, world_size: int) -> None:
 def test_single_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
     out = tmp_path / "result.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(out)], check=True, env=env, timeout=120)
+    warm.run([sys.executable, str(SCRIPT), str(out)], script=True, check=True, env=env, timeout=120)
     result = json.loads(out.read_text())
     _check_run(result, 1)
     assert result["scheme"] == "local" and result["wrapped"] == "Linear"

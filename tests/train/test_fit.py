@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
 import shoal
+import warm
 from shoal.errors import ShoalError
 
 FIT_TWO_WORKERS = """
@@ -36,9 +36,10 @@ def test_fit_in_this_process_returns_metrics_model_and_config(tmp_path):
 
 @pytest.mark.multiprocess
 def test_fit_starts_its_own_workers(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-c", FIT_TWO_WORKERS, str(tmp_path / "run")], capture_output=True, text=True, timeout=300
-    )
+    cmd = [sys.executable, "-c", FIT_TWO_WORKERS, str(tmp_path / "run")]
+    proc = warm.run(
+        cmd, script=True, capture_output=True, text=True, timeout=300
+    )  # the driver's start-up is not the point
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     result = json.loads(line.removeprefix("RESULT "))

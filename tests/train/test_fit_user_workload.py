@@ -5,12 +5,12 @@ resumed exactly from a checkpoint on another world size."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
+import warm
 from conftest import run_shoal
 from workloads.user_workload_files import GOOD, write
 
@@ -73,9 +73,8 @@ def test_fit_an_instance_on_forked_and_spawned_workers(tmp_path):
     """The instance (hidden=8, its own defaults) reaches the workers: inherited when forked,
     pickled (its class found again by its file) when spawned; both runs agree."""
     write(tmp_path, "my_workload.py", GOOD)
-    proc = subprocess.run(
-        [sys.executable, "-c", FIT_INSTANCE], capture_output=True, text=True, timeout=400, cwd=tmp_path
-    )
+    cmd = [sys.executable, "-c", FIT_INSTANCE]
+    proc = warm.run(cmd, script=True, capture_output=True, text=True, timeout=400, cwd=tmp_path)  # driver: warm
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     runs = json.loads(line.removeprefix("RESULT "))

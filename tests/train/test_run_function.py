@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import shoal
+import warm
 from conftest import shoal_cmd
 from procs import alive
 from tracking.harness import free_port
@@ -106,18 +107,20 @@ def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
 
 
-def _start(cmd: list[str]) -> subprocess.Popen:
-    """``cmd`` started in its own session (see :func:`_finish`)."""
-    return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=_environ()
-    )
+def _start(cmd: list[str]):
+    """``cmd`` started in its own session (see :func:`_finish`); a driver script starts warm (what is
+    looked at is what its shoal.run does, not its own start-up: tests/warm.py)."""
+    return warm.popen(
+        cmd, script=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=_environ(),
+    )  # fmt: skip
 
 
 def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return _finish(_start(cmd), timeout)
 
 
-def _finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+def _finish(proc, timeout: float) -> subprocess.CompletedProcess:
     """``proc`` waited for; on a timeout its whole group is killed (hung workers included)."""
     cmd = proc.args
     try:
