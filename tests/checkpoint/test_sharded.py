@@ -1,21 +1,22 @@
 """Sharded (DCP) checkpoints: resharding across world sizes, DDP <-> FSDP, async, kill -9, bad input.
 
-The multi-process tests run tests/checkpoint/scripts/sharded_job.py under torchrun (gloo) or as one
-plain process: it saves from 2 ranks (FSDP and DDP, sync and async) and loads at 1, 2 and 3 ranks,
-comparing every parameter and optimizer value with the full state the saver had. The 2-rank loads
-run in the saving launch, after the saves (a launch is the cost here): 4 launches in all.
+The multi-process tests run tests/checkpoint/scripts/sharded_job.py under torchrun (gloo): it saves
+from 2 ranks (FSDP and DDP, sync and async) and loads at 2 and 3 ranks, comparing every parameter and
+optimizer value with the full state the saver had; its load runs at 1 rank in this process (one
+plain process, no process group). A launch is the cost here (every rank imports torch): the 2-rank
+loads and the kill during an async save run in the saving launch, after the saves: 2 launches in all.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from checkpoint_helpers import Counter
 from torch import nn
 
@@ -46,22 +47,40 @@ def _torchrun(nproc: int, *args: str, check: bool = True) -> subprocess.Complete
 
 
 def _plain(*args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    """sharded_job.py's ``load`` job in this process: one plain process, no process group (the test's
+    RNG state kept)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import sharded_job
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert not dist.is_initialized()
+    with torch.random.fork_rng(devices=[]):
+        sharded_job.load(*args)
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> Path:
-    """Checkpoints written by 2 ranks: ``fsdp/`` and ``ddp/``, each at step 3 (sync) and 5 (async).
-
-    The same 2 ranks then load them across strategies into fresh models (every model rebuilt and
-    the RNG reseeded before each load, as in a new process): ``crossed.json``, the results of
-    ddp <- fsdp step 3, fsdp <- ddp step 3 and ddp <- fsdp step 5."""
+def launch(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One launch of 2 ranks, its directory and what it ended with. First the checkpoints: ``fsdp/``
+    and ``ddp/``, each at step 3 (sync) and 5 (async). The same 2 ranks then load them across
+    strategies into fresh models (every model rebuilt and the RNG reseeded before each load, as in a
+    new process): ``crossed.json``, the results of ddp <- fsdp step 3, fsdp <- ddp step 3 and ddp <-
+    fsdp step 5. Last, in ``killed/``, a sync save, then an async one during which rank 0 SIGKILLs
+    itself (so the launch fails): its first collective save proves every rank went through the jobs
+    before it."""
     out = tmp_path_factory.mktemp("sharded")
     crossed = [f"ddp={out / 'fsdp' / S3}", f"fsdp={out / 'ddp' / S3}", f"ddp={out / 'fsdp' / S5}"]
-    _torchrun(2, f"save:{out}", ":".join(["load", str(out / "crossed.json"), *crossed]))
-    return out
+    (out / "killed").mkdir()
+    load = ":".join(["load", str(out / "crossed.json"), *crossed])
+    proc = _torchrun(2, f"save:{out}", load, f"kill:{out / 'killed'}", check=False)
+    assert (out / "killed" / "killing").is_file(), f"rank 0 ended before it killed itself:\n{proc.stderr[-4000:]}"
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def saved(launch) -> Path:
+    """The directory of the checkpoints saved by 2 ranks (see ``launch``)."""
+    return launch[0]
 
 
 def _exact(result: dict, step: int) -> None:
@@ -83,7 +102,7 @@ def _exact(result: dict, step: int) -> None:
 @pytest.mark.multiprocess
 def test_two_ranks_to_one_plain_process(saved, tmp_path):
     out = tmp_path / "r.json"
-    _plain(f"load:{out}:none={saved / 'fsdp' / S3}:none={saved / 'fsdp' / S5}:none={saved / 'ddp' / S3}")
+    _plain(str(out), f"none={saved / 'fsdp' / S3}", f"none={saved / 'fsdp' / S5}", f"none={saved / 'ddp' / S3}")
     results = json.loads(out.read_text())
     for result, step in zip(results, (3, 5, 3)):
         _exact(result, step)
@@ -117,14 +136,14 @@ def test_ddp_and_fsdp_load_each_others_checkpoints_with_per_rank_state(saved):
 
 
 @pytest.mark.multiprocess
-def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
-    proc = _torchrun(2, f"kill:{tmp_path}", check=False)
+def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint(launch):
+    directory, proc = launch[0] / "killed", launch[1]
     assert proc.returncode != 0
-    assert (tmp_path / "killing").is_file(), f"rank 0 ended before it killed itself:\n{proc.stderr[-4000:]}"
-    seen = (tmp_path / "killing").read_text().split()
+    assert (directory / "killing").is_file(), f"rank 0 ended before it killed itself:\n{proc.stderr[-4000:]}"
+    seen = (directory / "killing").read_text().split()
     assert any(name.endswith(".distcp") for name in seen)  # killed while shards were being written
-    first, second = tmp_path / "ckpt-e00001-s000000001.dcp", tmp_path / "ckpt-e00001-s000000002.dcp"
-    stale = tmp_path / f".tmp-{second.name}"
+    first, second = directory / "ckpt-e00001-s000000001.dcp", directory / "ckpt-e00001-s000000002.dcp"
+    stale = directory / f".tmp-{second.name}"
     assert is_sharded(first) and not second.exists() and stale.is_dir()
 
     # The previous checkpoint loads (one plain process), exactly as saved.
@@ -141,8 +160,8 @@ def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
         assert torch.equal(moments[index]["exp_avg"], reference["optim"]["state"][name]["exp_avg"]), name
 
     # The next save in that directory removes what the killed one left.
-    save_sharded(tmp_path / "ckpt-e00001-s000000003.dcp", {"model": model, "optimizer": opt})
-    assert not stale.exists() and is_sharded(tmp_path / "ckpt-e00001-s000000003.dcp")
+    save_sharded(directory / "ckpt-e00001-s000000003.dcp", {"model": model, "optimizer": opt})
+    assert not stale.exists() and is_sharded(directory / "ckpt-e00001-s000000003.dcp")
 
 
 def test_one_process_round_trip_commit_callback_and_replace(tmp_path):

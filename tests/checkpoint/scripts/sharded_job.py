@@ -1,8 +1,8 @@
 """Sharded checkpoints in real processes (run by tests/checkpoint/test_sharded.py).
 
-Under torchrun (gloo) or as one plain process (no process group: a laptop). Each argument is one
-job, its fields joined by ``:``; the jobs run one after the other in the same processes (a launch
-is the cost here):
+Under torchrun (gloo); its ``load`` also in one plain process (no process group: a laptop), the test's
+own, which imports this module (rank 0 of 1). Each argument is one job, its fields joined by ``:``;
+the jobs run one after the other in the same processes (a launch is the cost here):
 
 * ``save:OUT``: trains a TinyGPT 3 steps under FSDP and under DDP and saves each (sync) as
   ``OUT/<strategy>/ckpt-e00001-s000000003.dcp``; then 2 more steps and an async save as
@@ -29,8 +29,7 @@ from shoal.checkpoint.sharded import load_sharded, save_sharded, wait_pending
 from shoal.data.sampler import ShardedSampler
 from shoal.workloads.language_model import TinyGPT, lm_loss
 
-rank, world = init()
-torch.set_num_threads(1)
+rank, world = 0, 1  # as a script: the torchrun job's (main below)
 SAMPLES, BATCH = 50, 4
 
 
@@ -158,4 +157,7 @@ def kill(out):
     wait_pending()  # rank 1: its peer is gone; torchrun stops it
 
 
-run_jobs({"save": lambda out: save(Path(out)), "load": load, "kill": lambda out: kill(Path(out))}, sys.argv[1:])
+if __name__ == "__main__":
+    rank, world = init()
+    torch.set_num_threads(1)
+    run_jobs({"save": lambda out: save(Path(out)), "load": load, "kill": lambda out: kill(Path(out))}, sys.argv[1:])
