@@ -2,16 +2,17 @@
 crossing in both directions, .pt and .dcp in one directory, corrupt newest skipped, async + kill -9.
 
 The multi-process tests run tests/checkpoint/scripts/manager_sharded_job.py under torchrun (gloo),
-a few jobs per launch (a launch is the cost here): the shared runs take 2 launches, the resharding
-to 3 and 1 ranks 2 more, the kill 1. Every training run draws its batches from the
-global RNG of each rank, so "bit-identical" covers the model, Adam's state, every rank's RNG, a
-per-rank object and the shared data position.
+a few jobs per launch (a launch is the cost here: every rank imports torch), 3 launches in all: the
+shared runs at 2 ranks; at 3 ranks, a load of their checkpoint (2 -> 3) and a short run whose
+checkpoint the last launch, at 2 ranks, loads (3 -> 2) before the kill during an async save. The
+load at 1 rank (2 -> 1) runs in this process (one plain process, no process group). Every training
+run draws its batches from the global RNG of each rank, so "bit-identical" covers the model, Adam's
+state, every rank's RNG, a per-rank object and the shared data position.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from checkpoint_helpers import Counter, flat
 from torch import nn
 
@@ -35,16 +37,24 @@ P4, P6 = (f"ckpt-e00001-s{s:09d}.pt" for s in (4, 6))
 
 
 def _launch(nproc: int, *jobs: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-        env = None
-    else:  # one plain process, no process group
-        cmd = [sys.executable]
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_ENV")}
-    proc = warm.run([*cmd, str(SCRIPT), *jobs], capture_output=True, text=True, timeout=300, env=env, **kwargs)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    proc = warm.run([*cmd, str(SCRIPT), *jobs], capture_output=True, text=True, timeout=300, **kwargs)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def _load_here(*fields: str) -> None:
+    """manager_sharded_job.py's ``load`` job in this process: one plain process, no process group
+    (the test's RNG state kept)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import manager_sharded_job
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert not dist.is_initialized()
+    with torch.random.fork_rng(devices=[]):
+        manager_sharded_job.load(*fields)
 
 
 def _assert_identical(got: Path, want: Path) -> None:
@@ -62,14 +72,13 @@ def _assert_identical(got: Path, want: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    """``fsdp4``: 2 steps at 4 ranks. Then, in one launch at 2 ranks: uninterrupted 6-step runs,
-    ``fsdp`` (async .dcp saves) and ``ddp`` (.pt saves), every 2 steps, keep 2; the step-4
-    checkpoints copied into new directories (rank 0, the others waiting); three runs resumed from
-    them: FSDP from FSDP's .dcp (``same``), DDP from FSDP's .dcp (``to_ddp``), FSDP (async) from
-    DDP's .pt (``to_fsdp``); a 4 -> 2 load; and the .pt manager's refusal of an FSDP model. Each run
-    builds its model and manager afresh and reseeds every rank's RNG, as a new process would."""
+    """In one launch at 2 ranks: uninterrupted 6-step runs, ``fsdp`` (async .dcp saves) and ``ddp``
+    (.pt saves), every 2 steps, keep 2; the step-4 checkpoints copied into new directories (rank 0,
+    the others waiting); three runs resumed from them: FSDP from FSDP's .dcp (``same``), DDP from
+    FSDP's .dcp (``to_ddp``), FSDP (async) from DDP's .pt (``to_fsdp``); and the .pt manager's
+    refusal of an FSDP model. Each run builds its model and manager afresh and reseeds every rank's
+    RNG, as a new process would."""
     out = tmp_path_factory.mktemp("manager_sharded")
-    _launch(4, f"train:{out / 'fsdp4'}:fsdp:dcp:2")
     _launch(
         2,
         f"train:{out / 'fsdp'}:fsdp:async:6",
@@ -80,10 +89,38 @@ def runs(tmp_path_factory) -> Path:
         f"train:{out / 'same'}:fsdp:dcp:6:resume",
         f"train:{out / 'to_ddp'}:ddp:pt:6:resume",
         f"train:{out / 'to_fsdp'}:fsdp:async:6:resume",
-        f"load:{out / 'from4.json'}:fsdp:{out / 'fsdp4' / D2}:{out / 'fsdp4'}.full-2.pt",
         f"refuse:{out / 'refused.json'}",
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def at_three(runs) -> Path:
+    """One launch at 3 ranks in the directory of ``runs``: ``fsdp``'s step-4 .dcp loaded (2 -> 3,
+    ``r3.json``), then ``fsdp3``: 2 steps of FSDP with a .dcp saved at step 2."""
+    _launch(
+        3,
+        f"load:{runs / 'r3.json'}:fsdp:{runs / 'fsdp' / D4}:{runs / 'fsdp'}.full-4.pt",
+        f"train:{runs / 'fsdp3'}:fsdp:dcp:2",
+    )
+    return runs
+
+
+@pytest.fixture(scope="module")
+def back_at_two(at_three) -> subprocess.CompletedProcess:
+    """The last launch, at 2 ranks: ``fsdp3``'s .dcp loaded (3 -> 2, ``from3.json``); then, in
+    ``killed/``, an async sharded save and a second one during which rank 0 SIGKILLs the whole job
+    (torchrun and every rank, in a session of their own). The kill's first collective proves that
+    every rank went through the load."""
+    proc = _launch(
+        2,
+        f"load:{at_three / 'from3.json'}:fsdp:{at_three / 'fsdp3' / D2}:{at_three / 'fsdp3'}.full-2.pt",
+        f"kill:{at_three / 'killed'}",
+        check=False,
+        start_new_session=True,
+    )
+    assert (at_three / "killed.killing").is_file(), f"rank 0 ended before it killed the job:\n{proc.stderr[-4000:]}"
+    return proc
 
 
 @pytest.mark.multiprocess
@@ -132,15 +169,14 @@ def _resharded(result: dict, saved_world: int, world: int) -> None:
 
 
 @pytest.mark.multiprocess
-def test_resharding_4_to_2(runs):
-    _resharded(json.loads((runs / "from4.json").read_text()), 4, 2)
+def test_resharding_3_to_2(at_three, back_at_two):
+    _resharded(json.loads((at_three / "from3.json").read_text()), 3, 2)
 
 
 @pytest.mark.multiprocess
-def test_resharding_2_to_3_and_2_to_1(runs, tmp_path):
-    _launch(3, f"load:{tmp_path / 'r3.json'}:fsdp:{runs / 'fsdp' / D4}:{runs / 'fsdp'}.full-4.pt")
-    _resharded(json.loads((tmp_path / "r3.json").read_text()), 2, 3)
-    _launch(0, f"load:{tmp_path / 'r1.json'}:none:{runs / 'fsdp' / D4}:{runs / 'fsdp'}.full-4.pt")
+def test_resharding_2_to_3_and_2_to_1(at_three, tmp_path):
+    _resharded(json.loads((at_three / "r3.json").read_text()), 2, 3)
+    _load_here(str(tmp_path / "r1.json"), "none", str(at_three / "fsdp" / D4), f"{at_three / 'fsdp'}.full-4.pt")
     _resharded(json.loads((tmp_path / "r1.json").read_text()), 2, 1)
 
 
@@ -152,9 +188,8 @@ def test_a_pt_manager_refuses_an_fsdp_model_on_every_rank(runs):
 
 
 @pytest.mark.multiprocess
-def test_kill_9_of_the_whole_job_during_an_async_save_leaves_the_previous(tmp_path):
-    directory = tmp_path / "ckpt"
-    proc = _launch(2, f"kill:{directory}", check=False, start_new_session=True)
+def test_kill_9_of_the_whole_job_during_an_async_save_leaves_the_previous(at_three, back_at_two):
+    directory, proc = at_three / "killed", back_at_two
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
     seen = Path(f"{directory}.killing").read_text().split()
     assert any(name.endswith(".distcp") for name in seen)  # killed while shards were being written

@@ -1,5 +1,6 @@
 """The checkpoint manager with sharded (.dcp) checkpoints in real processes (run by
-tests/checkpoint/test_manager_sharded.py), under torchrun (gloo) or as one plain process.
+tests/checkpoint/test_manager_sharded.py), under torchrun (gloo); its ``load`` also in one plain
+process (no process group), the test's own, which imports this module (rank 0 of 1).
 
 Every run trains a TinyGPT ``tiny`` with Adam; each step's batch is drawn from the global RNG
 (each rank seeded differently), so an exact resume needs the RNG states back, and a per-rank
@@ -36,8 +37,7 @@ from jobkit import Counter, diffs, everyone, full_state, init, run_jobs, watch_f
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.workloads.language_model import TinyGPT, lm_loss
 
-rank, world = init()
-torch.set_num_threads(1)
+rank, world = 0, 1  # as a script: the torchrun job's (main below)
 
 
 def build(strategy, preset="tiny"):
@@ -165,4 +165,7 @@ def train_job(directory, strategy, fmt, steps, *resume):
     train(directory, strategy, fmt, int(steps), resume=list(resume) == ["resume"])
 
 
-run_jobs({"train": train_job, "load": load, "refuse": refuse, "kill": kill, "copy": copy}, sys.argv[1:])
+if __name__ == "__main__":
+    rank, world = init()
+    torch.set_num_threads(1)
+    run_jobs({"train": train_job, "load": load, "refuse": refuse, "kill": kill, "copy": copy}, sys.argv[1:])
