@@ -4,10 +4,16 @@ restart`` resumes and finishes, a straggler is named and a blip is not, a clean 
 
 The workers run tests/launch/scripts/hang_faults.py (``ctx = shoal.init(); progress =
 ctx.progress()``; the fault chosen by FAULT, FAULT_RANK, FAULT_STEP).
+
+The runs that mostly wait (for a hang timeout) run in the background, a few at a time, from the
+first test that needs one (``in_background``); each test checks its own run's result. The tests
+that time what they check (a straggler window, a clean run that must report nothing, the launcher's
+watch before a SIGTERM) wait for those to end and run alone (``alone``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,12 +22,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import warm
-from cluster.helpers import clean_env, describe, shoal_on, wait_all
+from cluster.helpers import Launched, clean_env, describe, shoal_on, wait_all
 from cluster.netns import netns_unavailable, node_pair
 from procs import alive
 
@@ -29,6 +38,61 @@ pytestmark = pytest.mark.multiprocess
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "hang_faults.py")
 REPORT_HEAD = re.compile(r"^shoal: no rank made progress for \d+ s \(hang timeout \d+ s\)$", re.M)
+AT_ONCE = 3
+"""Background runs at a time: their waits overlap, while few enough ranks start (each imports torch,
+~3 CPU-s) at once that none of them is starved for a hang timeout of 5 s."""
+_BACKGROUND: list[tuple[str, Callable[[Path], object]]] = []
+"""The background runs by test name, in the order they start (:func:`in_background`)."""
+_STARTING = threading.Lock()
+"""One command started at a time: tests/warm.py starts its server on first use without a lock."""
+
+
+def in_background(run: Callable[[Path], object], first: bool = False):
+    """Decorator: the test's run, ``run(directory)``, mostly waits; the ``background`` fixture starts it
+    beside the other selected tests' runs (``first``: before them, the longest wait), and the test checks
+    what it returned (``scenario.result()``, its exceptions and skips included)."""
+
+    def register(test):
+        _BACKGROUND.insert(0 if first else len(_BACKGROUND), (test.__name__, run))
+        return test
+
+    return register
+
+
+@pytest.fixture(scope="module")
+def background(request, tmp_path_factory) -> Iterator[dict[str, Future]]:
+    """The runs of this module's tests selected in this session that are ``in_background`` (under xdist
+    the module's tests share one worker: tests/conftest.py's groups), started :data:`AT_ONCE` at a
+    time; at teardown those not started are dropped and the others waited for."""
+    selected = {item.originalname for item in request.session.items if item.path == request.path}
+    pool = ThreadPoolExecutor(AT_ONCE, thread_name_prefix="hang-faults")
+    try:
+        yield {
+            name: pool.submit(run, tmp_path_factory.mktemp(name.removeprefix("test_")[:40]))
+            for name, run in _BACKGROUND
+            if name in selected
+        }
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def scenario(request, background) -> Future:
+    """This test's background run (:func:`in_background`)."""
+    return background[request.node.originalname]
+
+
+@pytest.fixture
+def alone(background) -> None:
+    """The background runs ended first: this test times what it checks (a hang timeout, a straggler
+    window, the launcher's watch), so it runs without their start-ups beside it."""
+    wait(background.values())
+
+
+def _start(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """``warm.popen``, one start at a time (:data:`_STARTING`)."""
+    with _STARTING:
+        return warm.popen(cmd, **kwargs)
 
 
 def _env(out: Path, **fault: str) -> dict[str, str]:
@@ -37,12 +101,23 @@ def _env(out: Path, **fault: str) -> dict[str, str]:
     return env
 
 
-def _shoal_run(tmp_path: Path, *flags: str, timeout: float = 150, **fault) -> tuple[subprocess.CompletedProcess, Path]:
+@dataclass
+class Ran:
+    """A ``shoal run`` that ended: its result, its log directory, the script's OUT directory, and the
+    job's processes (their pid files) still running when it ended."""
+
+    proc: subprocess.CompletedProcess
+    run_dir: Path
+    out: Path
+    left: list[int]
+
+
+def _shoal_run(tmp_path: Path, *flags: str, timeout: float = 150, **fault) -> Ran:
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(run_dir), *flags, SCRIPT]
-    proc = warm.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(out, **fault))
-    return proc, run_dir
+    proc = warm.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(out, **fault), start=_start)
+    return Ran(proc, run_dir, out, _left_running(out))
 
 
 def _pids(out: Path) -> list[int]:
@@ -63,67 +138,71 @@ def _report_is_last(output: str) -> list[str]:
     return lines[-3:]
 
 
-def _stopped_on_hang(tmp_path: Path, named: str, processes: int = 3, **fault: str) -> tuple[list[str], Path]:
-    """``--hang-timeout 5 --on-hang stop`` with ``fault``: exit 124 with the report last, the report's
-    second line matching ``named``, both ranks' stacks saved, and none of the job's ``processes``
-    left. Returns the report's lines and the run directory."""
-    proc, run_dir = _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", **fault)
+def _stop_on_hang(tmp_path: Path, **fault: str) -> Ran:
+    """``--hang-timeout 5 --on-hang stop`` with ``fault`` (checked by :func:`_stopped_on_hang`)."""
+    return _shoal_run(tmp_path, "--hang-timeout", "5", "--on-hang", "stop", **fault)
+
+
+def _stopped_on_hang(ran: Ran, named: str, processes: int = 3) -> list[str]:
+    """A run of :func:`_stop_on_hang`: exit 124 with the report last, the report's second line
+    matching ``named``, both ranks' stacks saved, and none of the job's ``processes`` left. Returns
+    the report's lines."""
+    proc = ran.proc
     output = proc.stdout + proc.stderr
     assert proc.returncode == 124, output[-3000:]
     report = _report_is_last(proc.stderr)
     assert re.fullmatch(named, report[1]), report
-    pids = _pids(tmp_path / "out")  # both ranks', and the blocked process's (a loader worker's)
-    assert len(pids) == processes and not _left_running(tmp_path / "out"), pids
+    pids = _pids(ran.out)  # both ranks', and the blocked process's (a loader worker's)
+    assert len(pids) == processes and not ran.left, pids
     stacks = Path(report[2].removeprefix("full stacks: "))
     assert sorted(p.name for p in stacks.iterdir()) == ["rank-0.txt", "rank-1.txt", "report.txt"]
     assert "hang_faults.py" in (stacks / "rank-1.txt").read_text()
-    return report, run_dir
+    return report
 
 
-def test_a_rank_blocked_in_its_step_is_named_and_stop_leaves_no_process(tmp_path):
+@in_background(functools.partial(_stop_on_hang, FAULT="block"))
+def test_a_rank_blocked_in_its_step_is_named_and_stop_leaves_no_process(scenario):
     _stopped_on_hang(
-        tmp_path,
+        scenario.result(),
         r"rank 1 \(node \S+\) is in forward at step 5 at hang_faults\.py:\d+ in block_forever; "
         r"rank 0 waits in collective #6 at step 5 at hang_faults\.py:\d+ in main",
-        FAULT="block",
     )
 
 
-def test_a_rank_that_skipped_an_all_reduce_is_named_where_it_waits(tmp_path):
-    # Rank 1 skips the all-reduce of step 5, runs one collective short to the end and waits in the
-    # final barrier; rank 0 waits in the all-reduce of step 39 that rank 1 never calls.
+# Rank 1 skips the all-reduce of step 5, runs one collective short to the end and waits in the
+# final barrier; rank 0 waits in the all-reduce of step 39 that rank 1 never calls.
+@in_background(functools.partial(_stop_on_hang, FAULT="skip", STEPS="40"))
+def test_a_rank_that_skipped_an_all_reduce_is_named_where_it_waits(scenario):
     _stopped_on_hang(
-        tmp_path,
+        scenario.result(),
         r"rank 1 \(node \S+\) is in collective #40 at step 40 at hang_faults\.py:\d+ in main; "
         r"rank 0 waits in collective #40 at step 39 at hang_faults\.py:\d+ in main",
         processes=2,
-        FAULT="skip",
-        STEPS="40",
     )
 
 
-def test_a_data_loader_worker_that_stops_is_named_in_data(tmp_path):
+@in_background(functools.partial(_stop_on_hang, FAULT="loader"))
+def test_a_data_loader_worker_that_stops_is_named_in_data(scenario):
     _stopped_on_hang(
-        tmp_path,
+        scenario.result(),
         r"rank 1 \(node \S+\) is in data at step 5 at hang_faults\.py:\d+ in main; "
         r"rank 0 waits in collective #6 at step 5 at hang_faults\.py:\d+ in main",
-        FAULT="loader",
     )
 
 
-def test_a_rank_stuck_in_a_checkpoint_write_is_named_in_checkpoint(tmp_path):
-    report, run_dir = _stopped_on_hang(
-        tmp_path,
+@in_background(functools.partial(_stop_on_hang, FAULT="checkpoint", FAULT_STEP="10"))
+def test_a_rank_stuck_in_a_checkpoint_write_is_named_in_checkpoint(scenario):
+    ran = scenario.result()
+    report = _stopped_on_hang(
+        ran,
         r"rank 1 \(node \S+\) is in checkpoint at step 10 at hang_faults\.py:\d+ in block_forever; "
         r"rank 0 waits in collective #11 at step 10 at hang_faults\.py:\d+ in main",
-        FAULT="checkpoint",
-        FAULT_STEP="10",
     )
-    verdict = json.loads((run_dir / "progress" / "verdict.json").read_text())
+    verdict = json.loads((ran.run_dir / "progress" / "verdict.json").read_text())
     assert verdict["hang"] == {"line": report[1]} and verdict["stragglers"] == []
 
 
-def test_an_interrupted_launcher_leaves_no_process_even_a_blocked_loader_worker(tmp_path):
+def test_an_interrupted_launcher_leaves_no_process_even_a_blocked_loader_worker(tmp_path, alone):
     # SIGTERM to the launcher while rank 1's DataLoader worker is blocked in __getitem__ (rank 1
     # waits for its batch, rank 0 in the all-reduce): torch's agent stops the ranks; the loader
     # worker, orphaned and blocked, is stopped by the launcher's watch before it returns.
@@ -149,43 +228,61 @@ def test_an_interrupted_launcher_leaves_no_process_even_a_blocked_loader_worker(
     assert len(pids) == 3 and not _left_running(out), pids
 
 
-@pytest.mark.slow
-def test_on_hang_restart_resumes_from_the_checkpoint_and_finishes(tmp_path):
-    proc, _ = _shoal_run(
+def _restart_on_hang(tmp_path: Path) -> Ran:
+    return _shoal_run(
         tmp_path, "--hang-timeout", "5", "--on-hang", "restart", "--max-restarts", "1",
         FAULT="block", FAULT_STEP="7", FAULT_ONCE="1", STEPS="15",
     )  # fmt: skip
+
+
+@pytest.mark.slow
+@in_background(_restart_on_hang)
+def test_on_hang_restart_resumes_from_the_checkpoint_and_finishes(scenario):
+    ran = scenario.result()
+    proc = ran.proc
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert len(REPORT_HEAD.findall(proc.stderr)) == 1, output[-3000:]
     assert "rank 1 (node " in proc.stderr and "is in forward at step 7" in proc.stderr
     assert "restarting the workers (restart 1 of 1)" in output, output[-3000:]
     assert "resumed at step 5" in proc.stdout and proc.stdout.rstrip().endswith("finished"), output[-3000:]
-    assert not _left_running(tmp_path / "out")
+    assert not ran.left
 
 
-@pytest.mark.slow
-def test_with_defaults_a_hang_is_reported_within_60_s_of_its_start(tmp_path):
+def _report_with_defaults(tmp_path: Path) -> tuple[float | None, Path, list[int]]:
+    """A hang under the default timeout and ``--on-hang report``, stopped (SIGTERM) once reported:
+    when the report's first line came (None: never), the OUT directory, the job's processes left."""
     out = tmp_path / "out"
     out.mkdir()
     cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(tmp_path / "run"), SCRIPT]
     env = _env(out, FAULT="block", FAULT_STEP="30", STEPS="60", HANG_MARK=str(out / "hang-started"))
-    proc = warm.popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = _start(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     reported = None
+    # No report by then: stopped, its stderr ends (no test's timeout can stop a background run).
+    overdue = threading.Timer(150, os.kill, (proc.pid, signal.SIGTERM))
+    overdue.start()
     try:
         for line in proc.stderr:
             if REPORT_HEAD.match(line.rstrip()):
                 reported = time.time()
                 break
     finally:
+        overdue.cancel()
         proc.send_signal(signal.SIGTERM)  # --on-hang report: the job goes on until stopped
         proc.wait(timeout=60)
+    return reported, out, _left_running(out)
+
+
+@pytest.mark.slow
+@in_background(_report_with_defaults, first=True)
+def test_with_defaults_a_hang_is_reported_within_60_s_of_its_start(scenario):
+    reported, out, left = scenario.result()
     assert reported is not None
     started = float((out / "hang-started").read_text())
     delay = reported - started
     print(f"hang start -> report with defaults: {delay:.1f} s")
     assert delay <= 60
-    assert not _left_running(out)
+    assert not left
 
 
 def _throttle(pid_file: Path, stop: threading.Event, duty: float = 0.8, period: float = 0.05) -> None:
@@ -212,45 +309,44 @@ def _throttle(pid_file: Path, stop: threading.Event, duty: float = 0.8, period: 
 
 
 @pytest.mark.slow
-def test_a_throttled_rank_is_named_a_straggler(tmp_path):
+def test_a_throttled_rank_is_named_a_straggler(tmp_path, alone):
     out = tmp_path / "out"
     out.mkdir()
     stop = threading.Event()
     throttler = threading.Thread(target=_throttle, args=(out / "pid-1", stop), daemon=True)
     throttler.start()
     try:
-        proc, run_dir = _shoal_run(
-            tmp_path, COMPUTE="work", WORK_ITERS="200000", STEPS="200", SHOAL_STRAGGLER_WINDOW_S="2"
-        )
+        ran = _shoal_run(tmp_path, COMPUTE="work", WORK_ITERS="200000", STEPS="200", SHOAL_STRAGGLER_WINDOW_S="2")
     finally:
         stop.set()
         throttler.join()
+    proc = ran.proc
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     lines = re.findall(r"^shoal: rank \d+ .* straggles: .*$", proc.stderr, re.M)
     assert len(lines) == 1 and lines[0].startswith("shoal: rank 1 (node "), output[-3000:]
-    verdict = json.loads((run_dir / "progress" / "verdict.json").read_text())
+    verdict = json.loads((ran.run_dir / "progress" / "verdict.json").read_text())
     assert [s["rank"] for s in verdict["stragglers"]] == [1] and verdict["hang"] is None
     assert verdict["stragglers"][0]["ratio"] > 1.3 and verdict["stragglers"][0]["line"] == lines[0]
     assert "no rank made progress" not in output
 
 
 @pytest.mark.parametrize("fault", ["none", "blip"])
-def test_a_clean_run_or_a_blip_reports_no_hang_and_no_straggler(tmp_path, fault):
+def test_a_clean_run_or_a_blip_reports_no_hang_and_no_straggler(tmp_path, fault, alone):
     # A blip: rank 1 computes 3x longer for 10 steps (0.6 s, one window of 2 s at most).
-    proc, run_dir = _shoal_run(
-        tmp_path, FAULT=fault, FAULT_STEP="40", BLIP_STEPS="10", STEPS="150", SHOAL_STRAGGLER_WINDOW_S="2"
-    )
+    ran = _shoal_run(tmp_path, FAULT=fault, FAULT_STEP="40", BLIP_STEPS="10", STEPS="150", SHOAL_STRAGGLER_WINDOW_S="2")
+    proc = ran.proc
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "no rank made progress" not in output and "straggles" not in output, output[-3000:]
-    assert not list(run_dir.glob("hang-*"))
-    verdict = run_dir / "progress" / "verdict.json"
+    assert not list(ran.run_dir.glob("hang-*"))
+    verdict = ran.run_dir / "progress" / "verdict.json"
     assert not verdict.exists() or json.loads(verdict.read_text())["stragglers"] == []
 
 
-@pytest.mark.slow
-def test_two_nodes_the_report_on_node_0_names_the_hung_rank_of_node_1(tmp_path):
+def _two_nodes_one_hung(tmp_path: Path) -> tuple[Path, list[Launched], list[list[int]]]:
+    """Two namespaced nodes, rank 3 of 4 blocked, ``--on-hang stop`` on both: the directory, their
+    launchers once ended, and each node's job processes still running then (before the nodes go)."""
     reason = netns_unavailable()
     if reason:
         pytest.skip(f"two namespaced nodes cannot be made here: {reason}")
@@ -265,21 +361,27 @@ def test_two_nodes_the_report_on_node_0_names_the_hung_rank_of_node_1(tmp_path):
                 "--on-hang", "stop", SCRIPT,
             ]  # fmt: skip
             env = _env(out, FAULT="block", FAULT_RANK="3", FAULT_STEP="5")
-            launched.append(shoal_on(node, args, tmp_path / f"node{rank}.log", env=env))
+            with _STARTING:
+                launched.append(shoal_on(node, args, tmp_path / f"node{rank}.log", env=env))
         wait_all(launched, timeout=150)
-        text = describe(launched)
-        # Both launchers report and stop (node 1 when node 0 shared its report, at the latest).
-        for item in launched:
-            assert item.returncode == 124, text
-        node0 = launched[0].output
-        named = re.search(
-            r"^rank 3 \(node (\S+)\) is in forward at step 5 at hang_faults\.py:\d+ in block_forever;.*$", node0, re.M
-        )
-        assert named and named.group(1) == b.addr, text
-        assert re.search(r"ranks 0-2 wait in collective #6 at step 5 at hang_faults\.py:\d+ in main", named.group(0)), (
-            text
-        )
-        for rank in (0, 1):
-            saved = list((tmp_path / f"run{rank}").glob("hang-*/rank-*.txt"))
-            assert sorted(p.name for p in saved) == [f"rank-{2 * rank}.txt", f"rank-{2 * rank + 1}.txt"], text
-            assert not _left_running(tmp_path / f"out{rank}")
+        return tmp_path, launched, [_left_running(tmp_path / f"out{rank}") for rank in (0, 1)]
+
+
+@pytest.mark.slow
+@in_background(_two_nodes_one_hung)
+def test_two_nodes_the_report_on_node_0_names_the_hung_rank_of_node_1(scenario):
+    tmp_path, launched, left = scenario.result()
+    text = describe(launched)
+    # Both launchers report and stop (node 1 when node 0 shared its report, at the latest).
+    for item in launched:
+        assert item.returncode == 124, text
+    node0 = launched[0].output
+    named = re.search(
+        r"^rank 3 \(node (\S+)\) is in forward at step 5 at hang_faults\.py:\d+ in block_forever;.*$", node0, re.M
+    )
+    assert named and named.group(1) == launched[1].node.addr, text
+    assert re.search(r"ranks 0-2 wait in collective #6 at step 5 at hang_faults\.py:\d+ in main", named.group(0)), text
+    for rank in (0, 1):
+        saved = list((tmp_path / f"run{rank}").glob("hang-*/rank-*.txt"))
+        assert sorted(p.name for p in saved) == [f"rank-{2 * rank}.txt", f"rank-{2 * rank + 1}.txt"], text
+        assert not left[rank]

@@ -118,7 +118,7 @@ def test_eight_fork_launches_in_a_row_with_parallel_torch_work(tmp_path):
     assert time.monotonic() - started < 240
 
 
-HAZARD = """
+HAZARD = '''
 import os, sys, time
 
 import torch
@@ -134,6 +134,38 @@ if mode == "guarded":
     assert torch.get_num_threads() == 2  # restored: what the workers inherit
 else:
     torch.frombuffer(labels, dtype=torch.uint8).long()
+
+
+def look(pid):
+    """The main thread of ``pid``: its state, its system call and arguments, its context switches."""
+    task = f"/proc/{pid}/task/{pid}"
+    with open(f"{task}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    with open(f"{task}/syscall") as f:
+        call = f.read().split()
+    with open(f"{task}/status") as f:
+        switches = [line for line in f if "ctxt_switches" in line]
+    return state, call, switches
+
+
+def deadlocked(pid):
+    """The child can never go on: its only thread sleeps in a private futex wait (FUTEX_WAIT or
+    FUTEX_WAIT_BITSET, FUTEX_PRIVATE_FLAG) with no timeout, and did not run between two looks (the same
+    context switch counts) around the one that found no other thread. Only a thread of its own could
+    wake it, and there is none: libgomp waiting for the pool threads the fork left behind."""
+    try:
+        first = look(pid)
+        threads = os.listdir(f"/proc/{pid}/task")
+        second = look(pid)
+    except OSError:  # gone, or /proc/PID/syscall not readable here: the deadline decides
+        return False
+    state, call, _ = first
+    if first != second or state != "S" or threads != [str(pid)] or len(call) < 5 or call[0] != "202":
+        return False
+    op, timeout = int(call[2], 16), int(call[4], 16)
+    return op & 0x7F in (0, 9) and op & 0x80 and timeout == 0
+
+
 pid = os.fork()
 if pid == 0:
     a = torch.randn(512, 512)
@@ -147,12 +179,17 @@ while time.monotonic() < deadline:
     if done:
         print("child finished", os.waitstatus_to_exitcode(status), flush=True)
         break
+    if deadlocked(pid):
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("child hung: deadlocked in a futex wait", flush=True)
+        break
     time.sleep(0.05)
 else:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
-    print("child hung", flush=True)
-"""
+    print("child hung: still running after", sys.argv[2], "s", flush=True)
+'''
 
 
 def test_fork_safe_guard_keeps_forked_children_working(tmp_path):
@@ -167,7 +204,8 @@ def test_fork_safe_guard_keeps_forked_children_working(tmp_path):
 
 @pytest.mark.slow
 def test_parallel_op_in_the_launcher_hangs_a_forked_child(tmp_path):
-    """Why the guard exists: the same op outside it, and the forked child hangs (libgomp)."""
+    """Why the guard exists: the same op outside it, and the forked child hangs (libgomp): ended
+    once it is seen deadlocked (its only thread in a futex wait nothing can wake), else after 15 s."""
     script = tmp_path / "hazard.py"
     script.write_text(HAZARD)
     result = _run_script(script, "bare", "15", timeout=120)
