@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import warm
 from conftest import run_shoal
 from procs import alive, children
 
@@ -29,10 +30,12 @@ pytestmark = pytest.mark.multiprocess
 
 def _run_script(path: Path, *args: str, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python path args`` in its own session; on timeout kill the whole session (hung workers
-    included) and fail."""
+    included) and fail. It starts warm (tests/warm.py): what is looked at is what the script does
+    after its imports, in a process that ran no torch operation and started no thread before them."""
     env = {**{k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}, **(env or {})}
-    proc = subprocess.Popen(
+    proc = warm.popen(
         [sys.executable, str(path), *args],
+        script=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
