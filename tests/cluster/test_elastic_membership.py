@@ -4,6 +4,10 @@ namespace nodes loses a node and goes on without it, and takes in a node started
 Three pods on one bridge (tests/cluster/pods.py), one worker each, a run directory every node sees
 (the namespaces share the file system). Each test ends in a finished run whose every epoch saw
 every training sample exactly once, whatever the world size was.
+
+The two runs go at once, each on three pods of its own (:func:`runs`): each mostly waits on the
+rendezvous at shoal's own settings (a lost node: its heartbeats and the last call, 10-12 s; a late
+one: the first two nodes' last call, then its arrival, 8-11 s), so one waits while the other trains.
 """
 
 from __future__ import annotations
@@ -12,7 +16,11 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,13 +41,14 @@ new round, so 7 epochs on 2 nodes are as good a proof as 17 (and take half the t
 TRAIN_SAMPLES = 1440  # digits' training set
 
 
-@pytest.fixture
-def three_nodes():
-    reason = pods_unavailable()
-    if reason:
-        pytest.skip(reason)
+_STARTING = threading.Lock()
+"""Held while a command starts: tests/warm.py's bookkeeping (its servers, its counts) is not thread-safe."""
+
+
+@contextmanager
+def _three_nodes(tag: str) -> Iterator:
     names = ["e0", "e1", "e2"]
-    with pod_network([PodSpec(name, resolves={n: n for n in names if n != name}) for name in names]) as net:
+    with pod_network([PodSpec(name, resolves={n: n for n in names if n != name}) for name in names], tag=tag) as net:
         yield net
 
 
@@ -49,7 +58,8 @@ def _start(pod, out: Path, log: Path, endpoint: str, epochs: int = EPOCHS) -> su
         "--nproc", "1", "--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
         "--max-restarts", "3", "--out", str(out), "--rdzv-id", "elastic",
     ]  # fmt: skip
-    return pod.popen(cmd, env=clean_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    with _STARTING:
+        return pod.popen(cmd, env=clean_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 def _epochs(out: Path) -> list[dict]:
@@ -72,8 +82,7 @@ def _finished_exactly(out: Path, epochs: int = EPOCHS) -> list[dict]:
     return records
 
 
-def test_a_lost_node_is_one_line_and_the_others_finish(three_nodes, tmp_path):
-    net = three_nodes
+def _lose_a_node(net, tmp_path: Path) -> None:
     out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29631"
     logs = [tmp_path / f"{p.name}.log" for p in net]
     procs = [_start(pod, out, log, endpoint, LOST_EPOCHS) for pod, log in zip(net, logs)]
@@ -92,8 +101,7 @@ def test_a_lost_node_is_one_line_and_the_others_finish(three_nodes, tmp_path):
     assert "resuming from" in logs[0].read_text() + logs[1].read_text()
 
 
-def test_a_node_started_later_joins_at_the_next_membership_change(three_nodes, tmp_path):
-    net = three_nodes
+def _join_later(net, tmp_path: Path) -> None:
     out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29632"
     logs = [tmp_path / f"{p.name}.log" for p in net]
     procs = [_start(pod, out, log, endpoint) for pod, log in zip(list(net)[:2], logs[:2])]
@@ -104,3 +112,31 @@ def test_a_node_started_later_joins_at_the_next_membership_change(three_nodes, t
     records = _finished_exactly(out)
     assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 3
     assert f"node {net['e2'].addr} joined: the job goes on with 3 nodes (3 workers)" in logs[0].read_text()
+
+
+RUNS = {
+    "test_a_lost_node_is_one_line_and_the_others_finish": _lose_a_node,
+    "test_a_node_started_later_joins_at_the_next_membership_change": _join_later,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """The run of each selected test of this file, all started at once, each in a thread and on three
+    pods of its own: a Future each, by run, whose ``result()`` raises what failed in the run."""
+    reason = pods_unavailable()
+    if reason:
+        pytest.skip(reason)
+    wanted = [RUNS[item.name] for item in request.session.items if item.module is request.module]
+    with ExitStack() as stack:
+        nets = [stack.enter_context(_three_nodes(tag=f"e{i}")) for i in range(len(wanted))]
+        pool = stack.enter_context(ThreadPoolExecutor(len(wanted)))  # left first: waits for every run
+        yield {run: pool.submit(run, net, tmp_path_factory.mktemp(run.__name__)) for run, net in zip(wanted, nets)}
+
+
+def test_a_lost_node_is_one_line_and_the_others_finish(runs):
+    runs[_lose_a_node].result()
+
+
+def test_a_node_started_later_joins_at_the_next_membership_change(runs):
+    runs[_join_later].result()
