@@ -224,11 +224,11 @@ def test_a_pod_killed_mid_run_restarts_and_resumes_bit_identical(tmp_path):
 def test_the_launch_script_pitfall_that_shoals_pod_command_avoids(tmp_path):
     """The tutorial's launch.sh: ``torchrun --nnodes=$WORLD_SIZE``. With nprocPerNode 2 the operator
     sets WORLD_SIZE to pods x 2, so torchrun waits for four nodes that never come (here bounded by a
-    5 s join timeout: any wait proves it). shoal's own pod command reads PET_NNODES and trains (the
-    shapes above)."""
+    3 s join timeout: any wait proves it, and both pods, started together, arrive well within it).
+    shoal's own pod command reads PET_NNODES and trains (the shapes above)."""
     script = (
         "exec torchrun --nnodes=$WORLD_SIZE --nproc-per-node=$PET_NPROC_PER_NODE --rdzv_backend=c10d "
-        "--rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv_conf=join_timeout=5 -m shoal train digits --epochs 1"
+        "--rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv_conf=join_timeout=3 -m shoal train digits --epochs 1"
     )
     manifest = render_pytorchjob(*_spec("launchsh", 2, 2, TRAIN))
     for replica in manifest["spec"]["pytorchReplicaSpecs"].values():  # the tutorial's container command
