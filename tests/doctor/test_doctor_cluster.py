@@ -134,9 +134,7 @@ def test_each_injected_fault_is_found_and_named_with_its_hint(tmp_path, other_py
         n4={"mounts": [Mount(str(shared), str(private))]},  # its "shared" directory is its own
     )
     with pod_network(specs, tag="df") as net:
-        # The others' links are virtual Ethernet: GB/s. 40 Mbit/s, not 20: every probe of n1's links waits
-        # on the wire (14 -> 9 s of the doctor's run), and it still fails on both scales (below).
-        net.limit_rate(net["n1"], "40mbit")
+        net.limit_rate(net["n1"], "20mbit")  # the others' links are virtual Ethernet: GB/s
         runs = [
             start(
                 pod,
@@ -167,8 +165,7 @@ def test_each_injected_fault_is_found_and_named_with_its_hint(tmp_path, other_py
     assert bandwidth["status"] == "fail" and bandwidth["data"]["slow_nodes"] == ["node 1 (n1)"], bandwidth
     assert bandwidth["summary"].startswith("node 1 (n1) is slow: ") and "on all its 5 links" in bandwidth["summary"]
     assert "tc qdisc show" in bandwidth["hint"]
-    # 40 Mbit/s costs a ResNet-18 gradient all-reduce ~19 s a step (37 s at 20): a fail on the absolute
-    # scale, which starts at 10 s (shoal.distributed.bandwidth.FAIL_STEP_S); a busy CPU only adds to it.
+    # 20 Mbit/s costs a ResNet-18 gradient all-reduce tens of seconds a step: a fail on the absolute scale.
     assert "held back by node 1 (n1)" in cluster["allreduce"]["summary"] and cluster["allreduce"]["status"] == "fail"
     assert "ResNet-18 gradient all-reduce (44.7 MB, 6 ranks) takes ~" in cluster["allreduce"]["summary"]
     slow = {tuple(sorted(link["hosts"])) for link in document["cluster"]["links"] if link["status"] != "ok"}
