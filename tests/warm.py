@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +82,9 @@ _servers: dict[tuple, tuple[subprocess.Popen, str]] = {}
 _asked: dict[tuple, int] = {}
 """Commands asked for by key, for a key with no server yet."""
 _cpu_s = 0.0
+_lock = threading.RLock()
+"""Held while a command starts and while its CPU is added: tests may start commands from threads
+(the background runs of tests/launch/test_hang_faults.py and tests/cluster/test_elastic_membership.py)."""
 
 
 def children_cpu_s() -> float:
@@ -143,15 +147,16 @@ def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, scrip
     :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh (a server for one or
     two commands, a test's own HOME or PYTHONPATH, costs more than it saves). ``script``: see the
     module's docstring."""
-    plan = _plan(cmd, kwargs, script=script)
-    if plan is None:
-        return None
-    key = plan[0]
-    if key not in _servers and key[1] != _BASE_IMPORT_TIME:
-        _asked[key] = _asked.get(key, 0) + 1
-        if _asked[key] <= FRESH_BEFORE_A_SERVER:
+    with _lock:
+        plan = _plan(cmd, kwargs, script=script)
+        if plan is None:
             return None
-    return WarmProcess(list(cmd), plan, enter=enter() if callable(enter) else enter, **kwargs)
+        key = plan[0]
+        if key not in _servers and key[1] != _BASE_IMPORT_TIME:
+            _asked[key] = _asked.get(key, 0) + 1
+            if _asked[key] <= FRESH_BEFORE_A_SERVER:
+                return None
+        return WarmProcess(list(cmd), plan, enter=enter() if callable(enter) else enter, **kwargs)
 
 
 def popen(cmd: list[str], *, script: bool = False, **kwargs: Any):
@@ -277,7 +282,8 @@ class WarmProcess:
         answer = json.loads(self._conn.recv(4096))
         self._conn.close()
         self.returncode = answer["returncode"]
-        _cpu_s += answer["cpu_s"]
+        with _lock:
+            _cpu_s += answer["cpu_s"]
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

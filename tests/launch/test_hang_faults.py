@@ -43,8 +43,6 @@ AT_ONCE = 3
 ~3 CPU-s) at once that none of them is starved for a hang timeout of 5 s."""
 _BACKGROUND: list[tuple[str, Callable[[Path], object]]] = []
 """The background runs by test name, in the order they start (:func:`in_background`)."""
-_STARTING = threading.Lock()
-"""One command started at a time: tests/warm.py starts its server on first use without a lock."""
 
 
 def in_background(run: Callable[[Path], object], first: bool = False):
@@ -89,12 +87,6 @@ def alone(background) -> None:
     wait(background.values())
 
 
-def _start(cmd: list[str], **kwargs) -> subprocess.Popen:
-    """``warm.popen``, one start at a time (:data:`_STARTING`)."""
-    with _STARTING:
-        return warm.popen(cmd, **kwargs)
-
-
 def _env(out: Path, **fault: str) -> dict[str, str]:
     env = clean_env(OUT=str(out), PYTHONUNBUFFERED="1")
     env.update({k: str(v) for k, v in fault.items()})
@@ -116,7 +108,7 @@ def _shoal_run(tmp_path: Path, *flags: str, timeout: float = 150, **fault) -> Ra
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(run_dir), *flags, SCRIPT]
-    proc = warm.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(out, **fault), start=_start)
+    proc = warm.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(out, **fault))
     return Ran(proc, run_dir, out, _left_running(out))
 
 
@@ -256,7 +248,7 @@ def _report_with_defaults(tmp_path: Path) -> tuple[float | None, Path, list[int]
     out.mkdir()
     cmd = [sys.executable, "-m", "shoal", "run", "--nproc", "2", "--log-dir", str(tmp_path / "run"), SCRIPT]
     env = _env(out, FAULT="block", FAULT_STEP="30", STEPS="60", HANG_MARK=str(out / "hang-started"))
-    proc = _start(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = warm.popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     reported = None
     # No report by then: stopped, its stderr ends (no test's timeout can stop a background run).
     overdue = threading.Timer(150, os.kill, (proc.pid, signal.SIGTERM))
@@ -361,8 +353,7 @@ def _two_nodes_one_hung(tmp_path: Path) -> tuple[Path, list[Launched], list[list
                 "--on-hang", "stop", SCRIPT,
             ]  # fmt: skip
             env = _env(out, FAULT="block", FAULT_RANK="3", FAULT_STEP="5")
-            with _STARTING:
-                launched.append(shoal_on(node, args, tmp_path / f"node{rank}.log", env=env))
+            launched.append(shoal_on(node, args, tmp_path / f"node{rank}.log", env=env))
         wait_all(launched, timeout=150)
         return tmp_path, launched, [_left_running(tmp_path / f"out{rank}") for rank in (0, 1)]
 
