@@ -3,6 +3,9 @@ checkpointable object and the flattening of a state tree for value-by-value comp
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -31,3 +34,21 @@ def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix[:-1]] = tree
     return out
+
+
+def load_in_this_process(script: Path, *args: str) -> None:
+    """``script``'s ``load`` job in the test's own process: one plain process, no process group (the
+    test's RNG state kept), instead of a fresh interpreter importing torch."""
+    import torch
+    import torch.distributed as dist
+
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(script.parent))  # for the script's own imports (jobkit)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(script.parent))
+    assert not dist.is_initialized()
+    with torch.random.fork_rng(devices=[]):
+        module.load(*args)

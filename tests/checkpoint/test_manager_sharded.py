@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from checkpoint_helpers import Counter, flat
+from checkpoint_helpers import Counter, flat, load_in_this_process
 from torch import nn
 
 import warm
@@ -45,16 +44,7 @@ def _launch(nproc: int, *jobs: str, check: bool = True, **kwargs) -> subprocess.
 
 
 def _load_here(*fields: str) -> None:
-    """manager_sharded_job.py's ``load`` job in this process: one plain process, no process group
-    (the test's RNG state kept)."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import manager_sharded_job
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    assert not dist.is_initialized()
-    with torch.random.fork_rng(devices=[]):
-        manager_sharded_job.load(*fields)
+    load_in_this_process(SCRIPT, *fields)
 
 
 def _assert_identical(got: Path, want: Path) -> None:

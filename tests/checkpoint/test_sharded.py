@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from checkpoint_helpers import Counter
+from checkpoint_helpers import Counter, load_in_this_process
 from torch import nn
 
 import warm
@@ -47,16 +46,7 @@ def _torchrun(nproc: int, *args: str, check: bool = True) -> subprocess.Complete
 
 
 def _plain(*args: str) -> None:
-    """sharded_job.py's ``load`` job in this process: one plain process, no process group (the test's
-    RNG state kept)."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import sharded_job
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    assert not dist.is_initialized()
-    with torch.random.fork_rng(devices=[]):
-        sharded_job.load(*args)
+    load_in_this_process(SCRIPT, *args)
 
 
 @pytest.fixture(scope="module")
