@@ -3,13 +3,13 @@ once, then forks a copy of itself for each command the tests run.
 
 ``python tests/warm_server.py SOCKET`` listens on the Unix socket SOCKET (SOCK_SEQPACKET: one message
 is one request). A request is a JSON object ``{"argv": [...], "main": ["module", NAME], ["script",
-PATH] or ["code", CODE], "env": {...}, "cwd": "...", "session": bool, "enter": PID or null}`` sent with three file
-descriptors (stdin, stdout, stderr). The server forks. The child becomes ``python -m NAME ARGV[1:]``
-(shoal, or torchrun's torch.distributed.run), ``python PATH ARGV[1:]`` (as the kernel runs a ``#!``
-script such as the ``shoal`` console script) or ``python -c CODE ARGV[1:]`` (``["code", CODE]``): in PID's network, UTS and mount namespaces if asked (a
-pod's, as ``nsenter`` enters them), in a session of its own if asked, those descriptors as 0, 1 and
-2, that directory, exactly that environment, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets
-them; then it answers ``{"pid": PID}`` and runs. It ends as an interpreter ends
+PATH] or ["code", CODE], "env": {...}, "cwd": "...", "session": bool, "enter": PID or null}`` sent
+with three file descriptors (stdin, stdout, stderr). The server forks. The child becomes ``python -m
+NAME ARGV[1:]`` (shoal, or torchrun's torch.distributed.run), ``python PATH ARGV[1:]`` (as the kernel
+runs a ``#!`` script such as the ``shoal`` console script) or ``python -c CODE ARGV[1:]``: in PID's
+network, UTS and mount namespaces if asked (a pod's, as ``nsenter`` enters them), in a session of
+its own if asked, those descriptors as 0, 1 and 2, that directory, exactly that environment,
+``sys.argv`` and ``sys.path[0]`` as the interpreter sets them; then it answers ``{"pid": PID}`` and runs. It ends as an interpreter ends
 (SystemExit's code, or a traceback and 1; threads joined, atexit run, streams flushed) but for the
 module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
 child has ended (its CPU and that of its waited-for descendants, ``wait4``'s rusage).
@@ -123,10 +123,12 @@ def become(request: dict, fds: list[int], conn: socket.socket) -> None:
     sys.argv = list(request["argv"])
     # What the interpreter puts first: the working directory for `-m`, "" for `-c`, the script's directory.
     kind, name = request["main"]
-    if kind == "script":
-        sys.path[0] = os.path.dirname(os.path.realpath(name))
+    if kind == "module":
+        sys.path[0] = os.getcwd()
+    elif kind == "code":
+        sys.path[0] = ""
     else:
-        sys.path[0] = os.getcwd() if kind == "module" else ""
+        sys.path[0] = os.path.dirname(os.path.realpath(name))
     conn.send(json.dumps({"pid": os.getpid()}).encode())
     conn.close()
 

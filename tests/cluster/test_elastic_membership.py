@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from background import Background
 from cluster.helpers import clean_env
 from cluster.pods import PodSpec, pod_network, pods_unavailable
 
@@ -76,7 +76,12 @@ def _finished_exactly(out: Path, epochs: int = EPOCHS) -> list[dict]:
     return records
 
 
-def _lose_a_node(net, tmp_path: Path) -> None:
+def _lose_a_node(tmp_path: Path) -> None:
+    with _three_nodes(tag="e0") as net:
+        _lose_a_node_of(net, tmp_path)
+
+
+def _lose_a_node_of(net, tmp_path: Path) -> None:
     out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29631"
     logs = [tmp_path / f"{p.name}.log" for p in net]
     procs = [_start(pod, out, log, endpoint, LOST_EPOCHS) for pod, log in zip(net, logs)]
@@ -95,7 +100,12 @@ def _lose_a_node(net, tmp_path: Path) -> None:
     assert "resuming from" in logs[0].read_text() + logs[1].read_text()
 
 
-def _join_later(net, tmp_path: Path) -> None:
+def _join_later(tmp_path: Path) -> None:
+    with _three_nodes(tag="e1") as net:
+        _join_later_on(net, tmp_path)
+
+
+def _join_later_on(net, tmp_path: Path) -> None:
     out, endpoint = tmp_path / "run", f"{net['e0'].addr}:29632"
     logs = [tmp_path / f"{p.name}.log" for p in net]
     procs = [_start(pod, out, log, endpoint) for pod, log in zip(list(net)[:2], logs[:2])]
@@ -108,29 +118,29 @@ def _join_later(net, tmp_path: Path) -> None:
     assert f"node {net['e2'].addr} joined: the job goes on with 3 nodes (3 workers)" in logs[0].read_text()
 
 
-RUNS = {
-    "test_a_lost_node_is_one_line_and_the_others_finish": _lose_a_node,
-    "test_a_node_started_later_joins_at_the_next_membership_change": _join_later,
-}
+RUNS = Background(at_once=2)
 
 
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory):
-    """The run of each selected test of this file, all started at once, each in a thread and on three
-    pods of its own: a Future each, by run, whose ``result()`` raises what failed in the run."""
+    """Both runs at once, each on three pods of its own (tests/background.py)."""
     reason = pods_unavailable()
     if reason:
         pytest.skip(reason)
-    wanted = [RUNS[item.name] for item in request.session.items if item.module is request.module]
-    with ExitStack() as stack:
-        nets = [stack.enter_context(_three_nodes(tag=f"e{i}")) for i in range(len(wanted))]
-        pool = stack.enter_context(ThreadPoolExecutor(len(wanted)))  # left first: waits for every run
-        yield {run: pool.submit(run, net, tmp_path_factory.mktemp(run.__name__)) for run, net in zip(wanted, nets)}
+    with RUNS.started(request, tmp_path_factory) as started:
+        yield started
 
 
-def test_a_lost_node_is_one_line_and_the_others_finish(runs):
-    runs[_lose_a_node].result()
+@pytest.fixture
+def scenario(request, runs):
+    return Background.scenario(request, runs)
 
 
-def test_a_node_started_later_joins_at_the_next_membership_change(runs):
-    runs[_join_later].result()
+@RUNS.of(_lose_a_node)
+def test_a_lost_node_is_one_line_and_the_others_finish(scenario):
+    scenario.result()
+
+
+@RUNS.of(_join_later)
+def test_a_node_started_later_joins_at_the_next_membership_change(scenario):
+    scenario.result()

@@ -69,11 +69,14 @@ def command(launcher: str, np: int, script: Path, *args: str) -> list[str]:
     raise ValueError(launcher)
 
 
-def run(launcher: str, np: int, script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240):
+def run(launcher: str, np: int, script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240,
+        warm_script: bool = False):  # fmt: skip
     """Run and return the CompletedProcess (text, both streams captured); never hangs past ``timeout``.
-    shoal's and torchrun's launchers start warm (tests/warm.py); the ranks they start, fresh."""
+    shoal's and torchrun's launchers start warm (tests/warm.py); the ranks they start, fresh; a plain
+    ``python SCRIPT`` too, unless ``warm_script`` (its start-up is not what the test looks at)."""
     return warm.run(
         command(launcher, np, script, *args),
+        script=warm_script,
         env=env or clean_env(),
         capture_output=True,
         text=True,

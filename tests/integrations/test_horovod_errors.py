@@ -1,19 +1,16 @@
 """Bad input and what shoal.horovod does not offer: one line naming it, a HINT, a non-zero exit, no hang.
 
 The scripts run for real (scripts/hvd_bad_input.py); the one-process failures each in a process of
-its own, forked by one run of the script once it has imported torch and shoal.horovod (a fresh
-interpreter a case cost 1.8-2.9 CPU-s, a fork 0.3), the multi-rank ones as every launcher's fresh
-ranks. In-process tests cover what needs no process group (calls before ``hvd.init()`` raise before
+its own started warm (tests/warm.py: torch already imported; a fresh interpreter a case cost 1.8-2.9
+CPU-s), the multi-rank ones as every launcher's fresh ranks. In-process tests cover what needs no process group (calls before ``hvd.init()`` raise before
 touching anything).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from horovod_launch import BAD_INPUT, check, clean_env, needs_mpirun, run
+from horovod_launch import BAD_INPUT, clean_env, needs_mpirun, run
 
 import shoal.horovod as hvd
 from shoal.errors import ShoalError
@@ -37,21 +34,12 @@ ONE_PROCESS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> Path:
-    """Every case of ONE_PROCESS run by a process of its own: ``python hvd_bad_input.py --each DIR
-    CASE...`` forks one per case; DIR/CASE.out, .err and .status hold its streams and exit status."""
-    out = tmp_path_factory.mktemp("bad_input")
-    check(run("python", 1, BAD_INPUT, "--each", str(out), *(case for case, _, _ in ONE_PROCESS), timeout=120))
-    return out
-
-
 @pytest.mark.parametrize(("case", "message", "hint"), ONE_PROCESS)
-def test_one_process_fails_with_one_line_and_a_hint(one_process, case, message, hint):
-    stdout, stderr, status = ((one_process / f"{case}.{part}").read_text() for part in ("out", "err", "status"))
-    assert status == "1", stderr
-    _two_lines(stderr, message, hint)
-    assert "not reached" not in stdout
+def test_one_process_fails_with_one_line_and_a_hint(case, message, hint):
+    proc = run("python", 1, BAD_INPUT, case, timeout=120, warm_script=True)
+    assert proc.returncode == 1
+    _two_lines(proc.stderr, message, hint)
+    assert "not reached" not in proc.stdout
 
 
 def test_horovod_timeline_variable_warns_once_and_the_script_goes_on():

@@ -22,14 +22,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Iterator
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import warm
+from background import Background
 from cluster.helpers import Launched, clean_env, describe, shoal_on, wait_all
 from cluster.netns import netns_unavailable, node_pair
 from procs import alive
@@ -41,43 +42,21 @@ REPORT_HEAD = re.compile(r"^shoal: no rank made progress for \d+ s \(hang timeou
 AT_ONCE = 3
 """Background runs at a time: their waits overlap, while few enough ranks start (each imports torch,
 ~3 CPU-s) at once that none of them is starved for a hang timeout of 5 s."""
-_BACKGROUND: list[tuple[str, Callable[[Path], object]]] = []
-"""The background runs by test name, in the order they start (:func:`in_background`)."""
-
-
-def in_background(run: Callable[[Path], object], first: bool = False):
-    """Decorator: the test's run, ``run(directory)``, mostly waits; the ``background`` fixture starts it
-    beside the other selected tests' runs (``first``: before them, the longest wait), and the test checks
-    what it returned (``scenario.result()``, its exceptions and skips included)."""
-
-    def register(test):
-        _BACKGROUND.insert(0 if first else len(_BACKGROUND), (test.__name__, run))
-        return test
-
-    return register
+RUNS = Background(AT_ONCE)
+"""The runs that mostly wait (tests/background.py)."""
+in_background = RUNS.of
 
 
 @pytest.fixture(scope="module")
 def background(request, tmp_path_factory) -> Iterator[dict[str, Future]]:
-    """The runs of this module's tests selected in this session that are ``in_background`` (under xdist
-    the module's tests share one worker: tests/conftest.py's groups), started :data:`AT_ONCE` at a
-    time; at teardown those not started are dropped and the others waited for."""
-    selected = {item.originalname for item in request.session.items if item.path == request.path}
-    pool = ThreadPoolExecutor(AT_ONCE, thread_name_prefix="hang-faults")
-    try:
-        yield {
-            name: pool.submit(run, tmp_path_factory.mktemp(name.removeprefix("test_")[:40]))
-            for name, run in _BACKGROUND
-            if name in selected
-        }
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    with RUNS.started(request, tmp_path_factory) as started:
+        yield started
 
 
 @pytest.fixture
 def scenario(request, background) -> Future:
-    """This test's background run (:func:`in_background`)."""
-    return background[request.node.originalname]
+    """This test's background run."""
+    return Background.scenario(request, background)
 
 
 @pytest.fixture
