@@ -2,11 +2,11 @@
 
 The suite is CPU-bound on 2 cores (README, "Tests"), so its wall time follows the CPU its tests
 spend, nearly all of it in the processes they start. For each test this records the wall time, the
-CPU of the pytest process and the CPU of its waited-for descendants (``RUSAGE_CHILDREN``: every
+CPU of the pytest process, the CPU of its waited-for descendants (``RUSAGE_CHILDREN``: every
 launcher, worker, daemon and pod process once reaped, forked workers included, and the commands
-started warm by tests/warm.py) into
+started warm by tests/warm.py) and why each command that could have started warm started fresh into
 ``DIR/tests-<worker>.jsonl``, one JSON object a line; at the end the run prints the files that cost
-the most. Records of an earlier run in DIR are removed first. A module fixture's processes count in
+the most, and the fresh starts by file and by reason. Records of an earlier run in DIR are removed first. A module fixture's processes count in
 the first test that uses it; a process nobody waits for (a daemon left to init) counts nowhere.
 
     make test PYTEST_ARGS="-n 2 --dist loadgroup --no-loadscope-reorder --cpu-profile=/tmp/cpu"
@@ -30,6 +30,7 @@ import pytest
 import warm
 
 TOP_FILES = 25
+TOP_FRESH = 8
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,6 +67,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if not directory:
         return (yield)
     own, children, start = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), time.monotonic()
+    fresh_before = len(warm.fresh_starts)
     try:
         return (yield)
     finally:
@@ -74,6 +76,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
             "wall_s": round(time.monotonic() - start, 3),
             "cpu_s": round(_cpu(resource.RUSAGE_SELF) - own, 3),
             "children_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
+            "fresh_starts": warm.fresh_starts[fresh_before:],
         }
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(Path(directory) / f"tests-{worker}.jsonl", "a") as f:
@@ -88,15 +91,24 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if not records:
         return
     wall, cpu, count = collections.Counter(), collections.Counter(), collections.Counter()
+    fresh_by_file, fresh_why = collections.Counter(), collections.Counter()
     for record in records:
         name = record["test"].split("::")[0]
         wall[name] += record["wall_s"]
         cpu[name] += record["cpu_s"] + record["children_cpu_s"]
         count[name] += 1
+        fresh_by_file[name] += len(record["fresh_starts"])
+        fresh_why.update(record["fresh_starts"])
     write = terminalreporter.write_line
     terminalreporter.section("CPU by test file (--cpu-profile)")
     write(f"{len(records)} tests: {sum(wall.values()):.0f} s of test wall time, {sum(cpu.values()):.0f} CPU-s")
     write(f"{'CPU-s':>8} {'wall s':>8} {'tests':>5}  file")
     for name, seconds in cpu.most_common(TOP_FILES):
         write(f"{seconds:8.1f} {wall[name]:8.1f} {count[name]:5d}  {name}")
+    write(
+        f"{fresh_by_file.total()} commands that could start warm (tests/warm.py) started fresh; "
+        f"by file: {', '.join(f'{n} {name}' for name, n in fresh_by_file.most_common(TOP_FRESH) if n)}"
+    )
+    for why, n in fresh_why.most_common(TOP_FRESH):
+        write(f"{n:8d}  {why}")
     write(f"records: {directory}/tests-*.jsonl")

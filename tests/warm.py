@@ -82,6 +82,8 @@ _servers: dict[tuple, tuple[subprocess.Popen, str]] = {}
 _asked: dict[tuple, int] = {}
 """Commands asked for by key, for a key with no server yet."""
 _cpu_s = 0.0
+fresh_starts: list[str] = []
+"""Why each command that could have started warm started fresh, in order (tests/cpu_profile.py)."""
 _lock = threading.RLock()
 """Held while a command starts and while its CPU is added: tests may start commands from threads
 (the background runs of tests/launch/test_hang_faults.py and tests/cluster/test_elastic_membership.py)."""
@@ -95,19 +97,18 @@ def children_cpu_s() -> float:
 
 def starts_warm(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:
     """Whether ``cmd`` with these Popen arguments starts warm (see the module's docstring)."""
-    return _plan(cmd, kwargs, script=script) is not None
+    return isinstance(_plan(cmd, kwargs, script=script), tuple)
 
 
-def _plan(cmd: list[str], kwargs: dict[str, Any], *, script: bool = False) -> tuple[tuple, list[str], list[str]] | None:
+def _plan(
+    cmd: list[str], kwargs: dict[str, Any], *, script: bool = False
+) -> tuple[tuple, list[str], list[str]] | str | None:
     """How ``cmd`` starts warm: the server's key (interpreter, import-time variables), what the child
     runs (``["module", NAME]`` for ``-m NAME``, ``["script", PATH]``, ``["code", CODE]`` for ``-c``)
-    and its ``sys.argv``; None when it starts fresh. ``script``: the caller's opt-in for other scripts."""
-    if not (set(kwargs) <= HANDLED and kwargs.get("stdin") != subprocess.PIPE and os.environ.get(FRESH) != "1"):
-        return None
-    env = os.environ if kwargs.get("env") is None else kwargs["env"]
-    if any(env.get(name) for name in REPORTS_START):
-        return None
+    and its ``sys.argv``. When it starts fresh: why, for a command that could have started warm,
+    else None. ``script``: the caller's opt-in for other scripts."""
     cmd = [os.fspath(part) for part in cmd]
+    env = os.environ if kwargs.get("env") is None else kwargs["env"]
     if cmd[:2] == [sys.executable, "-m"] and len(cmd) > 2 and cmd[2] in MODULES:
         interpreter, main, argv = sys.executable, ["module", cmd[2]], [str(SERVER), *cmd[3:]]
     elif script and cmd[:2] == [sys.executable, "-c"] and len(cmd) > 2:
@@ -118,13 +119,24 @@ def _plan(cmd: list[str], kwargs: dict[str, Any], *, script: bool = False) -> tu
         interpreter, main = _shebang(CONSOLE_SCRIPT), ["script", str(CONSOLE_SCRIPT)]
         argv = [str(CONSOLE_SCRIPT), *cmd[1:]]
         if interpreter is None:
-            return None
+            return "the console script's #! is another interpreter"
     else:
         return None
+    if os.environ.get(FRESH) == "1":
+        return f"{FRESH}=1"
+    if not set(kwargs) <= HANDLED or kwargs.get("stdin") == subprocess.PIPE:
+        return f"Popen arguments {sorted(set(kwargs) - HANDLED) or ['stdin=PIPE']}"
+    if reporting := [name for name in REPORTS_START if env.get(name)]:
+        return f"reports its start: {reporting[0]}"
     key = (interpreter, tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))))
     if key not in _servers and len(_servers) >= MAX_SERVERS:
-        return None
+        return f"over {MAX_SERVERS} servers ({_differing(key[1])})"
     return key, main, argv
+
+
+def _differing(import_time: tuple) -> str:
+    """The names of the import-time variables that differ from this process's."""
+    return ", ".join(sorted({k for k, _ in set(import_time) ^ set(_BASE_IMPORT_TIME)})) or "none"
 
 
 @functools.cache
@@ -149,12 +161,15 @@ def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, scrip
     module's docstring."""
     with _lock:
         plan = _plan(cmd, kwargs, script=script)
-        if plan is None:
+        if not isinstance(plan, tuple):
+            if plan is not None:
+                fresh_starts.append(plan)
             return None
         key = plan[0]
         if key not in _servers and key[1] != _BASE_IMPORT_TIME:
             _asked[key] = _asked.get(key, 0) + 1
             if _asked[key] <= FRESH_BEFORE_A_SERVER:
+                fresh_starts.append(f"no server yet for its variables ({_differing(key[1])})")
                 return None
         return WarmProcess(list(cmd), plan, enter=enter() if callable(enter) else enter, **kwargs)
 
