@@ -51,10 +51,11 @@ def test_a_command_gives_the_same_result_warm_and_fresh(args, tmp_path):
 
 
 DRIVER = """
-import json, os, sys
+import json, os, site, sys, tempfile
 import torch
 print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
-                  "file": globals().get("__file__"), "sum": torch.ones(3).sum().item()}))
+                  "file": globals().get("__file__"), "sum": torch.ones(3).sum().item(),
+                  "tmp": tempfile.gettempdir(), "home": os.path.expanduser("~"), "user_base": site.getuserbase()}))
 raise SystemExit(int(sys.argv[-1])) if sys.argv[-1].isdigit() else ValueError(sys.argv[-1])
 """
 
@@ -62,14 +63,22 @@ raise SystemExit(int(sys.argv[-1])) if sys.argv[-1].isdigit() else ValueError(sy
 @pytest.mark.parametrize(("how", "end"), [("script", "boom"), ("code", "3")])
 def test_a_driver_script_opted_in_gives_the_same_result_warm_and_fresh(how, end, tmp_path):
     """``python SCRIPT`` and ``python -c CODE`` start warm only with ``script=True``, and then as the
-    interpreter runs them: argv, sys.path[0], __name__, __file__, directory, exit code, traceback."""
+    interpreter runs them: argv, sys.path[0], __name__, __file__, directory, exit code, traceback; and
+    with a TMPDIR and HOME of its own, which the server's imports had cached (warm.READ_AGAIN), on the
+    server of this process's environment."""
     (tmp_path / "driver.py").write_text(DRIVER)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home")}
     cmd = [sys.executable, "driver.py", "x", end] if how == "script" else [sys.executable, "-c", DRIVER, "x", end]
     assert not warm.starts_warm(cmd) and warm.starts_warm(cmd, script=True)
-    started = warm.run(cmd, script=True, capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    servers = set(warm._servers)
+    started = warm.run(cmd, script=True, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert set(warm._servers) <= servers | {warm._plan(cmd, {}, script=True)[0]}  # no server for TMPDIR and HOME
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert (started.returncode, started.stdout, started.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
-    assert started.returncode == {"3": 3, "boom": 1}[end] and json.loads(started.stdout)["sum"] == 3.0
+    seen = json.loads(started.stdout)
+    assert started.returncode == {"3": 3, "boom": 1}[end] and seen["sum"] == 3.0
+    assert (seen["tmp"], seen["home"]) == (env["TMPDIR"], env["HOME"]) and seen["user_base"].startswith(env["HOME"])
     assert end != "boom" or started.stderr.rstrip().endswith("ValueError: boom")
 
 

@@ -16,8 +16,9 @@ A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm
   PYTHONPROFILEIMPORTTIME among them): the tests that assert what a command imports get a real
   interpreter;
 - its environment differs from this process's in a variable read while modules are imported
-  (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH, OpenMP's and torch's settings, TMPDIR,
-  HOME, the locale) and :data:`MAX_SERVERS` servers are already running with other values;
+  (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH, OpenMP's and torch's settings, the locale)
+  and :data:`MAX_SERVERS` servers are already running with other values (TMPDIR and HOME are not
+  among them: the child reads them anew, :data:`READ_AGAIN`);
 - it is neither ``python -m shoal`` (or ``-m torch.distributed.run``, torchrun) with this
   interpreter nor this environment's ``shoal`` console script, or it asks for what :func:`popen`
   does not do (any other Popen argument). Other scripts start warm only when the caller says
@@ -54,9 +55,14 @@ from typing import Any
 SERVER = Path(__file__).with_name("warm_server.py")
 FRESH = "SHOAL_TEST_FRESH"
 IMPORT_TIME = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "LD_", "CUDA",
-               "NVIDIA_", "LOGLEVEL", "MALLOC_", "TMPDIR", "HOME", "XDG_", "LANG", "LC_")  # fmt: skip
+               "NVIDIA_", "LOGLEVEL", "MALLOC_", "XDG_", "LANG", "LC_")  # fmt: skip
 """Prefixes of the variables read when the interpreter starts or modules are imported (a warm start
 keeps the server's: the command gets a server started with its own)."""
+READ_AGAIN = ("TMPDIR", "HOME")
+"""Variables that the server's imports read, but only into caches that the child resets after taking
+the command's environment (tests/warm_server.py, ``become``): tempfile's directory (torch's imports
+call ``gettempdir``) and site's user base. A search of every imported module's attributes, made with
+both set to marked paths, found no other copy (README, "Tests")."""
 REPORTS_START = ("PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE", "PYTHONDEBUG", "PYTHONMALLOCSTATS", "PYTHONINSPECT")
 """Variables that make the interpreter report on its start-up or imports: a command given one starts fresh."""
 HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
@@ -67,7 +73,7 @@ environment, a pod image's, a pod image's with the client libraries' PYTHONPATH 
 and the Horovod-style tests' OMP_NUM_THREADS=1 (tests/integrations/horovod_launch.py)."""
 FRESH_BEFORE_A_SERVER = 2
 """Commands of an import-time environment other than this process's that start fresh before it gets
-a server of its own (the pods' image environment has dozens; a test's own HOME one or two)."""
+a server of its own (the pods' image environment has dozens; a test's own PYTHONPATH one or two)."""
 MODULES = ("shoal", "torch.distributed.run")
 """The ``python -m`` modules that start warm: shoal, and torchrun's (the server imported both)."""
 CONSOLE_SCRIPT = Path(sys.executable).with_name("shoal")
@@ -157,7 +163,7 @@ def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, scrip
     only when the command does start warm), or None: it must start fresh (:func:`starts_warm`), or its
     import-time environment is not this process's and has no server yet: the first
     :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh (a server for one or
-    two commands, a test's own HOME or PYTHONPATH, costs more than it saves). ``script``: see the
+    two commands, a test's own PYTHONPATH, costs more than it saves). ``script``: see the
     module's docstring."""
     with _lock:
         plan = _plan(cmd, kwargs, script=script)

@@ -29,8 +29,10 @@ import os
 import runpy
 import selectors
 import signal
+import site
 import socket
 import sys
+import tempfile
 import threading
 import types
 
@@ -120,6 +122,9 @@ def become(request: dict, fds: list[int], conn: socket.socket) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # What the imports above cached of TMPDIR and HOME (tests/warm.py, READ_AGAIN): read them anew.
+    tempfile.tempdir = None
+    site.USER_BASE = site.USER_SITE = None
     sys.argv = list(request["argv"])
     # What the interpreter puts first: the working directory for `-m`, "" for `-c`, the script's directory.
     kind, name = request["main"]

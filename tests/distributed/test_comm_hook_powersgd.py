@@ -11,13 +11,13 @@ ends bit-identical, and that resuming without the state does not.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from torch import nn
 
+import warm
 from shoal.distributed.comm_hooks import (
     COMM_HOOKS,
     CommHook,
@@ -43,7 +43,7 @@ def test_state_survives_a_checkpoint_bit_identical_across_a_bucket_layout_change
         str(SCRIPT),
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = warm.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 2

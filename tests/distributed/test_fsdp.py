@@ -6,7 +6,6 @@ The multi-process test runs tests/distributed/scripts/fsdp_vs_ddp.py under torch
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
+import warm
 from shoal.distributed.fsdp import (
     DEFAULT_MIN_BLOCK_PARAMS,
     apply_fsdp,
@@ -39,7 +39,7 @@ def two_ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     out, model_path = tmp / "result.json", tmp / "model.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run([*cmd, str(SCRIPT), str(out), str(model_path)], capture_output=True, text=True, timeout=300)
+    proc = warm.run([*cmd, str(SCRIPT), str(out), str(model_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text()), model_path
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -56,7 +55,7 @@ def test_three_processes_under_torchrun(tmp_path):
         str(SCRIPT),
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = warm.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     _check_run(result, 3)

@@ -50,7 +50,7 @@ def test_shoal_run_on_one_node_listens_on_loopback_only(tmp_path):
 def test_shoal_train_on_one_node_listens_on_loopback_only(tmp_path):
     out = tmp_path / "run"
     cmd = shoal_cmd("train", "digits", "--nproc", "2", "--epochs", "200", "--device", "cpu", "--out", str(out))
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = warm.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: (out / "metrics.jsonl").exists() or proc.poll() is not None, timeout=180)
         assert proc.poll() is None

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import pytest
 
+import warm
 from procs import kill_group, start_cmd, wait_for
 from tracking.harness import tool_environment
 from tracking.readers import tb_series, tensorboard
@@ -33,7 +33,7 @@ def test_every_epoch_once_after_a_kill_right_after_an_epoch_checkpoint(tmp_path)
     finally:
         kill_group(first, signal.SIGKILL)
         first.communicate(timeout=60)
-    second = subprocess.run([*cmd, *flags], capture_output=True, text=True, timeout=300, env=env)
+    second = warm.run([*cmd, *flags], capture_output=True, text=True, timeout=300, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resuming from" in second.stdout
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

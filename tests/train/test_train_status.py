@@ -14,7 +14,7 @@ import warm
 def test_shoal_status_reads_a_finished_trains_run_directory(tmp_path):
     out = tmp_path / "run"
     train = [sys.executable, "-m", "shoal", "train", "digits", "--nproc", "2", "--epochs", "1", "--out", str(out)]
-    done = subprocess.run(train, capture_output=True, text=True, timeout=300)
+    done = warm.run(train, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in (out / "progress").glob("rank-*.progress")) == ["rank-0.progress", "rank-1.progress"]
     status = warm.run(

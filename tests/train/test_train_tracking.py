@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import pytest
 
+import warm
 from procs import checkpoints, kill_group, start_cmd, wait_for
 from tracking.harness import tool_environment
 from tracking.readers import tb_series, tensorboard, wandb_runs
@@ -25,7 +25,7 @@ STEPS_PER_EPOCH = 23  # digits: 1,440 training images, 2 workers x batch 32
 
 def _train(out, env, *extra, timeout=300):
     cmd = [sys.executable, "-m", "shoal", "train", "digits", "--nproc", "2", "--device", "cpu", "--out", str(out)]
-    return subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=timeout, env=env)
+    return warm.run([*cmd, *extra], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_two_workers_log_exact_numbers_once(tmp_path):
