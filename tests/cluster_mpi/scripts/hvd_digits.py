@@ -13,18 +13,18 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import shoal.horovod as hvd  # was: import horovod.torch as hvd
+from shoal.workloads.digits import load_digits_arrays
 
 out = sys.argv[1]
 hvd.init()
 torch.manual_seed(hvd.rank())  # different initial weights: the broadcast below must align them
 
-data = load_digits()
-dataset = TensorDataset(torch.tensor(data.data, dtype=torch.float32) / 16.0, torch.tensor(data.target))
+pixels, targets = load_digits_arrays()  # scikit-learn's digits, without its 1 s import
+dataset = TensorDataset(torch.tensor(pixels, dtype=torch.float32) / 16.0, torch.tensor(targets))
 sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=0)
 loader = DataLoader(dataset, batch_size=32, sampler=sampler)
 

@@ -18,10 +18,10 @@ import os
 import torch
 import torch.nn.functional as F
 import torch.utils.data.distributed
-from sklearn.datasets import load_digits
 from torch import nn
 
 import shoal.horovod as hvd  # was: import horovod.torch as hvd
+from shoal.workloads.digits import load_digits_arrays  # scikit-learn's digits, without its 1 s import
 
 parser = argparse.ArgumentParser(description="Horovod-style digits example")
 parser.add_argument("--out", required=True)
@@ -52,9 +52,9 @@ class Net(nn.Module):
 
 
 def digits():
-    data = load_digits()
-    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(data.target, dtype=torch.int64)
+    pixels, targets = load_digits_arrays()
+    images = torch.tensor(pixels, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    labels = torch.tensor(targets, dtype=torch.int64)
     generator = torch.Generator().manual_seed(0)
     order = torch.randperm(len(labels), generator=generator)
     train, test = order[:1500], order[1500:]
