@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,7 +48,11 @@ UNDER_CI = os.environ.get("CI") == "true"
 
 
 COST_S = {"slow": 30.0, "multiprocess": 8.0}
-"""A rough guess of a test's seconds from its markers (else 0.3 s): enough to order the groups."""
+"""A rough guess of a test's seconds from its markers (else 0.3 s), for a file that
+:data:`FILE_SECONDS` does not list."""
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+"""Each test file's seconds in a full run (``--cpu-profile=DIR`` writes ``DIR/file_seconds.json``;
+copy it here after adding or slowing down a file). Stale figures only order the files less well."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks set here
@@ -56,10 +62,13 @@ def pytest_collection_modifyitems(items):
     cluster runs on one worker too, so the session starts one cluster, not one per worker (and so do
     the other tests of its file: test_horovod_launchers' torchrun reference is made once, not twice).
 
-    The groups are then ordered by their guessed cost, longest first (each group's tests kept together
-    and in their order): the scheduler (``--no-loadscope-reorder``, see the Makefile) hands them out in
-    this order, so the last ones are files of quick unit tests that fill the gaps, not a two-minute
-    multi-node file that one worker runs alone at the end (xdist's own order, fewest tests last, did that).
+    The groups are then ordered by their cost, longest first (each group's tests kept together and in
+    their order): the files' seconds measured in a full run (:data:`FILE_SECONDS`; a selection of a
+    file's tests gets its share), else a guess from the markers. The scheduler
+    (``--no-loadscope-reorder``, see the Makefile) hands them out in this order, so the last ones are
+    files of quick unit tests that fill the gaps, not a two-minute multi-node file that one worker runs
+    alone at the end (xdist's own order, fewest tests last, did that; the markers' guess put a file
+    that waits 18 s on timeouts, tests/tracking/test_wandb_network.py, last).
 
     Runs before xdist's own hook (``tryfirst``), and tags each node id with its group itself: since
     pytest 9.2 an item's node id is built from its structured ``_id``, so xdist's ``item._nodeid =
@@ -72,7 +81,9 @@ def pytest_collection_modifyitems(items):
     no_cuda = pytest.mark.skip(reason="needs CUDA (marked gpu)")
     groups: dict[str, list[pytest.Item]] = {}
     cost: dict[str, float] = {}
+    measured = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
     with_slurm = {item.nodeid.split("::", 1)[0] for item in items if "slurm" in item.fixturenames}
+    counts = collections.Counter(item.nodeid.split("::", 1)[0] for item in items)
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
@@ -85,7 +96,8 @@ def pytest_collection_modifyitems(items):
             item._id = NodeId.parse(f"{item.nodeid}@{group}")  # what xdist's loadgroup scheduler reads
         groups.setdefault(group, []).append(item)
         marks = [COST_S[m] for m in COST_S if item.get_closest_marker(m)]
-        cost[group] = cost.get(group, 0.0) + max(marks, default=0.3)
+        guess = max(marks, default=0.3) if path not in measured else measured[path] / counts[path]
+        cost[group] = cost.get(group, 0.0) + guess
     items[:] = [item for group in sorted(groups, key=lambda g: -cost[g]) for item in groups[group]]
 
 

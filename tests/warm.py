@@ -67,10 +67,12 @@ REPORTS_START = ("PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE", "PYTHONDEBUG", "PYT
 """Variables that make the interpreter report on its start-up or imports: a command given one starts fresh."""
 HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
 """The Popen arguments a warm start honours; any other one starts the command fresh."""
-MAX_SERVERS = 4
-"""Servers per test process (each holds ~0.7 GB, mostly torch's shared pages): this process's
-environment, a pod image's, a pod image's with the client libraries' PYTHONPATH (tests/clients/),
-and the Horovod-style tests' OMP_NUM_THREADS=1 (tests/integrations/horovod_launch.py)."""
+MAX_SERVERS = 6
+"""Servers per test process (each maps ~0.7 GB, ~0.4 GB of it its own: ``/proc/PID/smaps_rollup``'s
+Private_Dirty): this process's environment, a pod image's, a pod image's with the client libraries'
+PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and tracking tests
+(tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own PYTHONPATH or
+OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server left)."""
 FRESH_BEFORE_A_SERVER = 2
 """Commands of an import-time environment other than this process's that start fresh before it gets
 a server of its own (the pods' image environment has dozens; a test's own PYTHONPATH one or two)."""

@@ -322,7 +322,7 @@ def test_bf16_under_fsdp_on_gpus(tmp_path):
 
 WORKER_LIMIT = 1152 << 20
 """What each of the 2 workers may use, torch included (their cgroup's limit is 2 x this plus the
-launcher's share: 2.88 GiB, against peaks of 2.15 GiB under FSDP and 3.76 GiB under DDP)."""
+launcher's share: 2.88 GiB, against peaks of 2.11 GiB under FSDP and 3.59 GiB under DDP)."""
 LAUNCHER = 640 << 20
 """The launcher: Python, torch, the agent (its pages are shared with the forked workers until written)."""
 
@@ -344,8 +344,8 @@ def _in_cgroup(cgroup: str, strategy: str, out: Path) -> tuple[int, str]:
 def test_the_large_model_trains_under_fsdp_where_ddp_is_killed_for_memory(memory_limit, tmp_path):
     """TinyGPT large (99.8 M parameters: 1.6 GB of parameters, gradients and Adam state per worker
     under DDP, 0.8 GB under FSDP at 2) at 2 workers in 2 x 1.125 GiB (+ the launcher's 640 MiB):
-    DDP's workers are OOM-killed and shoal says so; FSDP (its peak 2.15 GiB for the whole job,
-    measured unlimited; DDP's 3.76 GiB) trains to the end. docs/SHARDING.md."""
+    DDP's workers are OOM-killed and shoal says so; FSDP (its peak 2.11 GiB for the whole job,
+    measured unlimited; DDP's 3.59 GiB) trains to the end. docs/SHARDING.md."""
     code, out = _in_cgroup(memory_limit, "ddp", tmp_path / "ddp")
     assert code == 128 + signal.SIGKILL, out
     summary = next(line for line in out.splitlines() if line.startswith("shoal: error:"))
