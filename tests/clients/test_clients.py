@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,8 @@ SCRIPTS = {
 LAUNCHER_VARS = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "GLOO_", "NCCL_", "PET_", "TORCHELASTIC_")
 LAUNCHER_NAMES = ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS")
 SHARED = "/mnt/shared"
+HUGGING_FACE = ("transformers", "tokenizers", "safetensors", "huggingface_hub", "hf_xet", "accelerate")
+"""What the Lightning scripts' workers do not see (:func:`library_path`)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,6 +69,19 @@ def clients() -> Path:
             pytrace=False,
         )
     return CLIENTS
+
+
+@pytest.fixture(scope="module")
+def library_path(clients, tmp_path_factory) -> Callable[[str], str]:
+    """The PYTHONPATH of a script's workers: .venv/clients, or for the Lightning scripts a view of it
+    without Hugging Face's libraries, as a Lightning user who never installed them has it. With them
+    on the path torchmetrics (under Lightning) imports transformers' BERT scorer on every rank: 1 CPU-s
+    of the 5-6 that ``import lightning`` costs here."""
+    lightning_only = tmp_path_factory.mktemp("clients-lightning")
+    for entry in clients.iterdir():
+        if entry.name.split("-")[0] not in HUGGING_FACE:  # the package and its .dist-info
+            (lightning_only / entry.name).symlink_to(entry)
+    return lambda script: str(lightning_only if script.startswith("lightning") else clients)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -95,11 +111,11 @@ def _assert_two_ranks_finished(results: Path, name: str, output: str) -> list[di
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_shoal_run_nproc_2(name, clients, tmp_path):
+def test_shoal_run_nproc_2(name, library_path, tmp_path):
     results = tmp_path / "results.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "shoal", "run", "--nproc", "2", _script(name), str(results), str(tmp_path / "out")],
-        env=_env(PYTHONPATH=str(clients)),
+        env=_env(PYTHONPATH=library_path(name)),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -112,12 +128,12 @@ def test_shoal_run_nproc_2(name, clients, tmp_path):
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_shoal_launch_localhost_2_via_mpirun(name, clients, tmp_path):
+def test_shoal_launch_localhost_2_via_mpirun(name, library_path, tmp_path):
     """Two ranks on one host through mpirun (each through shoal's torchrun shim: LOCAL_WORLD_SIZE 2),
     the shape the two-pod tests below do not have. (``--via ssh`` to localhost is a plain local
     ``shoal run``, no SSH: test_shoal_run_nproc_2.)"""
     results = tmp_path / "results.jsonl"
-    args = ["--hosts", "localhost:2", "--via", "mpirun", "--env", f"PYTHONPATH={clients}"]
+    args = ["--hosts", "localhost:2", "--via", "mpirun", "--env", f"PYTHONPATH={library_path(name)}"]
     proc = subprocess.run(
         [sys.executable, "-m", "shoal", "launch", *args, "--", _script(name), str(results), str(tmp_path / "out")],
         env=_env(),
@@ -132,12 +148,12 @@ def test_shoal_launch_localhost_2_via_mpirun(name, clients, tmp_path):
     _assert_two_ranks_finished(results, name, output)
 
 
-def test_lightning_devices_auto_is_refused_with_its_own_message(clients, tmp_path):
+def test_lightning_devices_auto_is_refused_with_its_own_message(library_path, tmp_path):
     """The caveat of docs/CLIENTS.md: devices="auto" on CPU is 1, and Lightning refuses a world of 2;
     shoal exits with the rank's status and names the failing rank with Lightning's own message."""
     proc = subprocess.run(
         [sys.executable, "-m", "shoal", "run", "--nproc", "2", _script("lightning_devices_auto")],
-        env=_env(PYTHONPATH=str(clients)),
+        env=_env(PYTHONPATH=library_path("lightning_devices_auto")),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -175,10 +191,10 @@ def two_nodes(tmp_path_factory):
 
 @pytest.mark.parametrize("via", ["ssh", "mpirun"])
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_shoal_launch_hosts(name, via, clients, two_nodes, tmp_path):
+def test_shoal_launch_hosts(name, via, library_path, two_nodes, tmp_path):
     net, server = two_nodes
     results = tmp_path / "results.jsonl"
-    args = ["--hosts", "node0:1,node1:1", "--via", via, "--env", f"PYTHONPATH={clients}"]
+    args = ["--hosts", "node0:1,node1:1", "--via", via, "--env", f"PYTHONPATH={library_path(name)}"]
     proc = net["node0"].run(
         [sys.executable, "-m", "shoal", "launch", *args, "--", _script(name), str(results), str(tmp_path / "out")],
         env=_env(HOME="/root"),
@@ -197,7 +213,7 @@ def test_shoal_launch_hosts(name, via, clients, two_nodes, tmp_path):
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_pytorchjob_pods(name, clients, tmp_path):
+def test_pytorchjob_pods(name, library_path, tmp_path):
     """A PyTorchJob of 2 pods x 1 process: each pod runs the rendered command (``shoal run SCRIPT``),
     which reads the operator's MASTER_ADDR, RANK, PET_* and starts its worker."""
     if reason := pods_unavailable():
@@ -209,7 +225,7 @@ def test_pytorchjob_pods(name, clients, tmp_path):
         job_name=name.replace("_", "-"),
         nodes=2,
         nproc=1,
-        env=(("PYTHONPATH", str(clients)),),
+        env=(("PYTHONPATH", library_path(name)),),
     )
     manifest = render_pytorchjob(spec, pods)
     assert_valid(manifest)
