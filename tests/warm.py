@@ -8,7 +8,7 @@ the ``shoal`` console script, as a pod's container command names it) as a fresh 
 exit), and everything it starts (forked or spawned workers, torchrun's agent, mpirun, ssh) is
 started for real. A server is started by the interpreter the command names (the console script's
 ``#!`` line) with the command's own import-time variables (:data:`IMPORT_TIME`), so a pod's image
-environment (PYTHONUNBUFFERED, LD_LIBRARY_PATH, LANG) gets a server of its own from its third
+environment (PYTHONUNBUFFERED, LD_LIBRARY_PATH, LANG) gets a server of its own from its second
 command on (:data:`FRESH_BEFORE_A_SERVER`); at most :data:`MAX_SERVERS` per test process.
 
 A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm start could differ:
@@ -73,9 +73,12 @@ Private_Dirty): this process's environment, a pod image's, a pod image's with th
 PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and tracking tests
 (tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own PYTHONPATH or
 OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server left)."""
-FRESH_BEFORE_A_SERVER = 2
+FRESH_BEFORE_A_SERVER = 1
 """Commands of an import-time environment other than this process's that start fresh before it gets
-a server of its own (the pods' image environment has dozens; a test's own PYTHONPATH one or two)."""
+a server of its own (the pods' image environment has dozens; a test's own PYTHONPATH one or two). A
+server costs about what one fresh ``shoal train`` does (the same imports), so it pays from the
+second command of an environment on; the first stays fresh, as a torch-free one (``shoal launch``,
+``--help``: 0.3 CPU-s) would lose 3 CPU-s to it."""
 MODULES = ("shoal", "torch.distributed.run")
 """The ``python -m`` modules that start warm: shoal, and torchrun's (the server imported both)."""
 CONSOLE_SCRIPT = Path(sys.executable).with_name("shoal")
@@ -164,8 +167,8 @@ def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, scrip
     """``cmd`` started warm (in the namespaces of PID ``enter`` if given; a callable is asked for it
     only when the command does start warm), or None: it must start fresh (:func:`starts_warm`), or its
     import-time environment is not this process's and has no server yet: the first
-    :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh (a server for one or
-    two commands, a test's own PYTHONPATH, costs more than it saves). ``script``: see the
+    :data:`FRESH_BEFORE_A_SERVER` commands of such an environment start fresh (a server for one
+    command costs more than it saves). ``script``: see the
     module's docstring."""
     with _lock:
         plan = _plan(cmd, kwargs, script=script)
