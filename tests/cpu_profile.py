@@ -6,9 +6,11 @@ CPU of the pytest process, the CPU of its waited-for descendants (``RUSAGE_CHILD
 launcher, worker, daemon and pod process once reaped, forked workers included, and the commands
 started warm by tests/warm.py) and why each command that could have started warm started fresh into
 ``DIR/tests-<worker>.jsonl``, one JSON object a line; at the end the run prints the files that cost
-the most, the fresh starts by file and by reason, and writes ``DIR/file_seconds.json`` (each file's
-seconds, the order tests/conftest.py hands the files out in: copy it to tests/). Records of an earlier run in DIR are removed first. A module fixture's processes count in
-the first test that uses it; a process nobody waits for (a daemon left to init) counts nowhere.
+the most, the fresh starts by file and by reason, and writes ``DIR/file_seconds.json`` (the seconds
+of each file that ran: after a full run, copy it to tests/, where it sets the order tests/conftest.py
+hands the files out in). Records of an earlier run in DIR are removed first. A module fixture's
+processes count in the first test that uses it; a process nobody waits for (a daemon left to init)
+counts nowhere.
 
     make test PYTEST_ARGS="-n 2 --dist loadgroup --no-loadscope-reorder --cpu-profile=/tmp/cpu"
 

@@ -18,7 +18,7 @@ A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm
 - its environment differs from this process's in a variable read while modules are imported
   (:data:`IMPORT_TIME`: ``PYTHON*`` such as PYTHONPATH, OpenMP's and torch's settings, the locale)
   and :data:`MAX_SERVERS` servers are already running with other values (TMPDIR and HOME are not
-  among them: the child reads them anew, :data:`READ_AGAIN`);
+  among them, see :data:`IMPORT_TIME`);
 - it is neither ``python -m shoal`` (or ``-m torch.distributed.run``, torchrun) with this
   interpreter nor this environment's ``shoal`` console script, or it asks for what :func:`popen`
   does not do (any other Popen argument). Other scripts start warm only when the caller says
@@ -57,12 +57,11 @@ FRESH = "SHOAL_TEST_FRESH"
 IMPORT_TIME = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "LD_", "CUDA",
                "NVIDIA_", "LOGLEVEL", "MALLOC_", "XDG_", "LANG", "LC_")  # fmt: skip
 """Prefixes of the variables read when the interpreter starts or modules are imported (a warm start
-keeps the server's: the command gets a server started with its own)."""
-READ_AGAIN = ("TMPDIR", "HOME")
-"""Variables that the server's imports read, but only into caches that the child resets after taking
-the command's environment (tests/warm_server.py, ``become``): tempfile's directory (torch's imports
-call ``gettempdir``) and site's user base. A search of every imported module's attributes, made with
-both set to marked paths, found no other copy (README, "Tests")."""
+keeps the server's: the command gets a server started with its own). Not TMPDIR and HOME: the
+server's imports read them only into two caches that the child resets once it has the command's
+environment (tests/warm_server.py, ``become``): tempfile's directory (torch's imports call
+``gettempdir``) and site's user base. A search of every imported module's attributes, made with both
+set to marked paths, found no other copy."""
 REPORTS_START = ("PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE", "PYTHONDEBUG", "PYTHONMALLOCSTATS", "PYTHONINSPECT")
 """Variables that make the interpreter report on its start-up or imports: a command given one starts fresh."""
 HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}

@@ -9,9 +9,9 @@ NAME ARGV[1:]`` (shoal, or torchrun's torch.distributed.run), ``python PATH ARGV
 runs a ``#!`` script such as the ``shoal`` console script) or ``python -c CODE ARGV[1:]``: in PID's
 network, UTS and mount namespaces if asked (a pod's, as ``nsenter`` enters them), in a session of
 its own if asked, those descriptors as 0, 1 and 2, that directory, exactly that environment,
-``sys.argv`` and ``sys.path[0]`` as the interpreter sets them; then it answers ``{"pid": PID}`` and runs. It ends as an interpreter ends
-(SystemExit's code, or a traceback and 1; threads joined, atexit run, streams flushed) but for the
-module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
+``sys.argv`` and ``sys.path[0]`` as the interpreter sets them; then it answers ``{"pid": PID}`` and
+runs. It ends as an interpreter ends (SystemExit's code, or a traceback and 1; threads joined, atexit
+run, streams flushed) but for the module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
 child has ended (its CPU and that of its waited-for descendants, ``wait4``'s rusage).
 
 No thread is started and no torch operation is run here before a fork (a forked OpenMP or libuv
@@ -122,7 +122,7 @@ def become(request: dict, fds: list[int], conn: socket.socket) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    # What the imports above cached of TMPDIR and HOME (tests/warm.py, READ_AGAIN): read them anew.
+    # What the imports above cached of TMPDIR and HOME (tests/warm.py, IMPORT_TIME): read them anew.
     tempfile.tempdir = None
     site.USER_BASE = site.USER_SITE = None
     sys.argv = list(request["argv"])

@@ -101,7 +101,7 @@ def _restart_check(a, b, launched, out):
 
 
 def test_elastic_c10d_a_killed_worker_restarts_the_group_and_the_job_completes(two_nodes, tmp_path):
-    # rank 1 (node b's worker, or node a's if b got group rank 0) SIGKILLs itself in the first attempt; elastic
+    # Rank 1, the worker of the node with group rank 1, SIGKILLs itself in the first attempt; elastic.
     a, b = two_nodes
     out = tmp_path / "out"
     out.mkdir()

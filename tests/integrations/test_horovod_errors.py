@@ -2,8 +2,8 @@
 
 The scripts run for real (scripts/hvd_bad_input.py); the one-process failures each in a process of
 its own started warm (tests/warm.py: torch already imported; a fresh interpreter a case cost 1.8-2.9
-CPU-s), the multi-rank ones as every launcher's fresh ranks. In-process tests cover what needs no process group (calls before ``hvd.init()`` raise before
-touching anything).
+CPU-s), the multi-rank ones as every launcher's fresh ranks. In-process tests cover what needs no
+process group (calls before ``hvd.init()`` raise before touching anything).
 """
 
 from __future__ import annotations
