@@ -31,8 +31,8 @@ demo: $(STAMP)
 	$(BIN)/shoal train digits --nproc 2 --device cpu
 
 ## The whole test suite (CPU, real multi-process runs over gloo), two test files at a time
-## (pytest-xdist: a file's tests, and every test of the Slurm cluster, share one worker; most tests
-## wait on processes, daemons and namespaces). The files are handed out longest first, as
+## (pytest-xdist: a file's tests, and every test of the Slurm cluster or of the MLflow server, share
+## one worker; most tests wait on processes, daemons and namespaces). The files are handed out longest first, as
 ## tests/conftest.py orders them (--no-loadscope-reorder: not xdist's fewest-tests-last, which left one
 ## worker alone with a multi-node file at the end). PYTEST_ARGS='-p no:xdist' runs one at a time.
 PYTEST_ARGS ?= -n 2 --dist loadgroup --no-loadscope-reorder

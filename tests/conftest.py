@@ -55,12 +55,19 @@ FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 copy it here after adding or slowing down a file). Stale figures only order the files less well."""
 
 
+SHARED_SESSION_FIXTURES = {"slurm": "slurm", "mlflow_server": "mlflow"}
+"""Session fixtures worth making once per run, not once per xdist worker, and the group of the files
+that use them: the Slurm cluster (tests/cluster_slurm/slurm_cluster.py: daemons and a fresh state),
+the MLflow server (tests/tracking/conftest.py: 7 CPU-s and 6 s before it answers)."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(items):
     """GPU-marked tests skip without CUDA (one rule for all of them). Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
-    so its module fixtures (reference runs, servers) are made once; every test that uses the Slurm
-    cluster runs on one worker too, so the session starts one cluster, not one per worker (and so do
-    the other tests of its file: test_horovod_launchers' torchrun reference is made once, not twice).
+    so its module fixtures (reference runs, servers) are made once; every test that uses a costly
+    session fixture (:data:`SHARED_SESSION_FIXTURES`) runs on one worker too, so the session makes it
+    once, not once per worker (and so do the other tests of its file: test_horovod_launchers' torchrun
+    reference is made once, not twice).
 
     The groups are then ordered by their cost, longest first (each group's tests kept together and in
     their order): the files' seconds measured in a full run (:data:`FILE_SECONDS`; a selection of a
@@ -82,13 +89,17 @@ def pytest_collection_modifyitems(items):
     groups: dict[str, list[pytest.Item]] = {}
     cost: dict[str, float] = {}
     measured = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
-    with_slurm = {item.nodeid.split("::", 1)[0] for item in items if "slurm" in item.fixturenames}
+    shared = {}  # test file -> the group of the first costly session fixture one of its tests uses
+    for item in items:
+        for fixture, name in SHARED_SESSION_FIXTURES.items():
+            if fixture in item.fixturenames:
+                shared.setdefault(item.nodeid.split("::", 1)[0], name)
     counts = collections.Counter(item.nodeid.split("::", 1)[0] for item in items)
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
         path = item.nodeid.split("::", 1)[0]
-        group = "slurm" if path in with_slurm else path
+        group = shared.get(path, path)
         item.add_marker(pytest.mark.xdist_group(group))
         if getattr(item.config.option, "loadgroup", False) and hasattr(item, "_id"):
             from _pytest.nodeid import NodeId  # pytest >= 9.2 (before it, xdist's own suffix works)
