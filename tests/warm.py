@@ -1,6 +1,6 @@
 """Warm starts for the tests' ``python -m shoal`` commands: the same command, minus the 2-3 CPU-s of imports.
 
-Most of the suite's CPU goes into starting interpreters that import torch (README, "Tests"). A
+Most of the suite's CPU goes into starting interpreters that import torch (docs/TEST_TIME.md). A
 command that :func:`popen` or :func:`run` starts warm is a fork of tests/warm_server.py, which
 imported torch, torch._dynamo and shoal's CLI once: from there it is ``python -m shoal ARGS`` (or
 the ``shoal`` console script, as a pod's container command names it) as a fresh interpreter runs it
@@ -66,12 +66,14 @@ REPORTS_START = ("PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE", "PYTHONDEBUG", "PYT
 """Variables that make the interpreter report on its start-up or imports: a command given one starts fresh."""
 HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
 """The Popen arguments a warm start honours; any other one starts the command fresh."""
-MAX_SERVERS = 6
+MAX_SERVERS = 8
 """Servers per test process (each maps ~0.7 GB, ~0.4 GB of it its own: ``/proc/PID/smaps_rollup``'s
-Private_Dirty): this process's environment, a pod image's, a pod image's with the client libraries'
-PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and tracking tests
-(tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own PYTHONPATH or
-OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server left)."""
+Private_Dirty; 16 at most for two xdist workers, ~6.4 GB of the machine's 24 GiB, of which a full run
+leaves more than 12 GB free): this process's environment, a pod image's, a pod image's with the
+client libraries' PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and
+tracking tests (tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own
+PYTHONPATH or OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server
+left; with 6, 9 in the run at 50d7154, 6 of them the pods of tests/k8s/test_runai_pods.py)."""
 FRESH_BEFORE_A_SERVER = 1
 """Commands of an import-time environment other than this process's that start fresh before it gets
 a server of its own (the pods' image environment has dozens; a test's own PYTHONPATH one or two). A
