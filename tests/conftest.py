@@ -10,7 +10,7 @@ from pathlib import Path
 
 # Two test files run at a time on 2 cores, each starting processes with OpenMP threads of their own,
 # and libgomp spins ~300,000 times in a barrier before it sleeps (it sees its own threads, not the
-# other processes'): there the spinning takes the CPU the others wait for (README, "Tests": a
+# other processes'): there the spinning takes the CPU the others wait for (docs/TEST_TIME.md: a
 # 2-thread worker 4.8-9.0 CPU-s by default, 3.9-4.3 passive). PASSIVE sleeps at once. Read when
 # libgomp loads (torch's import below), so set first; every process the tests start inherits it.
 # A value of the caller's wins.

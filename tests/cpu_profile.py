@@ -1,6 +1,6 @@
 """``--cpu-profile=DIR``: where the suite's CPU goes, per test and per file.
 
-The suite is CPU-bound on 2 cores (README, "Tests"), so its wall time follows the CPU its tests
+The suite is CPU-bound on 2 cores (docs/TEST_TIME.md), so its wall time follows the CPU its tests
 spend, nearly all of it in the processes they start. For each test this records the wall time, the
 CPU of the pytest process, the CPU of its waited-for descendants (``RUSAGE_CHILDREN``: every
 launcher, worker, daemon and pod process once reaped, forked workers included, and the commands
@@ -108,12 +108,17 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     write(f"{'CPU-s':>8} {'wall s':>8} {'tests':>5}  file")
     for name, seconds in cpu.most_common(TOP_FILES):
         write(f"{seconds:8.1f} {wall[name]:8.1f} {count[name]:5d}  {name}")
-    write(
-        f"{fresh_by_file.total()} commands that could start warm (tests/warm.py) started fresh; "
-        f"by file: {', '.join(f'{n} {name}' for name, n in fresh_by_file.most_common(TOP_FRESH) if n)}"
-    )
-    for why, n in fresh_why.most_common(TOP_FRESH):
+    by_file = [(name, n) for name, n in fresh_by_file.most_common() if n]
+    shown = ", ".join(f"{n} {name}" for name, n in by_file[:TOP_FRESH])
+    rest = by_file[TOP_FRESH:]
+    if rest:  # the lines below add up to the total
+        shown += f", {sum(n for _, n in rest)} in {len(rest)} other files"
+    write(f"{fresh_by_file.total()} commands that could start warm (tests/warm.py) started fresh; by file: {shown}")
+    reasons = fresh_why.most_common()
+    for why, n in reasons[:TOP_FRESH]:
         write(f"{n:8d}  {why}")
+    if reasons[TOP_FRESH:]:
+        write(f"{sum(n for _, n in reasons[TOP_FRESH:]):8d}  {len(reasons) - TOP_FRESH} other reasons")
     write(f"records: {directory}/tests-*.jsonl; each file's seconds: {directory}/file_seconds.json")
     seconds = {name: round(wall[name], 1) for name in sorted(wall)}
     (Path(directory) / "file_seconds.json").write_text(json.dumps(seconds, indent=1) + "\n")
