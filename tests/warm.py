@@ -223,20 +223,22 @@ def _connect(key: tuple) -> socket.socket:
         )
         if server.stdout.readline() != b"ready\n":
             raise RuntimeError(f"tests/warm_server.py did not start (exit {server.wait()}); see its stderr above")
-        atexit.register(_stop, server)
+        atexit.register(_stop, server, os.path.dirname(address))
         _servers[key] = (server, address)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.connect(address)
     return conn
 
 
-def _stop(server: subprocess.Popen) -> None:
+def _stop(server: subprocess.Popen, directory: str) -> None:
+    """End a server, then remove the directory of its socket (left in the temporary directory before)."""
     server.stdin.close()  # its signal to end
     try:
         server.wait(timeout=10)
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 class WarmProcess:
