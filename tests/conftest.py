@@ -89,16 +89,16 @@ def pytest_collection_modifyitems(items):
     groups: dict[str, list[pytest.Item]] = {}
     cost: dict[str, float] = {}
     measured = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
+    path_of = {item: item.nodeid.split("::", 1)[0] for item in items}
+    counts = collections.Counter(path_of.values())
     shared = {}  # test file -> the group of the first costly session fixture one of its tests uses
-    for item in items:
+    for item, path in path_of.items():
         for fixture, name in SHARED_SESSION_FIXTURES.items():
             if fixture in item.fixturenames:
-                shared.setdefault(item.nodeid.split("::", 1)[0], name)
-    counts = collections.Counter(item.nodeid.split("::", 1)[0] for item in items)
-    for item in items:
+                shared.setdefault(path, name)
+    for item, path in path_of.items():
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
-        path = item.nodeid.split("::", 1)[0]
         group = shared.get(path, path)
         item.add_marker(pytest.mark.xdist_group(group))
         if getattr(item.config.option, "loadgroup", False) and hasattr(item, "_id"):

@@ -108,17 +108,24 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     write(f"{'CPU-s':>8} {'wall s':>8} {'tests':>5}  file")
     for name, seconds in cpu.most_common(TOP_FILES):
         write(f"{seconds:8.1f} {wall[name]:8.1f} {count[name]:5d}  {name}")
-    by_file = [(name, n) for name, n in fresh_by_file.most_common() if n]
-    shown = ", ".join(f"{n} {name}" for name, n in by_file[:TOP_FRESH])
-    rest = by_file[TOP_FRESH:]
-    if rest:  # the lines below add up to the total
-        shown += f", {sum(n for _, n in rest)} in {len(rest)} other files"
+    files, rest, rest_files = _top(fresh_by_file)
+    shown = ", ".join(f"{n} {name}" for name, n in files) + (
+        f", {rest} in {rest_files} other files" if rest_files else ""
+    )
     write(f"{fresh_by_file.total()} commands that could start warm (tests/warm.py) started fresh; by file: {shown}")
-    reasons = fresh_why.most_common()
-    for why, n in reasons[:TOP_FRESH]:
+    reasons, rest, rest_reasons = _top(fresh_why)
+    for why, n in reasons:
         write(f"{n:8d}  {why}")
-    if reasons[TOP_FRESH:]:
-        write(f"{sum(n for _, n in reasons[TOP_FRESH:]):8d}  {len(reasons) - TOP_FRESH} other reasons")
+    if rest_reasons:
+        write(f"{rest:8d}  {rest_reasons} other reasons")
     write(f"records: {directory}/tests-*.jsonl; each file's seconds: {directory}/file_seconds.json")
     seconds = {name: round(wall[name], 1) for name in sorted(wall)}
     (Path(directory) / "file_seconds.json").write_text(json.dumps(seconds, indent=1) + "\n")
+
+
+def _top(counter: collections.Counter) -> tuple[list[tuple[str, int]], int, int]:
+    """The :data:`TOP_FRESH` largest positive counts, then the others' total and number, so that what
+    the summary prints adds up to the counter's total."""
+    ranked = (+counter).most_common()
+    others = ranked[TOP_FRESH:]
+    return ranked[:TOP_FRESH], sum(n for _, n in others), len(others)

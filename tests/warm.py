@@ -69,7 +69,7 @@ HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session
 MAX_SERVERS = 8
 """Servers per test process (each maps ~0.7 GB, ~0.4 GB of it its own: ``/proc/PID/smaps_rollup``'s
 Private_Dirty; 16 at most for two xdist workers, ~6.4 GB of the machine's 24 GiB, of which a full run
-leaves more than 12 GB free): this process's environment, a pod image's, a pod image's with the
+leaves more than 12 GB free: the least of ``vmstat 5``'s free column in the runs of 2026-11-25): this process's environment, a pod image's, a pod image's with the
 client libraries' PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and
 tracking tests (tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own
 PYTHONPATH or OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server
