@@ -183,3 +183,22 @@ def test_a_summary_for_the_other_nodes_round_trips_marked_remote(tmp_path):
     assert (remote.rank, remote.step, remote.phase, remote.total_samples) == (1, 10, "backward", 16)
     assert dataclasses.replace(remote, remote=False, path=local[0].path) == local[0]
     writer.close()
+
+
+def test_a_worker_whose_launcher_has_ended_makes_no_run_directory_again(tmp_path, monkeypatch):
+    """A rank still starting when its launcher has removed its run directory (``shoal-workers-*`` in
+    the temporary directory) gets a writer that does nothing, and the directory stays gone."""
+    run_dir = tmp_path / "shoal-workers-ended"
+    monkeypatch.setenv(ENV_DIR, str(run_dir / "progress"))
+    writer = ProgressWriter.from_env(1)
+    assert not writer.enabled
+    writer.phase("forward", 3)
+    writer.step_done(8, 0.01)
+    writer.close()
+    assert not run_dir.exists()
+    # While the launcher's directory is there, the same call writes the rank's record into it.
+    (run_dir / "progress").mkdir(parents=True)
+    writer = ProgressWriter.from_env(1, stacks=False)
+    writer.step_done(8, 0.01)
+    assert [(r.rank, r.steps_timed) for r in read_progress(run_dir / "progress")] == [(1, 1)]
+    writer.close()

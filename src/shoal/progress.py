@@ -135,7 +135,11 @@ class ProgressWriter:
     Not thread-safe: one thread (the training loop) writes.
     """
 
-    def __init__(self, directory: str | os.PathLike | None, rank: int = 0, *, stacks: bool = True) -> None:
+    def __init__(
+        self, directory: str | os.PathLike | None, rank: int = 0, *, stacks: bool = True, create: bool = True
+    ) -> None:
+        """``create=False``: the directory must exist already (the launcher's channel); when it is gone,
+        the writer is a no-op instead of making it again."""
         self.enabled = directory is not None
         self._step = 0
         self._phase = 0
@@ -144,10 +148,21 @@ class ProgressWriter:
         self._sseq = 0
         self._totals = [0, 0, 0.0, 0.0]
         self._stacks_file: IO[bytes] | None = None
+        self._map: mmap.mmap | None = None
         if directory is None:
             return
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._open(directory, rank, stacks)
+        except FileNotFoundError:
+            if create:
+                raise
+            self.enabled = False  # the launcher is done and removed its run directory
+            self._release()
+
+    def _open(self, directory: Path, rank: int, stacks: bool) -> None:
         self.path = progress_path(directory, rank)
         # A new file renamed over the old one (a restarted worker's): a reader that has the old one
         # mapped keeps reading it, where truncating it in place would give that reader a SIGBUS.
@@ -173,11 +188,13 @@ class ProgressWriter:
     @classmethod
     def from_env(cls, rank: int | None = None, *, stacks: bool = True) -> ProgressWriter:
         """The writer for this worker: ``$SHOAL_PROGRESS_DIR`` and ``$RANK``; a no-op writer when the
-        launcher named no directory."""
+        launcher named no directory, or when that directory is gone (the launcher made it before
+        starting the workers and removes it when it ends: a worker still starting then must not leave
+        a new run directory behind in the temporary directory)."""
         directory = os.environ.get(ENV_DIR) or None
         if rank is None:
             rank = int(os.environ.get("RANK", 0))
-        return cls(directory, rank, stacks=stacks)
+        return cls(directory, rank, stacks=stacks, create=False)
 
     def _register_stacks(self, directory: Path, rank: int) -> int:
         # Leave a handler the program installed itself alone (it is theirs); then no stacks on demand.
@@ -235,10 +252,16 @@ class ProgressWriter:
             return
         self.phase("done")
         self.enabled = False
+        self._release()
+
+    def _release(self) -> None:
         if self._stacks_file is not None:
             faulthandler.unregister(STACKS_SIGNAL)
             self._stacks_file.close()
-        self._map.close()
+            self._stacks_file = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
 
 _COLLECTIVE = _PHASE_CODE["collective"]
