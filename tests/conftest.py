@@ -12,17 +12,11 @@ from pathlib import Path
 # and libgomp spins ~300,000 times in a barrier before it sleeps (it sees its own threads, not the
 # other processes'): there the spinning takes the CPU the others wait for (docs/TEST_TIME.md: a
 # 2-thread worker 4.8-9.0 CPU-s by default, 3.9-4.3 passive). PASSIVE sleeps at once. Read when
-# libgomp loads (torch's import below), so set first; every process the tests start inherits it.
+# libgomp loads (when torch is first imported), so set first; every process the tests start inherits it.
 # A value of the caller's wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# joblib and torchvision set variables in os.environ when first imported (KMP_INIT_AT_FORK: joblib,
-# which flytekit and scikit-learn import; TORCHINDUCTOR_CACHE_DIR: torchvision): imported once, up
-# front, so the leak guard below only reports what the code under test changes, whichever test
-# imports them first (it depends on how xdist hands out the files).
-import joblib  # noqa: F401
 import pytest
-import torchvision  # noqa: F401
 
 import warm
 
@@ -132,8 +126,20 @@ def _environ() -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _imports_that_set_env():
+    """joblib and torchvision set variables in os.environ when first imported (KMP_INIT_AT_FORK:
+    joblib, which flytekit and scikit-learn import; TORCHINDUCTOR_CACHE_DIR: torchvision): imported
+    once, before the first test, so the leak guard below only reports what the code under test
+    changes, whichever test imports them first (it depends on how xdist hands out the files). A
+    fixture, not an import of this module: xdist's controller, which runs no test, then imports
+    neither (nor torch: 4 s before it starts the workers)."""
+    import joblib  # noqa: F401
+    import torchvision  # noqa: F401
+
+
 @pytest.fixture(autouse=True)
-def _no_env_leaks():
+def _no_env_leaks(_imports_that_set_env):
     """Fail any test that leaves os.environ changed (and restore it so others are unaffected)."""
     before = _environ()
     yield

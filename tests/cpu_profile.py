@@ -34,6 +34,8 @@ import warm
 
 TOP_FILES = 25
 TOP_FRESH = 8
+_session_start: list[float] = []
+"""When this process's session began (the controller's is what pytest's own "in N s" counts from)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,6 +54,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     directory = session.config.getoption("cpu_profile")
     if not directory:
         return
+    _session_start.append(time.time())
     Path(directory).mkdir(parents=True, exist_ok=True)
     if not hasattr(session.config, "workerinput"):
         for old in Path(directory).glob("tests-*.jsonl"):
@@ -69,13 +72,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     directory = item.config.getoption("cpu_profile")
     if not directory:
         return (yield)
-    own, children, start = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), time.monotonic()
+    own, children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    start, began = time.monotonic(), time.time()
     fresh_before = len(warm.fresh_starts)
     try:
         return (yield)
     finally:
         record = {
             "test": item.nodeid,
+            "start": round(began, 3),
             "wall_s": round(time.monotonic() - start, 3),
             "cpu_s": round(_cpu(resource.RUSAGE_SELF) - own, 3),
             "children_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
@@ -90,7 +95,11 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     directory = config.getoption("cpu_profile")
     if not directory or hasattr(config, "workerinput"):  # the summary once, from the controller
         return
-    records = [json.loads(line) for path in Path(directory).glob("tests-*.jsonl") for line in path.open()]
+    records = [
+        {**json.loads(line), "worker": path.stem.removeprefix("tests-")}
+        for path in sorted(Path(directory).glob("tests-*.jsonl"))
+        for line in path.open()
+    ]
     if not records:
         return
     wall, cpu, count = collections.Counter(), collections.Counter(), collections.Counter()
@@ -118,6 +127,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         write(f"{n:8d}  {why}")
     if rest_reasons:
         write(f"{rest:8d}  {rest_reasons} other reasons")
+    _write_workers(write, records)
     write(f"records: {directory}/tests-*.jsonl; each file's seconds: {directory}/file_seconds.json")
     seconds = {name: round(wall[name], 1) for name in sorted(wall)}
     (Path(directory) / "file_seconds.json").write_text(json.dumps(seconds, indent=1) + "\n")
@@ -129,3 +139,20 @@ def _top(counter: collections.Counter) -> tuple[list[tuple[str, int]], int, int]
     ranked = (+counter).most_common()
     others = ranked[TOP_FRESH:]
     return ranked[:TOP_FRESH], sum(n for _, n in others), len(others)
+
+
+def _write_workers(write, records: list[dict]) -> None:
+    """Per xdist worker: its seconds in tests, and when (from the session's start) its first test began
+    and its last ended: the rest of pytest's own time is start-up, collection, gaps and the end."""
+    by_worker: dict[str, list[dict]] = collections.defaultdict(list)
+    for record in records:
+        by_worker[record["worker"]].append(record)
+    origin = _session_start[0] if _session_start else min(r["start"] for r in records)
+    for worker, mine in sorted(by_worker.items()):
+        first = min(r["start"] for r in mine) - origin
+        last = max(r["start"] + r["wall_s"] for r in mine) - origin
+        busy = sum(r["wall_s"] for r in mine)
+        write(
+            f"{worker}: {busy:.0f} s in {len(mine)} tests; the first began at {first:.1f} s, the last ended at "
+            f"{last:.1f} s ({last - first - busy:.1f} s between tests)"
+        )
