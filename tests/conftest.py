@@ -57,7 +57,7 @@ the MLflow server (tests/tracking/conftest.py: 7 CPU-s and 6 s before it answers
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(items):
-    """GPU-marked tests skip without CUDA (one rule for all of them). Under pytest-xdist (``-n 2 --dist loadgroup``), a test file runs on one worker,
+    """GPU-marked tests skip without CUDA (one rule for all of them). Under pytest-xdist (``-n 3 --dist loadgroup``), a test file runs on one worker,
     so its module fixtures (reference runs, servers) are made once; every test that uses a costly
     session fixture (:data:`SHARED_SESSION_FIXTURES`) runs on one worker too, so the session makes it
     once, not once per worker (and so do the other tests of its file: test_horovod_launchers' torchrun
@@ -133,9 +133,13 @@ def _imports_that_set_env():
     once, before the first test, so the leak guard below only reports what the code under test
     changes, whichever test imports them first (it depends on how xdist hands out the files). A
     fixture, not an import of this module: xdist's controller, which runs no test, then imports
-    neither (nor torch: 4 s before it starts the workers)."""
+    neither (nor torch: 4 s before it starts the workers). The warm servers start with the
+    environment as these imports leave it (else every command would differ from it, and each
+    worker's first would start fresh)."""
     import joblib  # noqa: F401
     import torchvision  # noqa: F401
+
+    warm.set_base_environment(os.environ)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ hands the files out in). Records of an earlier run in DIR are removed first. A m
 processes count in the first test that uses it; a process nobody waits for (a daemon left to init)
 counts nowhere.
 
-    make test PYTEST_ARGS="-n 2 --dist loadgroup --no-loadscope-reorder --cpu-profile=/tmp/cpu"
+    make test PYTEST_ARGS="-n 3 --dist loadgroup --no-loadscope-reorder --cpu-profile=/tmp/cpu"
 
 With ``=``: tests/conftest.py defines the option, and before it is read pytest takes a separate
 value that names an existing directory for a path to test (xdist's workers, started once the

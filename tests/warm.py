@@ -48,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +85,26 @@ MODULES = ("shoal", "torch.distributed.run")
 CONSOLE_SCRIPT = Path(sys.executable).with_name("shoal")
 """The ``shoal`` console script of this environment (pip's: ``#!PYTHON``, then ``sys.exit(main())``)."""
 
-_BASE_ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+_BASE_ENV: dict[str, str] = {}
 """The environment servers start with (their import-time variables replaced by the command's): this
-process's when tests/warm.py was first imported."""
-_BASE_IMPORT_TIME = tuple(sorted((k, v) for k, v in _BASE_ENV.items() if k.startswith(IMPORT_TIME)))
+process's when tests/warm.py was first imported, or as :func:`set_base_environment` was last given it."""
+_BASE_IMPORT_TIME: tuple[tuple[str, str], ...] = ()
+
+
+def set_base_environment(environ: Mapping[str, str]) -> None:
+    """Take ``environ`` as the servers' environment, and its import-time variables as those whose
+    commands start warm from the first on (tests/conftest.py: the session's, once the imports that add
+    variables to it have run). Before any server has started."""
+    global _BASE_ENV, _BASE_IMPORT_TIME
+    if _servers:
+        raise RuntimeError("the warm servers' environment is set before the first one starts")
+    _BASE_ENV = {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}
+    _BASE_IMPORT_TIME = tuple(sorted((k, v) for k, v in _BASE_ENV.items() if k.startswith(IMPORT_TIME)))
+
+
 _servers: dict[tuple, tuple[subprocess.Popen, str]] = {}
 """The running servers by key: (interpreter, import-time variables)."""
+set_base_environment(os.environ)
 _asked: dict[tuple, int] = {}
 """Commands asked for by key, for a key with no server yet."""
 _cpu_s = 0.0
