@@ -28,6 +28,7 @@ from cluster_slurm.slurm_cluster import slurm  # noqa: F401
 from cpu_profile import (  # noqa: F401
     pytest_addoption,
     pytest_runtest_protocol,
+    pytest_sessionfinish,
     pytest_sessionstart,
     pytest_terminal_summary,
 )

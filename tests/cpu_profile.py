@@ -57,8 +57,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _session_start.append(time.time())
     Path(directory).mkdir(parents=True, exist_ok=True)
     if not hasattr(session.config, "workerinput"):
-        for old in Path(directory).glob("tests-*.jsonl"):
+        for old in [*Path(directory).glob("tests-*.jsonl"), *Path(directory).glob("servers-*.json")]:
             old.unlink()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Each process that ran tests: its warm servers' own CPU, which no test's figure holds."""
+    directory = session.config.getoption("cpu_profile")
+    if not directory or not warm._servers:
+        return
+    count, seconds = warm.servers_cpu_s()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    (Path(directory) / f"servers-{worker}.json").write_text(json.dumps({"servers": count, "cpu_s": round(seconds, 1)}))
 
 
 def _cpu(who: int) -> float:
@@ -128,6 +138,12 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if rest_reasons:
         write(f"{rest:8d}  {rest_reasons} other reasons")
     _write_workers(write, records)
+    servers = [json.loads(path.read_text()) for path in sorted(Path(directory).glob("servers-*.json"))]
+    if servers:
+        write(
+            f"warm servers: {sum(s['servers'] for s in servers)} started ({', '.join(str(s['servers']) for s in servers)} "
+            f"by worker), {sum(s['cpu_s'] for s in servers):.1f} CPU-s of their own (in no test's figure)"
+        )
     write(f"records: {directory}/tests-*.jsonl; each file's seconds: {directory}/file_seconds.json")
     seconds = {name: round(wall[name], 1) for name in sorted(wall)}
     (Path(directory) / "file_seconds.json").write_text(json.dumps(seconds, indent=1) + "\n")

@@ -121,6 +121,20 @@ def children_cpu_s() -> float:
     return _cpu_s
 
 
+def servers_cpu_s() -> tuple[int, float]:
+    """How many servers this process started, and the CPU they spent themselves so far (their
+    imports at start-up, then forking): not their commands', nor counted in any test's figures."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for server, _ in _servers.values():
+        try:
+            fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # already ended
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of proc(5))
+    return len(_servers), total
+
+
 def starts_warm(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:
     """Whether ``cmd`` with these Popen arguments starts warm (see the module's docstring)."""
     return isinstance(_plan(cmd, kwargs, script=script), tuple)
