@@ -4,9 +4,11 @@ The suite is CPU-bound on 2 cores (docs/TEST_TIME.md), so its wall time follows 
 spend, nearly all of it in the processes they start. For each test this records the wall time, the
 CPU of the pytest process, the CPU of its waited-for descendants (``RUSAGE_CHILDREN``: every
 launcher, worker, daemon and pod process once reaped, forked workers included, and the commands
-started warm by tests/warm.py) and why each command that could have started warm started fresh into
-``DIR/tests-<worker>.jsonl``, one JSON object a line; at the end the run prints the files that cost
-the most, the fresh starts by file and by reason, and writes ``DIR/file_seconds.json`` (the seconds
+started warm by tests/warm.py), when it started, and why each command that could have started warm
+started fresh into ``DIR/tests-<worker>.jsonl``, one JSON object a line; each worker adds its warm
+servers' own CPU at its end (``DIR/servers-<worker>.json``). At the end the run prints the files that
+cost the most, the fresh starts by file and by reason, each worker's first start, last end and time
+between tests, the warm servers' CPU, and writes ``DIR/file_seconds.json`` (the seconds
 of each file that ran: after a full run, copy it to tests/, where it sets the order tests/conftest.py
 hands the files out in). Records of an earlier run in DIR are removed first. A module fixture's
 processes count in the first test that uses it; a process nobody waits for (a daemon left to init)
@@ -34,7 +36,7 @@ import warm
 
 TOP_FILES = 25
 TOP_FRESH = 8
-_session_start: list[float] = []
+SESSION_START = pytest.StashKey[float]()
 """When this process's session began (the controller's is what pytest's own "in N s" counts from)."""
 
 
@@ -54,7 +56,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     directory = session.config.getoption("cpu_profile")
     if not directory:
         return
-    _session_start.append(time.time())
+    session.config.stash[SESSION_START] = time.time()
     Path(directory).mkdir(parents=True, exist_ok=True)
     if not hasattr(session.config, "workerinput"):
         for old in [*Path(directory).glob("tests-*.jsonl"), *Path(directory).glob("servers-*.json")]:
@@ -64,9 +66,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Each process that ran tests: its warm servers' own CPU, which no test's figure holds."""
     directory = session.config.getoption("cpu_profile")
-    if not directory or not warm._servers:
+    if not directory:
         return
     count, seconds = warm.servers_cpu_s()
+    if not count:
+        return
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     (Path(directory) / f"servers-{worker}.json").write_text(json.dumps({"servers": count, "cpu_s": round(seconds, 1)}))
 
@@ -137,7 +141,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         write(f"{n:8d}  {why}")
     if rest_reasons:
         write(f"{rest:8d}  {rest_reasons} other reasons")
-    _write_workers(write, records)
+    _write_workers(write, records, config.stash.get(SESSION_START, min(r["start"] for r in records)))
     servers = [json.loads(path.read_text()) for path in sorted(Path(directory).glob("servers-*.json"))]
     if servers:
         write(
@@ -157,13 +161,13 @@ def _top(counter: collections.Counter) -> tuple[list[tuple[str, int]], int, int]
     return ranked[:TOP_FRESH], sum(n for _, n in others), len(others)
 
 
-def _write_workers(write, records: list[dict]) -> None:
-    """Per xdist worker: its seconds in tests, and when (from the session's start) its first test began
-    and its last ended: the rest of pytest's own time is start-up, collection, gaps and the end."""
+def _write_workers(write, records: list[dict], origin: float) -> None:
+    """Per xdist worker: its seconds in tests, and when (from ``origin``, the session's start) its
+    first test began and its last ended: the rest of pytest's own time is start-up, collection, gaps
+    and the end."""
     by_worker: dict[str, list[dict]] = collections.defaultdict(list)
     for record in records:
         by_worker[record["worker"]].append(record)
-    origin = _session_start[0] if _session_start else min(r["start"] for r in records)
     for worker, mine in sorted(by_worker.items()):
         first = min(r["start"] for r in mine) - origin
         last = max(r["start"] + r["wall_s"] for r in mine) - origin

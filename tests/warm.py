@@ -68,8 +68,9 @@ HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session
 """The Popen arguments a warm start honours; any other one starts the command fresh."""
 MAX_SERVERS = 8
 """Servers per test process (each maps ~0.7 GB, ~0.4 GB of it its own: ``/proc/PID/smaps_rollup``'s
-Private_Dirty; 16 at most for two xdist workers, ~6.4 GB of the machine's 24 GiB, of which a full run
-leaves more than 12 GB free: the least of ``vmstat 5``'s free column in the runs of 2026-11-25): this process's environment, a pod image's, a pod image's with the
+Private_Dirty; 24 at most for three xdist workers, ~9.6 GB of the machine's 24 GiB, of which a full
+run leaves more than 11 GB free: the least of ``vmstat 5``'s free column in the runs of 2026-11-25,
+where they started 11-12 in all): this process's environment, a pod image's, a pod image's with the
 client libraries' PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and
 tracking tests (tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own
 PYTHONPATH or OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server
@@ -124,15 +125,14 @@ def children_cpu_s() -> float:
 def servers_cpu_s() -> tuple[int, float]:
     """How many servers this process started, and the CPU they spent themselves so far (their
     imports at start-up, then forking): not their commands', nor counted in any test's figures."""
-    ticks = os.sysconf("SC_CLK_TCK")
+    from shoal.launch.watchdog.processes import stat_fields
+
     total = 0.0
     for server, _ in _servers.values():
-        try:
-            fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # already ended
-            continue
-        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of proc(5))
-    return len(_servers), total
+        fields = stat_fields(server.pid)
+        if fields:  # not yet ended
+            total += int(fields[11]) + int(fields[12])  # utime, stime: proc(5)'s fields 14 and 15
+    return len(_servers), total / os.sysconf("SC_CLK_TCK")
 
 
 def starts_warm(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:

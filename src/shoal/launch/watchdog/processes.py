@@ -23,12 +23,19 @@ def alive(pid: int) -> bool:
     return not _zombie(pid)
 
 
-def _zombie(pid: int) -> bool:
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (proc(5)'s field N is item N - 3: the
+    state first), or None when the process is gone (Linux; None elsewhere)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _zombie(pid: int) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] == "Z"
 
 
 def stop_processes(pids: Iterable[int], grace_s: float = 10.0) -> list[int]:
@@ -80,10 +87,10 @@ def descendants(pids: Iterable[int]) -> list[int]:
 
 def started_at(pid: int) -> int | None:
     """The process's start time (clock ticks since boot), to tell it from a later one with its PID."""
+    fields = stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+        return int(fields[19]) if fields else None
+    except (ValueError, IndexError):
         return None
 
 
