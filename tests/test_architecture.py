@@ -54,6 +54,30 @@ def test_the_job_layer_imports_no_torch():
     assert proc.stdout.strip() == "False"
 
 
+def test_only_sharded_checkpoints_import_dcp(tmp_path):
+    """torch.distributed.checkpoint imports DTensor and sympy (0.5 CPU-s): a worker that trains and
+    checkpoints plain files never imports it; checking a sharded checkpoint does."""
+    damaged = tmp_path / "ckpt-e00001-s000000001.dcp"
+    damaged.mkdir()
+    (damaged / "shoal.json").write_text('{"format": "shoal-sharded", "format_version": 1}')
+    (damaged / ".metadata").write_bytes(b"not a pickle")
+    probe = (
+        "import sys, shoal.train.entry, shoal.checkpoint.manager, shoal.checkpoint.files, shoal.context\n"
+        "from shoal.checkpoint.sharded_files import inspect_sharded\n"
+        "from shoal.errors import ShoalError\n"
+        "print('torch.distributed.checkpoint' in sys.modules)\n"
+        "try:\n"
+        "    inspect_sharded(sys.argv[1])\n"
+        "except ShoalError as err:\n"
+        "    print(err)\n"
+        "print('torch.distributed.checkpoint' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, str(damaged)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    before, message, after = proc.stdout.splitlines()
+    assert (before, after) == ("False", "True") and "unreadable DCP .metadata" in message, proc.stdout
+
+
 MAPS = ("docs/ARCHITECTURE.md", "docs/LAUNCHERS.md", "docs/KUBERNETES.md")
 _PATH = re.compile(r"`((?:[a-z_]+/)+[a-z_]*(?:\.[a-z_]+)?)`")
 _RUN_MODULE = re.compile(r"`python -m (shoal(?:\.[a-z_0-9]+)+)")

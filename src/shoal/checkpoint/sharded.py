@@ -34,6 +34,10 @@ with the training's collectives on the default group.
 
 Checking a checkpoint without loading it, its name and listing: :mod:`shoal.checkpoint.sharded_files`
 (re-exported here).
+
+DCP itself, and :mod:`shoal.checkpoint.dcp_support` which imports it, are imported by the functions
+that save and load: importing DCP imports DTensor and sympy (0.5 CPU-s), which every process that
+imports the checkpoint manager would otherwise pay, sharded checkpoint or not.
 """
 
 from __future__ import annotations
@@ -51,9 +55,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
 
-from shoal.checkpoint.dcp_support import SafeLoadPlanner, checkpoint_group, dcp_reason, quiet_single_process
 from shoal.checkpoint.rng import capture_rng, restore_rng
 from shoal.checkpoint.sharded_files import (
     FORMAT,
@@ -117,6 +119,10 @@ class PendingSave:
     def wait(self) -> Path:
         """Block until the checkpoint is written (and, on rank 0, renamed into place); raise a
         :class:`ShoalError` if the background save failed."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from shoal.checkpoint.dcp_support import dcp_reason
+
         try:
             self._committed.result()
         except ShoalError:
@@ -187,12 +193,15 @@ def save_sharded(
     problem = collectives.broadcast_object(problem)
     if problem:
         raise ShoalError(problem, "check the checkpoint directory's permissions and free space")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from shoal.checkpoint.dcp_support import checkpoint_group, dcp_reason, quiet_single_process
+
     group = checkpoint_group()
     to_save = _dcp_state(model, [optimizers[i] for i in stepped])
     to_save["shoal"] = _shoal_blob(objects, per_rank, extra)
     collectives.barrier()  # the temporary directory exists before anyone writes into it
-
-    import torch.distributed.checkpoint as dcp
 
     writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
     pending = PendingSave(final)
@@ -258,6 +267,9 @@ def load_sharded(
     to_load["shoal"] = b""
 
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from shoal.checkpoint.dcp_support import SafeLoadPlanner, checkpoint_group, dcp_reason, quiet_single_process
 
     single = not collectives.is_initialized()
     if single:

@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
-from shoal.checkpoint.dcp_support import SafeLoadPlanner, dcp_reason, quiet_single_process
 from shoal.checkpoint.layout import META, is_sharded
 from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError, first_line
@@ -61,7 +59,12 @@ def inspect_sharded(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     meta = read_meta(path)
 
+    # Here, not at the top: importing DCP imports DTensor and sympy (0.5 CPU-s), which every
+    # process that imports the checkpoint manager would pay for a sharded checkpoint it may never read.
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from shoal.checkpoint.dcp_support import SafeLoadPlanner, dcp_reason, quiet_single_process
 
     reader = dcp.FileSystemReader(str(path))
     try:
