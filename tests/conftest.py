@@ -6,6 +6,7 @@ import collections
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 # Three test files run at a time on 2 cores, each starting processes with OpenMP threads of their own,
@@ -36,6 +37,31 @@ from cpu_profile import (  # noqa: F401
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MNIST_GZ = SHARED / "data" / "mnist"
+
+
+WARM_SERVERS = pytest.StashKey[str]()
+"""The controller's: the directory where its xdist workers share their warm servers (tests/warm.py)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's controller, for each worker it starts: one directory for all their warm servers, so a
+    server one worker started serves the others (each copy costs ~3 CPU-s of its own)."""
+    if WARM_SERVERS not in node.config.stash:
+        node.config.stash[WARM_SERVERS] = tempfile.mkdtemp(prefix="shoal-warm-")
+    node.workerinput["warm_servers"] = node.config.stash[WARM_SERVERS]
+
+
+def pytest_configure(config):
+    if "warm_servers" in getattr(config, "workerinput", {}):
+        warm.share_servers(config.workerinput["warm_servers"])
+
+
+def pytest_unconfigure(config):
+    """The controller, once its workers have ended: their servers have ended with them (the last lease
+    gone); one that has not is ended here, by its PID."""
+    if WARM_SERVERS in config.stash:
+        warm.stop_shared_servers(config.stash[WARM_SERVERS])
 
 
 UNDER_CI = os.environ.get("CI") == "true"

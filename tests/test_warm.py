@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -166,8 +167,10 @@ def test_the_console_script_in_a_pod_with_the_images_environment_starts_warm_as_
     assert warm.starts_warm(cmd, env=env) and not warm.starts_warm(["shoal-other", "--version"], env=env)
     results = []
     with pod_network([PodSpec("w1")]) as net:
-        # The first commands of an environment start fresh, then its server's.
-        for expected in [subprocess.Popen] * warm.FRESH_BEFORE_A_SERVER + [warm.WarmProcess]:
+        # The first commands of an environment start fresh, then its server's (at once if another
+        # xdist worker has started that server: tests/warm.py, share_servers).
+        fresh = 0 if warm.server_running(cmd, env=env) else warm.FRESH_BEFORE_A_SERVER
+        for expected in [subprocess.Popen] * fresh + [warm.WarmProcess]:
             proc = net["w1"].popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert isinstance(proc, expected)
             out, err = proc.communicate(timeout=60)
@@ -200,3 +203,73 @@ def test_torchrun_starts_warm_and_its_worker_sees_what_it_sees_fresh(tmp_path):
     assert started.stdout == fresh.stdout == "who.py 0 1 1 True\n"
     # runpy warns (RuntimeWarning) when the module it runs was imported already, as the server had it
     assert started.stderr.count("Warning") == fresh.stderr.count("Warning"), started.stderr
+
+
+SHARER = """
+import os, subprocess, sys
+sys.path.insert(0, {tests!r})
+import warm
+warm.share_servers(sys.argv[1])
+for line in sys.stdin:  # "run": a warm command that prints its parent (the server); "exit"
+    if line.strip() == "exit":
+        break
+    cmd = [sys.executable, "-c", "import os; print(os.getppid())"]
+    done = warm.run(cmd, script=True, capture_output=True, text=True, timeout=60)
+    print(done.returncode, done.stdout.strip(), type(warm.popen(cmd, script=True, stdout=subprocess.DEVNULL)).__name__, flush=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    from shoal.launch.watchdog.processes import stat_fields
+
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def test_processes_given_one_directory_share_a_server_that_lives_while_any_of_them_does(tmp_path):
+    """What xdist's workers do (tests/conftest.py): the second process's command runs on the server the
+    first started, the server outlives its starter while the other still holds it, ends once neither
+    does, and the directory then holds nothing that runs."""
+    directory = tmp_path / "servers"
+    directory.mkdir()
+    code = SHARER.format(tests=str(os.path.dirname(os.path.abspath(warm.__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    sharers = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(directory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    try:
+
+        def ask(proc: subprocess.Popen) -> tuple[str, str, str]:
+            proc.stdin.write("run\n")
+            proc.stdin.flush()
+            return tuple(proc.stdout.readline().split())
+
+        first, second = sharers
+        code_a, server, kind_a = ask(first)  # starts the server
+        code_b, server_b, kind_b = ask(second)  # leases it: no server of its own
+        assert (code_a, code_b, kind_a, kind_b) == ("0", "0", "WarmProcess", "WarmProcess")
+        assert server_b == server and len(list(directory.glob("*.pid"))) == 1
+        first.stdin.write("exit\n")
+        first.stdin.close()
+        assert first.wait(timeout=30) == 0
+        assert ask(second)[:2] == ("0", server)  # its starter has ended; it serves the other
+        second.stdin.write("exit\n")
+        second.stdin.close()
+        assert second.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while _alive(int(server)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(int(server)), "the server outlived every process that shared it"
+    finally:
+        for proc in sharers:
+            proc.kill()
+            proc.wait()
+        warm.stop_shared_servers(str(directory))
+    assert not directory.exists()

@@ -9,7 +9,9 @@ exit), and everything it starts (forked or spawned workers, torchrun's agent, mp
 started for real. A server is started by the interpreter the command names (the console script's
 ``#!`` line) with the command's own import-time variables (:data:`IMPORT_TIME`), so a pod's image
 environment (PYTHONUNBUFFERED, LD_LIBRARY_PATH, LANG) gets a server of its own from its second
-command on (:data:`FRESH_BEFORE_A_SERVER`); at most :data:`MAX_SERVERS` per test process.
+command on (:data:`FRESH_BEFORE_A_SERVER`); at most :data:`MAX_SERVERS`. The xdist workers of one
+session share their servers (:func:`share_servers`): a server started by one serves the others'
+commands of the same interpreter and import-time environment, and lives while any of them does.
 
 A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm start could differ:
 - it sets a variable that makes the interpreter report on its start-up (:data:`REPORTS_START`:
@@ -35,7 +37,9 @@ tested by commands started fresh (tests/test_compat.py, tests/cli/test_train_bad
 from __future__ import annotations
 
 import atexit
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import select
@@ -66,11 +70,12 @@ REPORTS_START = ("PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE", "PYTHONDEBUG", "PYT
 """Variables that make the interpreter report on its start-up or imports: a command given one starts fresh."""
 HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
 """The Popen arguments a warm start honours; any other one starts the command fresh."""
-MAX_SERVERS = 8
-"""Servers per test process (each maps ~0.7 GB, ~0.4 GB of it its own: ``/proc/PID/smaps_rollup``'s
-Private_Dirty; 24 at most for three xdist workers, ~9.6 GB of the machine's 24 GiB, of which a full
-run leaves more than 11 GB free: the least of ``vmstat 5``'s free column in the runs of 2026-11-25,
-where they started 11-12 in all): this process's environment, a pod image's, a pod image's with the
+MAX_SERVERS = 12
+"""Servers at most, shared by the processes of :func:`share_servers` (each maps ~0.7 GB, ~0.4 GB of
+it its own: ``/proc/PID/smaps_rollup``'s Private_Dirty; 12 are ~4.8 GB of the machine's 24 GiB, of
+which a full run left more than 11 GB free with up to 24 (8 per xdist worker, before they shared):
+the least of ``vmstat 5``'s free column in the runs of 2026-11-25, where they started 11-12 in all,
+7 of them a second or third worker's copy of another's): this process's environment, a pod image's, a pod image's with the
 client libraries' PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and
 tracking tests (tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own
 PYTHONPATH or OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server
@@ -97,14 +102,20 @@ def set_base_environment(environ: Mapping[str, str]) -> None:
     commands start warm from the first on (tests/conftest.py: the session's, once the imports that add
     variables to it have run). Before any server has started."""
     global _BASE_ENV, _BASE_IMPORT_TIME
-    if _servers:
+    if _started:
         raise RuntimeError("the warm servers' environment is set before the first one starts")
     _BASE_ENV = {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}
     _BASE_IMPORT_TIME = tuple(sorted((k, v) for k, v in _BASE_ENV.items() if k.startswith(IMPORT_TIME)))
 
 
-_servers: dict[tuple, tuple[subprocess.Popen, str]] = {}
-"""The running servers by key: (interpreter, import-time variables)."""
+_started: list[subprocess.Popen] = []
+"""The servers this process started (:func:`servers_cpu_s`)."""
+_leased: dict[tuple, tuple[str, socket.socket]] = {}
+"""By key (interpreter, import-time variables): the socket of the server this process holds a lease
+on, and the lease (a connection it keeps open while it lives: tests/warm_server.py)."""
+_directory: str | None = None
+"""Where the servers' sockets and PID files are: :func:`share_servers`'s, else this process's own."""
+_shared = False
 set_base_environment(os.environ)
 _asked: dict[tuple, int] = {}
 """Commands asked for by key, for a key with no server yet."""
@@ -114,6 +125,41 @@ fresh_starts: list[str] = []
 _lock = threading.RLock()
 """Held while a command starts and while its CPU is added: tests may start commands from threads
 (the background runs of tests/launch/test_hang_faults.py and tests/cluster/test_elastic_membership.py)."""
+
+
+def share_servers(directory: str) -> None:
+    """Use and start servers in ``directory``, shared with every process given the same one (the
+    xdist workers of one session: tests/conftest.py, whose controller makes it, then ends what is
+    left there with :func:`stop_shared_servers`). Before this process has started any."""
+    global _directory, _shared
+    if _leased or _started:
+        raise RuntimeError("servers are shared from the start")
+    _directory, _shared = directory, True
+
+
+def stop_shared_servers(directory: str) -> None:
+    """End the servers whose PID files are in ``directory`` (SIGTERM, then SIGKILL after 10 s), then
+    remove it. Called once every process that shared them has ended (they end on their own then:
+    this is for one whose end was missed)."""
+    pids = []
+    for record in Path(directory).glob("*.pid"):
+        pid = int(record.read_text() or 0)
+        try:
+            if pid and str(SERVER).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGTERM)
+                pids.append(pid)
+        except (OSError, ValueError):
+            pass  # ended already
+    deadline = time.monotonic() + 10
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+        time.sleep(0.05)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def children_cpu_s() -> float:
@@ -128,16 +174,23 @@ def servers_cpu_s() -> tuple[int, float]:
     from shoal.launch.watchdog.processes import stat_fields
 
     total = 0.0
-    for server, _ in _servers.values():
+    for server in _started:
         fields = stat_fields(server.pid)
         if fields:  # not yet ended
             total += int(fields[11]) + int(fields[12])  # utime, stime: proc(5)'s fields 14 and 15
-    return len(_servers), total / os.sysconf("SC_CLK_TCK")
+    return len(_started), total / os.sysconf("SC_CLK_TCK")
 
 
 def starts_warm(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:
     """Whether ``cmd`` with these Popen arguments starts warm (see the module's docstring)."""
     return isinstance(_plan(cmd, kwargs, script=script), tuple)
+
+
+def server_running(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:
+    """Whether ``cmd`` with these Popen arguments would find its server running (this process's, or
+    one that a process sharing its servers started): then even its first command starts warm."""
+    plan = _plan(cmd, kwargs, script=script)
+    return isinstance(plan, tuple) and (plan[0] in _leased or _running(plan[0]))
 
 
 def _plan(
@@ -169,7 +222,7 @@ def _plan(
     if reporting := [name for name in REPORTS_START if env.get(name)]:
         return f"reports its start: {reporting[0]}"
     key = (interpreter, tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))))
-    if key not in _servers and len(_servers) >= MAX_SERVERS:
+    if key not in _leased and not _running(key) and len(list(Path(_home()).glob("*.pid"))) >= MAX_SERVERS:
         return f"over {MAX_SERVERS} servers ({_differing(key[1])})"
     return key, main, argv
 
@@ -206,7 +259,7 @@ def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, scrip
                 fresh_starts.append(plan)
             return None
         key = plan[0]
-        if key not in _servers and key[1] != _BASE_IMPORT_TIME:
+        if key not in _leased and key[1] != _BASE_IMPORT_TIME and not _running(key):
             _asked[key] = _asked.get(key, 0) + 1
             if _asked[key] <= FRESH_BEFORE_A_SERVER:
                 fresh_starts.append(f"no server yet for its variables ({_differing(key[1])})")
@@ -239,34 +292,103 @@ def run(cmd: list[str], *, input: Any = None, capture_output: bool = False, time
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+def _home() -> str:
+    """The directory of the servers' sockets and PID files (this process's own, made on first use and
+    removed at its exit, unless :func:`share_servers` gave one)."""
+    global _directory
+    if _directory is None:
+        _directory = tempfile.mkdtemp(prefix="shoal-warm-")
+        atexit.register(shutil.rmtree, _directory, True)  # after the servers' _stop: atexit runs last-in first
+    return _directory
+
+
+def _paths(key: tuple) -> tuple[str, Path, Path]:
+    """The socket, PID file and lock file of the server of ``key``."""
+    base = os.path.join(_home(), hashlib.sha1(repr(key).encode()).hexdigest()[:16])
+    return base + ".socket", Path(base + ".pid"), Path(base + ".lock")
+
+
+def _running(key: tuple) -> bool:
+    """Whether a server of ``key`` was started (by this process or one sharing its servers)."""
+    return _paths(key)[1].exists()
+
+
 def _connect(key: tuple) -> socket.socket:
-    """A connection to the server of ``key`` (interpreter, import-time variables), started if need be."""
-    server, address = _servers.get(key, (None, ""))
-    if server is None or server.poll() is not None:
-        interpreter, import_time = key
-        env = {**{k: v for k, v in _BASE_ENV.items() if not k.startswith(IMPORT_TIME)}, **dict(import_time)}
-        address = os.path.join(tempfile.mkdtemp(prefix="shoal-warm-"), "socket")
-        server = subprocess.Popen(
-            [interpreter, str(SERVER), address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-        )
-        if server.stdout.readline() != b"ready\n":
-            raise RuntimeError(f"tests/warm_server.py did not start (exit {server.wait()}); see its stderr above")
-        atexit.register(_stop, server, os.path.dirname(address))
-        _servers[key] = (server, address)
+    """A connection to the server of ``key`` (interpreter, import-time variables), started if need be;
+    a server found gone is started again."""
+    for _ in range(2):
+        address = _lease(key)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.connect(address)
+            return conn
+        except OSError:  # it ended (or was ended) after the lease: start another
+            conn.close()
+            _leased.pop(key)[1].close()
+    raise RuntimeError(f"the warm server at {address} accepts no command")
+
+
+def _lease(key: tuple) -> str:
+    """The socket of a server of ``key`` this process holds a lease on: the running one (a process
+    sharing this one's servers may have started it), else one started now. Under the key's lock, so
+    that two processes asking at once start one server."""
+    if key in _leased:
+        return _leased[key][0]
+    address, record, lock = _paths(key)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        lease = _take_lease(address) if record.exists() else None
+        if lease is None:  # none yet, or it has ended: its last lease went with the processes it served
+            record.unlink(missing_ok=True)
+            _start_server(key, address, record)
+            lease = _take_lease(address)
+            if lease is None:
+                raise RuntimeError(f"the warm server at {address} refused its first lease")
+    _leased[key] = (address, lease)
+    return address
+
+
+def _take_lease(address: str) -> socket.socket | None:
+    """A lease on the server at ``address`` (tests/warm_server.py), or None if it has ended or is ending."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    conn.connect(address)
-    return conn
+    try:
+        conn.settimeout(30)
+        conn.connect(address)
+        conn.send(b"lease")
+        if conn.recv(16) == b"ok":
+            conn.settimeout(None)
+            return conn
+    except OSError:
+        pass
+    conn.close()
+    return None
 
 
-def _stop(server: subprocess.Popen, directory: str) -> None:
-    """End a server, then remove the directory of its socket (left in the temporary directory before)."""
-    server.stdin.close()  # its signal to end
+def _start_server(key: tuple, address: str, record: Path) -> None:
+    interpreter, import_time = key
+    env = {**{k: v for k, v in _BASE_ENV.items() if not k.startswith(IMPORT_TIME)}, **dict(import_time)}
+    if os.path.exists(address):
+        os.unlink(address)  # an ended server's
+    server = subprocess.Popen(
+        [interpreter, str(SERVER), address], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env
+    )
+    if server.stdout.readline() != b"ready\n":
+        raise RuntimeError(f"tests/warm_server.py did not start (exit {server.wait()}); see its stderr above")
+    server.stdout.close()
+    record.write_text(str(server.pid))
+    _started.append(server)
+    if not _shared:  # else it serves the others after this process: the session's controller ends it
+        atexit.register(_stop, server)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """End a server this process started and no other shares."""
+    server.terminate()
     try:
         server.wait(timeout=10)
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 class WarmProcess:

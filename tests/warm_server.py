@@ -14,9 +14,14 @@ runs. It ends as an interpreter ends (SystemExit's code, or a traceback and 1; t
 run, streams flushed) but for the module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
 child has ended (its CPU and that of its waited-for descendants, ``wait4``'s rusage).
 
+A connection whose first message is ``lease`` (answered ``ok``) is a lease: the test process that
+sent it keeps it open while it may send commands, and its end (the process's exit closes it) ends
+the lease. The server ends when its last lease has ended (the test processes that share it are all
+gone or done; none within :data:`FIRST_LEASE_S` of its start), or on SIGTERM; its commands go on to
+their own end.
+
 No thread is started and no torch operation is run here before a fork (a forked OpenMP or libuv
-runtime with threads behind it can hang). The server ends when its parent closes its stdin (the
-parent is gone or done) or on SIGTERM; its commands go on to their own end.
+runtime with threads behind it can hang).
 """
 
 from __future__ import annotations
@@ -53,27 +58,44 @@ import shoal.train.job
 import shoal.train.trainer  # noqa: F401
 
 MAX_REQUEST = 1 << 20
+FIRST_LEASE_S = 60.0
+"""A server that no test process has leased by then ends (its starter died before it could)."""
 
 
 def serve(listener: socket.socket) -> tuple[dict, list[int], socket.socket]:
     """Answer requests until one forks: returns ``(request, fds, connection)`` in the child; never in
-    the server."""
+    the server, which ends here when its last lease has ended."""
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
-    selector.register(sys.stdin, selectors.EVENT_READ, "parent")
+    leases = 0
     while True:
-        for key, _ in selector.select():
-            if key.data == "parent":
-                os._exit(0)  # the tests' process closed our stdin: it is gone or done (see end())
+        events = selector.select(None if leases else FIRST_LEASE_S)
+        if not events and not leases:
+            os._exit(0)
+        for key, _ in events:
+            if key.data == "lease":  # its test process has ended (or let it go)
+                selector.unregister(key.fileobj)
+                key.fileobj.close()
+                leases -= 1
+                if not leases:
+                    os._exit(0)
+                continue
             if key.data == "accept":
                 conn, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                if message == b"lease":
+                    conn.send(b"ok")
+                    selector.register(conn, selectors.EVENT_READ, "lease")
+                    leases += 1
+                    continue
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
                     for other in list(selector.get_map().values()):
-                        if isinstance(other.data, tuple):  # another command's pidfd and connection
+                        if other.data == "lease":
+                            other.fileobj.close()
+                        elif isinstance(other.data, tuple):  # another command's pidfd and connection
                             os.close(other.fd)
                             other.data[1].close()
                     selector.close()
