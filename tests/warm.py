@@ -73,13 +73,14 @@ HANDLED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session
 MAX_SERVERS = 12
 """Servers at most, shared by the processes of :func:`share_servers` (each maps ~0.7 GB, ~0.4 GB of
 it its own: ``/proc/PID/smaps_rollup``'s Private_Dirty; 12 are ~4.8 GB of the machine's 24 GiB, of
-which a full run left more than 11 GB free with up to 24 (8 per xdist worker, before they shared):
+which a full run left more than 11 GB free with up to 24, 8 per xdist worker before they shared:
 the least of ``vmstat 5``'s free column in the runs of 2026-11-25, where they started 11-12 in all,
-7 of them a second or third worker's copy of another's): this process's environment, a pod image's, a pod image's with the
-client libraries' PYTHONPATH (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and
-tracking tests (tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own
-PYTHONPATH or OMP_NUM_THREADS (with 4, --cpu-profile counted 12 commands a run that found no server
-left; with 6, 9 in the run at 50d7154, 6 of them the pods of tests/k8s/test_runai_pods.py)."""
+7 of them a second or third worker's copy of another's; shared, a full run starts 8). The
+environments: this process's, a pod image's, a pod image's with the client libraries' PYTHONPATH
+(tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and tracking tests
+(tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own PYTHONPATH or
+OMP_NUM_THREADS (with 4 a worker, --cpu-profile counted 12 commands a run that found no server left;
+with 6, 9 in the run at 50d7154, 6 of them the pods of tests/k8s/test_runai_pods.py)."""
 FRESH_BEFORE_A_SERVER = 1
 """Commands of an import-time environment other than this process's that start fresh before it gets
 a server of its own (the pods' image environment has dozens; a test's own PYTHONPATH one or two). A
