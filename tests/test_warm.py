@@ -11,13 +11,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 import warm
 from cluster.pods import PodSpec, pod_network, pods_unavailable
 from conftest import shoal_cmd
+from procs import wait_for
+from shoal.launch.watchdog.processes import alive
 
 pytestmark = pytest.mark.multiprocess
 
@@ -210,20 +211,14 @@ import os, subprocess, sys
 sys.path.insert(0, {tests!r})
 import warm
 warm.share_servers(sys.argv[1])
-for line in sys.stdin:  # "run": a warm command that prints its parent (the server); "exit"
+for line in sys.stdin:  # "run": a command, warm if it can, that prints its parent (the server); "exit"
     if line.strip() == "exit":
         break
-    cmd = [sys.executable, "-c", "import os; print(os.getppid())"]
-    done = warm.run(cmd, script=True, capture_output=True, text=True, timeout=60)
-    print(done.returncode, done.stdout.strip(), type(warm.popen(cmd, script=True, stdout=subprocess.DEVNULL)).__name__, flush=True)
+    proc = warm.popen([sys.executable, "-c", "import os; print(os.getppid())"], script=True,
+                      stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    print(proc.returncode, out.strip(), type(proc).__name__, flush=True)
 """
-
-
-def _alive(pid: int) -> bool:
-    from shoal.launch.watchdog.processes import stat_fields
-
-    fields = stat_fields(pid)
-    return bool(fields) and fields[0] != "Z"
 
 
 def test_processes_given_one_directory_share_a_server_that_lives_while_any_of_them_does(tmp_path):
@@ -263,10 +258,7 @@ def test_processes_given_one_directory_share_a_server_that_lives_while_any_of_th
         second.stdin.write("exit\n")
         second.stdin.close()
         assert second.wait(timeout=30) == 0
-        deadline = time.monotonic() + 10
-        while _alive(int(server)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(int(server)), "the server outlived every process that shared it"
+        wait_for(lambda: not alive(int(server)), timeout=10)  # else: the server outlived every sharer
     finally:
         for proc in sharers:
             proc.kill()

@@ -139,27 +139,20 @@ def share_servers(directory: str) -> None:
 
 
 def stop_shared_servers(directory: str) -> None:
-    """End the servers whose PID files are in ``directory`` (SIGTERM, then SIGKILL after 10 s), then
-    remove it. Called once every process that shared them has ended (they end on their own then:
-    this is for one whose end was missed)."""
-    pids = []
+    """End the servers whose PID files are in ``directory`` (shoal's ``stop_processes``: SIGTERM, then
+    SIGKILL after 10 s), then remove it. Called once every process that shared them has ended (they
+    end on their own then: this is for one whose end was missed)."""
+    from shoal.launch.watchdog.processes import stop_processes
+
+    servers = []
     for record in Path(directory).glob("*.pid"):
-        pid = int(record.read_text() or 0)
-        try:
-            if pid and str(SERVER).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGTERM)
-                pids.append(pid)
-        except (OSError, ValueError):
-            pass  # ended already
-    deadline = time.monotonic() + 10
-    while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
-        time.sleep(0.05)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
+        pid = record.read_text()
+        try:  # a PID of one of ours, not a later process's that reused it
+            if str(SERVER).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                servers.append(int(pid))
         except OSError:
-            pass
+            pass  # ended already
+    stop_processes(servers)
     shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -67,17 +67,16 @@ def serve(listener: socket.socket) -> tuple[dict, list[int], socket.socket]:
     the server, which ends here when its last lease has ended."""
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
-    leases = 0
+    leased = False
     while True:
-        events = selector.select(None if leases else FIRST_LEASE_S)
-        if not events and not leases:
+        events = selector.select(None if leased else FIRST_LEASE_S)
+        if not events:  # the first lease's wait timed out
             os._exit(0)
         for key, _ in events:
             if key.data == "lease":  # its test process has ended (or let it go)
                 selector.unregister(key.fileobj)
                 key.fileobj.close()
-                leases -= 1
-                if not leases:
+                if not any(other.data == "lease" for other in selector.get_map().values()):
                     os._exit(0)
                 continue
             if key.data == "accept":
@@ -86,7 +85,7 @@ def serve(listener: socket.socket) -> tuple[dict, list[int], socket.socket]:
                 if message == b"lease":
                     conn.send(b"ok")
                     selector.register(conn, selectors.EVENT_READ, "lease")
-                    leases += 1
+                    leased = True
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
