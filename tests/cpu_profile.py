@@ -99,6 +99,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
             "cpu_s": round(_cpu(resource.RUSAGE_SELF) - own, 3),
             "children_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
             "fresh_starts": warm.fresh_starts[fresh_before:],
+            "pid": os.getpid(),  # the process its processes descend from (tests/process_census.py)
         }
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(Path(directory) / f"tests-{worker}.jsonl", "a") as f:
