@@ -72,7 +72,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not count:
         return
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    (Path(directory) / f"servers-{worker}.json").write_text(json.dumps({"servers": count, "cpu_s": round(seconds, 1)}))
+    summary = {"servers": count, "cpu_s": round(seconds, 1), "pids": warm.server_pids()}
+    (Path(directory) / f"servers-{worker}.json").write_text(json.dumps(summary))
 
 
 def _cpu(who: int) -> float:
@@ -88,7 +89,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         return (yield)
     own, children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     start, began = time.monotonic(), time.time()
-    fresh_before = len(warm.fresh_starts)
+    fresh_before, warm_before = len(warm.fresh_starts), len(warm.warm_starts)
     try:
         return (yield)
     finally:
@@ -100,6 +101,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
             "children_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
             "fresh_starts": warm.fresh_starts[fresh_before:],
             "pid": os.getpid(),  # the process its processes descend from (tests/process_census.py)
+            "warm_pids": warm.warm_starts[warm_before:],  # and those a warm server forked for it
         }
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(Path(directory) / f"tests-{worker}.jsonl", "a") as f:

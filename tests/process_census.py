@@ -20,6 +20,7 @@ import ctypes
 import json
 import struct
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 RECORD = struct.Struct("<BBHIIIIIIf8H16s")
@@ -52,13 +53,18 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
-def census(records: list[dict], tests: list[dict]) -> dict:
+def census(records: list[dict], tests: list[dict], servers: Iterable[int] = ()) -> dict:
     """Each process under a worker (a ``pid`` of ``tests``) given to the test running there when it
-    started; the rest counted apart."""
+    started; the rest counted apart. A command a warm server forked (a test's ``warm_pids``) descends
+    from the worker that asked for it, not from the server's starter, which the workers share
+    (tests/warm.py); the servers themselves (``servers``, their PIDs) are counted apart."""
     parent = {r["pid"]: r["ppid"] for r in records}
     by_worker = collections.defaultdict(list)
     for test in tests:
         by_worker[test["pid"]].append((test["start"] - 1, test["start"] + test["wall_s"] + 1, test["test"]))
+        for pid in test.get("warm_pids", ()):
+            parent[pid] = test["pid"]
+    servers = set(servers)
 
     def worker_of(pid: int) -> int | None:
         for _ in range(64):  # up the parents, as they were when each process ended
@@ -70,10 +76,14 @@ def census(records: list[dict], tests: list[dict]) -> dict:
         return None
 
     per_test: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0, 0.0])
-    outside = [0, 0.0]
+    outside, warm_servers = [0, 0.0], [0, 0.0]
     for record in records:
         if record["pid"] in by_worker:
             continue  # the workers themselves
+        if record["pid"] in servers:
+            warm_servers[0] += 1
+            warm_servers[1] += record["cpu_s"]
+            continue
         worker = worker_of(record["pid"])
         test = next((name for start, end, name in by_worker.get(worker, ()) if start <= record["btime"] <= end), None)
         if test is None:
@@ -89,13 +99,21 @@ def census(records: list[dict], tests: list[dict]) -> dict:
     by_comm = collections.Counter()
     for record in records:
         by_comm[record["comm"]] += record["cpu_s"]
-    return {"per_test": per_test, "outside": outside, "by_comm": by_comm, "processes": len(records)}
+    return {
+        "per_test": per_test,
+        "outside": outside,
+        "servers": warm_servers,
+        "by_comm": by_comm,
+        "processes": len(records),
+    }
 
 
 def report(accounting: str, profile: str) -> None:
     records = read_records(accounting)
     tests = [json.loads(line) for path in Path(profile).glob("tests-*.jsonl") for line in path.read_text().splitlines()]
-    found = census(records, tests)
+    summaries = [json.loads(path.read_text()) for path in Path(profile).glob("servers-*.json")]
+    servers = [pid for summary in summaries for pid in summary.get("pids", ())]
+    found = census(records, tests, servers)
     per_test = found["per_test"]
     in_tests = sum(c[1] for c in per_test.values())
     heavy, heavy_cpu = sum(c[2] for c in per_test.values()), sum(c[3] for c in per_test.values())
@@ -105,6 +123,7 @@ def report(accounting: str, profile: str) -> None:
         f"  of {HEAVY_CPU_S:g} CPU-s or more: {heavy} processes, {heavy_cpu:.1f} CPU-s ({heavy_cpu / max(in_tests, 1e-9):.0%})"
     )
     print(f"not under a worker's test: {found['outside'][0]} processes, {found['outside'][1]:.1f} CPU-s")
+    print(f"warm servers: {found['servers'][0]} processes, {found['servers'][1]:.1f} CPU-s")
     print("by command name:", ", ".join(f"{name} {cpu:.1f}" for name, cpu in found["by_comm"].most_common(8)))
     print("tests with the most CPU in processes of their own (processes, of them heavy, CPU-s):")
     for name, (count, cpu, many, _) in sorted(per_test.items(), key=lambda kv: -kv[1][1])[:20]:

@@ -123,6 +123,9 @@ _asked: dict[tuple, int] = {}
 _cpu_s = 0.0
 fresh_starts: list[str] = []
 """Why each command that could have started warm started fresh, in order (tests/cpu_profile.py)."""
+warm_starts: list[int] = []
+"""The PID of each command this process started warm, in order: a child of the server, which may be
+another process's (tests/cpu_profile.py records them, tests/process_census.py gives them back)."""
 _lock = threading.RLock()
 """Held while a command starts and while its CPU is added: tests may start commands from threads
 (the background runs of tests/launch/test_hang_faults.py and tests/cluster/test_elastic_membership.py)."""
@@ -173,6 +176,11 @@ def servers_cpu_s() -> tuple[int, float]:
         if fields:  # not yet ended
             total += int(fields[11]) + int(fields[12])  # utime, stime: proc(5)'s fields 14 and 15
     return len(_started), total / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids() -> list[int]:
+    """The PIDs of the servers this process started."""
+    return [server.pid for server in _started]
 
 
 def starts_warm(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:
@@ -435,6 +443,7 @@ class WarmProcess:
         if "pid" not in started:  # it died setting up (entering the namespaces, the directory): its stderr says
             raise RuntimeError(f"the warm start of {cmd} failed (exit {started['returncode']}): see the stderr above")
         self.pid = started["pid"]
+        warm_starts.append(self.pid)
         self._pipes = [pipes.get("stdout"), pipes.get("stderr")]
         self.stdout, self.stderr = (None if fd is None else open(fd, "r" if text else "rb") for fd in self._pipes)  # noqa: SIM115
 
