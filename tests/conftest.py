@@ -52,9 +52,25 @@ def pytest_configure_node(node):
     node.workerinput["warm_servers"] = node.config.stash[WARM_SERVERS]
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which makes the session's temporary directory
 def pytest_configure(config):
     if "warm_servers" in getattr(config, "workerinput", {}):
         warm.share_servers(config.workerinput["warm_servers"])
+    elif not hasattr(config, "workerinput"):
+        _temporary_files_in_the_sessions_directory(config)
+
+
+def _temporary_files_in_the_sessions_directory(config) -> None:
+    """TMPDIR, for every process the session starts (its xdist workers first), is a directory in
+    pytest's own for the session (``/tmp/pytest-of-USER/pytest-N/tmp``; pytest keeps the last three).
+    What the tests' processes leave by design or by being killed (a hang report's ``shoal-run-*``,
+    a SIGKILLed launcher's ``shoal-workers-*`` and torch's ``torchelastic_*``, W&B's and
+    multiprocessing's) is gone with it, not piled up in /tmp, run after run. The simulated pods'
+    processes keep the image's environment (tests/k8s/pod_runtime.py), and /tmp with it."""
+    directory = config._tmp_path_factory.getbasetemp() / "tmp"
+    directory.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(directory)
+    tempfile.tempdir = None  # read TMPDIR again
 
 
 def pytest_unconfigure(config):

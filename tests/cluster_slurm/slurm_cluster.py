@@ -240,8 +240,10 @@ def slurm():
     reason = slurm_unavailable()
     if reason:
         pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="shoal-slurm-"))
-    os.chmod(root, 0o755)  # munged (user munge) must reach its directory inside
+    # munged (user munge) must reach its directory inside: not under the session's TMPDIR, which is in
+    # pytest's directory of mode 0700 (tests/conftest.py); removed below.
+    root = Path(tempfile.mkdtemp(prefix="shoal-slurm-", dir="/tmp"))
+    os.chmod(root, 0o755)
     cluster = SlurmCluster(root)
     try:
         cluster.start()
