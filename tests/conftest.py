@@ -163,7 +163,8 @@ def pytest_runtest_makereport(item, call):
     report.longrepr = f"skipped under CI=true: {reason}\nHINT: install what the test needs in CI (scripts/install-system-deps.sh) or mark it gpu if it needs CUDA"
 
 
-def _environ() -> dict[str, str]:
+def session_environ() -> dict[str, str]:
+    """os.environ without pytest's bookkeeping of the running test."""
     env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)  # pytest's own bookkeeping
     return env
@@ -188,9 +189,9 @@ def _imports_that_set_env():
 @pytest.fixture(autouse=True)
 def _no_env_leaks(_imports_that_set_env):
     """Fail any test that leaves os.environ changed (and restore it so others are unaffected)."""
-    before = _environ()
+    before = session_environ()
     yield
-    after = _environ()
+    after = session_environ()
     if after != before:
         added = sorted(set(after) - set(before))
         removed = sorted(set(before) - set(after))

@@ -108,15 +108,23 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
             f.write(json.dumps(record) + "\n")
 
 
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    directory = config.getoption("cpu_profile")
-    if not directory or hasattr(config, "workerinput"):  # the summary once, from the controller
-        return
+def read_profile(directory: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """What a run wrote in ``directory``: each test's record (with its ``worker``), and each worker's
+    servers (``servers``, ``cpu_s``, ``pids``; tests/process_census.py reads both)."""
     records = [
         {**json.loads(line), "worker": path.stem.removeprefix("tests-")}
         for path in sorted(Path(directory).glob("tests-*.jsonl"))
         for line in path.open()
     ]
+    servers = [json.loads(path.read_text()) for path in sorted(Path(directory).glob("servers-*.json"))]
+    return records, servers
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    directory = config.getoption("cpu_profile")
+    if not directory or hasattr(config, "workerinput"):  # the summary once, from the controller
+        return
+    records, servers = read_profile(directory)
     if not records:
         return
     wall, cpu, count = collections.Counter(), collections.Counter(), collections.Counter()
@@ -145,7 +153,6 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if rest_reasons:
         write(f"{rest:8d}  {rest_reasons} other reasons")
     _write_workers(write, records, config.stash.get(SESSION_START, min(r["start"] for r in records)))
-    servers = [json.loads(path.read_text()) for path in sorted(Path(directory).glob("servers-*.json"))]
     if servers:
         write(
             f"warm servers: {sum(s['servers'] for s in servers)} started ({', '.join(str(s['servers']) for s in servers)} "

@@ -1,13 +1,14 @@
 """Where a full run's CPU goes, process by process: the kernel's process accounting (``acct(2)``, one
 record per process as it ends: command name, PID, parent, start, CPU) against ``--cpu-profile``'s
 records (tests/cpu_profile.py). Each process is given to the test that was running on the xdist
-worker it descends from when it started; the report counts the processes of 1 CPU-s or more, which
-are nearly all interpreters that import torch (docs/TEST_TIME.md, "Latest runs")::
+worker it descends from when it started (a command a warm server forked: the worker that asked for
+it); the report counts the processes of 1 CPU-s or more, which are nearly all interpreters that
+import torch (docs/TEST_TIME.md, "Latest runs")::
 
-    python tests/process_census.py on /tmp/pacct        # as root; system-wide: nothing else running
+    .venv/bin/python tests/process_census.py on /tmp/pacct   # as root; system-wide: nothing else running
     make test PYTEST_ARGS="-n 3 --dist loadgroup --no-loadscope-reorder --cpu-profile=/tmp/cpu"
-    python tests/process_census.py off
-    python tests/process_census.py report /tmp/pacct /tmp/cpu
+    .venv/bin/python tests/process_census.py off
+    .venv/bin/python tests/process_census.py report /tmp/pacct /tmp/cpu
 
 ``off`` ends all process accounting on the machine, a previous one's too. Records are Linux's
 ``struct acct_v3`` (include/uapi/linux/acct.h): 64 bytes, times in ``comp_t`` of AHZ (100) ticks.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import json
 import struct
 import sys
 from collections.abc import Iterable
@@ -109,11 +109,11 @@ def census(records: list[dict], tests: list[dict], servers: Iterable[int] = ()) 
 
 
 def report(accounting: str, profile: str) -> None:
+    from cpu_profile import read_profile  # this directory's: the script's own (imports pytest)
+
     records = read_records(accounting)
-    tests = [json.loads(line) for path in Path(profile).glob("tests-*.jsonl") for line in path.read_text().splitlines()]
-    summaries = [json.loads(path.read_text()) for path in Path(profile).glob("servers-*.json")]
-    servers = [pid for summary in summaries for pid in summary.get("pids", ())]
-    found = census(records, tests, servers)
+    tests, summaries = read_profile(profile)
+    found = census(records, tests, [pid for summary in summaries for pid in summary.get("pids", ())])
     per_test = found["per_test"]
     in_tests = sum(c[1] for c in per_test.values())
     heavy, heavy_cpu = sum(c[2] for c in per_test.values()), sum(c[3] for c in per_test.values())

@@ -16,7 +16,7 @@ import pytest
 
 import warm
 from cluster.pods import PodSpec, pod_network, pods_unavailable
-from conftest import shoal_cmd
+from conftest import session_environ, shoal_cmd
 from procs import wait_for
 from shoal.launch.watchdog.processes import alive
 
@@ -228,7 +228,7 @@ def test_processes_given_one_directory_share_a_server_that_lives_while_any_of_th
     directory = tmp_path / "servers"
     directory.mkdir()
     code = SHARER.format(tests=str(os.path.dirname(os.path.abspath(warm.__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env = session_environ()
     sharers = [
         subprocess.Popen(
             [sys.executable, "-c", code, str(directory)],
