@@ -40,6 +40,9 @@ from shoal.errors import ShoalError
 from shoal.integrations.horovod import state
 from shoal.integrations.horovod.errors import HorovodMismatchError, HorovodUsageError
 
+# torch 2.14 renamed all_gather_into_tensor to all_gather_single and warns at every call of the old name.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 INLINE_FIRSTS = 8
 """First dimensions that travel in the digest's vector; a grouped allgather of more takes one more round."""
 
@@ -155,7 +158,7 @@ def agree(
     padding = [0] * (INLINE_FIRSTS - len(inline))
     vector = torch.tensor([mine.digest(), len(tensors), *inline, *padding], dtype=torch.int64)
     everyone = torch.empty(world * vector.numel(), dtype=torch.int64)
-    dist.all_gather_into_tensor(everyone, vector, group=group)
+    _all_gather(everyone, vector, group=group)
     rows = everyone.view(world, -1).tolist()
     if any(row[0] != rows[0][0] for row in rows):
         submissions: list[Any] = [None] * world
@@ -167,7 +170,7 @@ def agree(
     if count <= INLINE_FIRSTS:
         return [row[2 : 2 + count] for row in rows]
     gathered = torch.empty(world * count, dtype=torch.int64)
-    dist.all_gather_into_tensor(gathered, torch.tensor(firsts, dtype=torch.int64), group=group)
+    _all_gather(gathered, torch.tensor(firsts, dtype=torch.int64), group=group)
     return gathered.view(world, count).tolist()
 
 

@@ -73,6 +73,14 @@ def _user_frame(tb: TracebackType | None) -> str:
     return f"{os.path.basename(chosen.filename)}:{chosen.lineno}" if chosen else ""
 
 
+_remembered: list[ShoalError] = []
+
+
+def remember(error: ShoalError) -> None:
+    """Keep ``error`` for the excepthook: TensorFlow's ``py_function`` re-raises it as its own type."""
+    _remembered[:] = [error]
+
+
 def install_excepthook() -> None:
     """Print an uncaught :class:`ShoalError` as ``shoal: error: ...`` + ``HINT: ...``, not a traceback.
 
@@ -84,6 +92,8 @@ def install_excepthook() -> None:
         return
 
     def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        if not isinstance(error, ShoalError) and _remembered and _remembered[0].message in str(error):
+            error = _remembered[0]  # raised inside a tf.py_function, which re-raised it as a TF error
         if not isinstance(error, ShoalError):
             previous(kind, error, tb)
             return

@@ -164,10 +164,13 @@ def start_reduce(
     reduce_op: ReduceOp,
     prescale_factor: float,
     postscale_factor: float,
+    *,
+    agree: bool = True,
 ) -> Handle:
     """Reduce ``tensors`` in place across ranks, one collective per device and dtype; the result is the list.
 
-    Ranks first agree on the call (:mod:`.agreement`). Several tensors of one kind travel packed in
+    Ranks first agree on the call (:mod:`.agreement`), unless ``agree`` is False (a caller that
+    checked its layout once, like the optimizers' gradient buffers). Several tensors of one kind travel packed in
     one flat buffer (Horovod's fusion); a dtype the backend lacks travels wider (:mod:`.dtypes`).
     """
     job = check_ready(f"{call}()")
@@ -175,7 +178,8 @@ def start_reduce(
     if not all(tensor.is_contiguous() for tensor in tensors):
         problem = ("a tensor is not contiguous", "pass tensor.contiguous()")
     settings = {"op": reduce_op, "prescale_factor": prescale_factor, "postscale_factor": postscale_factor}
-    agreement.agree(call, tensors, name, settings, problem=problem)
+    if agree or problem:
+        agreement.agree(call, tensors, name, settings, problem=problem)
     world = job.context.world_size
     kinds: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for tensor in tensors:

@@ -44,6 +44,13 @@ def missing_name(name: str) -> HorovodMissingName:
     )
 
 
+def facade_getattr(name: str) -> NoReturn:
+    """The facades' module ``__getattr__``: a Horovod name they do not offer is one line naming it."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise missing_name(name)
+
+
 def adasum(where: str) -> HorovodUnsupported:
     return HorovodUnsupported(
         f"{where}: Adasum is not supported by shoal.horovod",

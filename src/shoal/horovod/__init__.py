@@ -28,8 +28,6 @@ Importing this module makes an uncaught :class:`~shoal.errors.ShoalError` print 
 
 from __future__ import annotations
 
-from typing import Any
-
 from shoal.integrations.horovod import unsupported as _unsupported
 from shoal.integrations.horovod.compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from shoal.integrations.horovod.errors import HorovodInternalError, install_excepthook
@@ -182,12 +180,7 @@ __all__ = [
     "synchronize",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """A Horovod name this module does not offer: one line naming it and shoal's equivalent."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise _unsupported.missing_name(name)
+__getattr__ = _unsupported.facade_getattr  # a Horovod name not offered here: one line naming it
 
 
 install_excepthook()
