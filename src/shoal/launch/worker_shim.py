@@ -18,6 +18,9 @@ the PID, so the agent's signals, exit codes and process-group kills reach the wo
    ``sitecustomize`` leaves a gloo process group the script left open at exit (a torch bug otherwise
    aborts about 1 worker in 8 after its work), then restores the worker's own ``PYTHONPATH``.
    ``SHOAL_EXIT_HOOK=0`` leaves it out.
+4. With ``SHOAL_TF_CONFIG=1`` (``shoal run --tf-config``), ``TF_CONFIG`` for TensorFlow's
+   MultiWorkerMirroredStrategy, its addresses exchanged through the workers' store the agent serves
+   (:func:`shoal.launch.tf_config.add_tf_config`), right before ``exec``.
 """
 
 import fcntl
@@ -26,8 +29,10 @@ import select
 import signal
 import sys
 
+from shoal.errors import ShoalError
 from shoal.launch.exit_hook import add_exit_hook
 from shoal.launch.process import die_with_parent
+from shoal.launch.tf_config import add_tf_config
 
 _TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE)
 _IDLE_EXIT_S = 2.0
@@ -83,6 +88,11 @@ def main(argv: list[str]) -> None:
     if path:
         tee_stderr(path)
     add_exit_hook(os.environ, argv[2])
+    try:
+        add_tf_config(os.environ, serve=False)
+    except ShoalError as err:
+        print(err.format(), file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
     try:
         os.execvp(argv[2], argv[2:])
     except OSError as err:

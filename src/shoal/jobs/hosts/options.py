@@ -29,6 +29,7 @@ FORWARDED_ENV = (
     "OMP_NUM_THREADS",
     "SHOAL_INIT_TIMEOUT",
     "SHOAL_TIMEOUT",
+    "SHOAL_TF_CONFIG",
 )
 """Variables the launching shell passes on to every process when they are set there (mpirun -x NAME):
 remote processes must find the same ``shoal``/``python`` and libraries, and keep the user's settings."""
