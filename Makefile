@@ -9,7 +9,7 @@ STAMP := $(VENV)/.shoal-installed
 CLIENTS := $(VENV)/clients
 CLIENTS_REQ := tests/clients/requirements.txt
 
-.PHONY: demo test test-quick install clients clean
+.PHONY: demo test test-quick test-gpu install clients clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,11 +39,19 @@ demo: $(STAMP)
 PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) clients
 	bash scripts/install-system-deps.sh
-	$(BIN)/ruff check src tests examples scripts/bench-slow-link
-	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link
+	$(BIN)/ruff check src tests examples scripts/bench-slow-link scripts/gpu
+	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link scripts/gpu
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## A quick subset for iterating (no multi-process or slow test): see README, "Tests".
+## On a lent GPU machine (docs/GPU.md): every gpu-marked test and a short CUDA benchmark set, one report
+## (JSON and markdown) in GPU_OUT, within 8 minutes. No registry needed: the machine's own python3 (this
+## venv's where there is one), shoal from src/. GPU_CHECK_ARGS=--dry-run lists what would run and checks it can.
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_OUT ?= runs/gpu-check
+test-gpu:
+	$(GPU_PYTHON) scripts/gpu/check.py --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+
+## A quick subset for iterating (no multi-process or slow test): see CONTRIBUTING.md.
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not multiprocess and not slow"
 

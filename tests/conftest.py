@@ -134,7 +134,7 @@ def pytest_collection_modifyitems(items):
             if fixture in item.fixturenames:
                 shared.setdefault(path, name)
     for item, path in path_of.items():
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        if item.get_closest_marker("gpu") and not torch.cuda.is_available():  # the mark, not a tests/gpu/ name
             item.add_marker(no_cuda)
         group = shared.get(path, path)
         item.add_marker(pytest.mark.xdist_group(group))
@@ -156,7 +156,7 @@ def pytest_runtest_makereport(item, call):
     failures (xfail) stay what they are."""
     outcome = yield
     report = outcome.get_result()
-    if not UNDER_CI or not report.skipped or hasattr(report, "wasxfail") or "gpu" in item.keywords:
+    if not UNDER_CI or not report.skipped or hasattr(report, "wasxfail") or item.get_closest_marker("gpu"):
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"

@@ -76,7 +76,6 @@ def test_smoke_allreduce_report(tmp_path: Path):
 
 @pytest.mark.gpu
 @pytest.mark.multiprocess
-@pytest.mark.gpu
 def test_smoke_allreduce_on_gpu(tmp_path: Path):
     import torch
 

@@ -281,7 +281,6 @@ def test_dict_batches_move_to_device():
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 def test_cuda_device(data):
     x, y = data
     cuda = torch.device("cuda")

@@ -32,7 +32,13 @@ def test_nccl_on_cpu_and_unknown_names():
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 def test_auto_picks_the_local_gpu():
     assert choose_device("auto", 0, 1) == torch.device("cuda", 0)
     assert choose_backend("auto", torch.device("cuda", 0)) == "nccl"
+    gpus = torch.cuda.device_count()
+    for local_rank in range(gpus):  # one GPU per local process, picked by the local rank
+        assert choose_device("auto", local_rank, gpus) == choose_device("cuda", local_rank, gpus)
+        assert choose_device("auto", local_rank, gpus) == torch.device("cuda", local_rank)
+    assert choose_device("auto", 0, gpus + 1) == torch.device("cpu")  # more processes than GPUs
+    with pytest.raises(ShoalError, match=f"{gpus + 1} processes on this node but only {gpus} GPU"):
+        choose_device("cuda", 0, gpus + 1)

@@ -37,7 +37,7 @@ class AllreduceConfig:
     """What ``shoal bench allreduce`` measures."""
 
     nproc: int = 0
-    """Processes; 0: cores on CPU, GPUs on CUDA (at least 2)."""
+    """Processes; 0: cores on CPU, GPUs on CUDA (at least 2; on CUDA 1 is allowed: NCCL within one GPU)."""
     min_bytes: int = field(default=4 * 2**10, metadata=flag(parse=rep.parse_size, metavar="SIZE", default="4K"))
     """Smallest message, in bytes or with a K, M or G unit (nccl-tests -b)."""
     max_bytes: int = field(default=256 * 2**20, metadata=flag(parse=rep.parse_size, metavar="SIZE", default="256M"))
@@ -59,7 +59,7 @@ class AllreduceConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (CUDA when there are 2 GPUs or more), cpu or cuda."""
     start_method: Literal["auto", "fork", "spawn"] = "auto"
-    """How launch_local starts workers: auto (fork on CPU, spawn with CUDA), fork or spawn.
+    """How the workers start: auto (fork on CPU, spawn with CUDA), fork or spawn.
 
     Forked workers inherit the imported torch instead of importing it again (seconds per launch);
     CUDA does not survive a fork. The timings do not depend on it."""
@@ -67,9 +67,10 @@ class AllreduceConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ShoalError(f"unknown dtype {self.dtype!r}", f"use one of: {', '.join(DTYPES)}")
-        if self.nproc == 1 or self.nproc < 0:
+        if self.nproc < 0 or (self.nproc == 1 and self.device != "cuda"):
             raise ShoalError(
-                f"an all-reduce needs at least 2 processes, got --nproc {self.nproc}", "pass --nproc 2 or more"
+                f"an all-reduce needs at least 2 processes, got --nproc {self.nproc}",
+                "pass --nproc 2 or more (--nproc 1 only with --device cuda: NCCL within one GPU)",
             )
         if not (0 < self.min_bytes <= self.max_bytes):
             raise ShoalError(
@@ -108,6 +109,10 @@ def allreduce_worker(cfg: AllreduceConfig, device_type: str) -> list[dict[str, f
     import shoal
 
     ctx = shoal.init(device=device_type, threads=cfg.threads or None)
+    # A world of one (--nproc 1 on CUDA): shoal.init joins no group, so this rank makes its own.
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group(ctx.backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         dtype = getattr(torch, cfg.dtype)
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -135,6 +140,8 @@ def allreduce_worker(cfg: AllreduceConfig, device_type: str) -> list[dict[str, f
             del buf
         return rows if ctx.is_main else None
     finally:
+        if own_group:
+            dist.destroy_process_group()
         ctx.shutdown()
 
 
@@ -173,7 +180,9 @@ def measure(cfg: AllreduceConfig, log: Log) -> Measured:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     use_gpus = cfg.device == "cuda" or (cfg.device == "auto" and gpus >= max(2, cfg.nproc))
     nproc = cfg.nproc or (gpus if use_gpus else usable_cores())
-    if nproc < 2:
+    # One GPU: a world of one NCCL rank (NCCL refuses two ranks on one device), so the figure is NCCL's
+    # own kernel against a device-to-device copy, no link crossed (busbw = 0 by its definition).
+    if nproc < (1 if use_gpus else 2):
         what = "GPU" if use_gpus else "core"
         raise ShoalError(
             f"an all-reduce needs at least 2 processes, but this machine has {nproc} {what}(s)",
@@ -201,6 +210,7 @@ def measure(cfg: AllreduceConfig, log: Log) -> Measured:
                 "memcpy_gbps": memcpy,
                 "memcpy_iters": r["memcpy_iters"],
                 "busbw_vs_memcpy": algbw * factor / memcpy,
+                "algbw_vs_memcpy": algbw / memcpy,
             }
         )
     big = rows[-1]
@@ -278,6 +288,7 @@ examples:
   shoal bench allreduce --nproc 4 --min-bytes 1M --max-bytes 1G --factor 2
   shoal bench allreduce --dtype bfloat16 --json ar.json # also writes ar.png
   shoal bench allreduce --device cuda                   # one process per GPU, nccl
+  shoal bench allreduce --device cuda --nproc 1         # one GPU: nccl within it, vs a device copy
   shoal bench allreduce --smoke                         # 3 sizes, seconds
 """,
 )

@@ -23,7 +23,7 @@ gathered block, which peak RSS includes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from shoal.bench import report as rep
 from shoal.bench.harness import Benchmark, Log, Measured, flag, launch_workers, require_at_least
@@ -55,6 +55,10 @@ class MemoryConfig:
     """Untimed steps first."""
     threads: int = 1
     """Torch threads per worker (the same for both strategies)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """cpu (gloo) or cuda (nccl, one GPU per rank; the peak of CUDA memory allocated is reported too)."""
+    amp: Literal["off", "bf16"] = "off"
+    """bf16: FSDP2's mixed precision (bf16 compute, float32 shards and reduction), autocast under DDP."""
 
     def __post_init__(self) -> None:
         if self.model not in PRESETS:
@@ -73,6 +77,7 @@ SMOKE = dict(model="tiny", world_sizes=(1, 2), batch_size=2, steps=2, warmup=1)
 
 def memory_worker(spec: dict[str, Any]) -> list[dict[str, Any]] | None:
     """One rank: wrap the preset, train, count what this rank holds; rank 0 returns every rank's."""
+    import os
     import resource
     import time
 
@@ -84,25 +89,35 @@ def memory_worker(spec: dict[str, Any]) -> list[dict[str, Any]] | None:
     from shoal.workloads.language_model import PRESETS as GPT_PRESETS
     from shoal.workloads.language_model import TinyGPT, lm_loss
 
-    dist.init_process_group("gloo")
+    cuda = spec.get("device", "cpu") == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
     try:
         torch.set_num_threads(spec["threads"])
         rank, world = dist.get_rank(), dist.get_world_size()
         rss_start = _rss_now()
         torch.manual_seed(0)
         model = TinyGPT.preset(spec["model"])
-        cpu = torch.device("cpu")
-        model = apply_ddp(model, cpu, world) if spec["strategy"] == "ddp" else apply_fsdp(model, device=cpu)
+        bf16 = spec.get("amp", "off") == "bf16"
+        if spec["strategy"] == "ddp":
+            model = apply_ddp(model, device, world)
+        else:
+            model = apply_fsdp(model, device=device, mixed_precision="bf16" if bf16 else "off")
+        # DDP has no mixed-precision policy: autocast is its bf16 (FSDP's policy casts by itself).
+        autocast = bf16 and spec["strategy"] == "ddp"
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         seq = GPT_PRESETS[spec["model"]].seq_len
         gen = torch.Generator().manual_seed(rank)
-        batches = [torch.randint(0, 256, (spec["batch_size"], seq + 1), generator=gen) for _ in range(2)]
+        batches = [torch.randint(0, 256, (spec["batch_size"], seq + 1), generator=gen).to(device) for _ in range(2)]
         grads_bytes, times, loss = 0, [], float("nan")
         for i in range(spec["warmup"] + spec["steps"]):
             tokens = batches[i % 2]
             dist.barrier()
             start = time.perf_counter()
-            out = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                out = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
             out.backward()
             grads_bytes = max(grads_bytes, local_bytes(p.grad for p in model.parameters()))
             optimizer.step()
@@ -118,6 +133,7 @@ def memory_worker(spec: dict[str, Any]) -> list[dict[str, Any]] | None:
                 v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
             ),
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_device_bytes": torch.cuda.max_memory_allocated(device) if cuda else 0,
             "rss_start": rss_start,
             "step_s": times,
             "loss": loss,
@@ -144,7 +160,7 @@ def measure(cfg: MemoryConfig, log: Log) -> Measured:
     from shoal.launch.local import resolve_start_method
     from shoal.workloads.language_model import PRESETS as GPT_PRESETS
 
-    start_method = resolve_start_method("auto", "cpu")
+    start_method = resolve_start_method("auto", cfg.device)
     n_params = GPT_PRESETS[cfg.model].n_params
     rows = []
     for world in cfg.world_sizes:
@@ -157,6 +173,8 @@ def measure(cfg: MemoryConfig, log: Log) -> Measured:
                 "steps": cfg.steps,
                 "warmup": cfg.warmup,
                 "threads": cfg.threads,
+                "device": cfg.device,
+                "amp": cfg.amp,
             }
             ranks = launch_workers(memory_worker, (spec,), world, start_method)
             rows.append(_row(world, strategy, ranks))
@@ -194,7 +212,14 @@ def measure(cfg: MemoryConfig, log: Log) -> Measured:
             f"{_cores()} cores: their step times measure contention, not FSDP; the bytes are exact regardless"
         )
     config = {"n_params": n_params, "start_method": start_method, "optimizer": "Adam"}
-    return Measured(rows, notes, config=config, extra={"summary": summary})
+    if cfg.device == "cuda":
+        for entry in summary:
+            ddp, fsdp = by[(entry["world_size"], "ddp")], by[(entry["world_size"], "fsdp")]
+            entry["peak_device_fsdp_vs_ddp"] = fsdp["peak_device_bytes"] / ddp["peak_device_bytes"]
+        notes.append(
+            "peak GPU MB: torch.cuda.max_memory_allocated on the rank, activations and gathered blocks included"
+        )
+    return Measured(rows, notes, config=config, device=cfg.device, extra={"summary": summary})
 
 
 def _row(world: int, strategy: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -210,6 +235,7 @@ def _row(world: int, strategy: str, ranks: list[dict[str, Any]]) -> dict[str, An
         "optim_bytes": most("optim_bytes"),
         "state_bytes": state,
         "peak_rss": most("peak_rss"),
+        "peak_device_bytes": most("peak_device_bytes"),
         "rss_growth": max(r["peak_rss"] - r["rss_start"] for r in ranks),
         "step_s": median([t for r in ranks for t in r["step_s"]]),
         "loss": ranks[0]["loss"],
@@ -263,6 +289,12 @@ def text(report: dict[str, Any]) -> list[str]:
             align="rl" + "r" * 9,
         ),
     ]
+    if cfg.get("device") == "cuda":
+        lines += [
+            "",
+            "peak GPU MB: "
+            + ", ".join(f"{r['world_size']} {r['strategy']} {mb(r['peak_device_bytes'])}" for r in report["rows"]),
+        ]
     return lines
 
 
@@ -297,5 +329,6 @@ examples:
   shoal bench memory                                # small TinyGPT (3.3 M parameters) at 1, 2, 4 ranks
   shoal bench memory --model large --world-sizes 4  # 99.8 M parameters: 1.6 GB per rank under DDP
   shoal bench memory --smoke --json memory.json     # tiny model at 1 and 2 ranks, seconds
+  shoal bench memory --device cuda --amp bf16 --world-sizes 1,2   # GPUs (nccl), FSDP2 bf16 vs DDP autocast
 """,
 )
