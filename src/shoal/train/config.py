@@ -98,6 +98,12 @@ class TrainConfig:
     or fsdp (FSDP2: each process holds 1/N of the parameters, gradients and optimizer state; for a
     model whose training state does not fit one process; docs/SHARDING.md). fsdp takes --amp bf16
     (FSDP's mixed precision), not --amp fp16 nor --comm-hook."""
+    fault_tolerance: bool = False
+    """Per-step fault tolerance (torchft): --nproc N runs N replica groups that train together; a
+    group that dies costs the others one step, is restarted alone and heals from a live group
+    (docs/FAULT_TOLERANCE.md). Needs pip install 'shoal[ft]'."""
+    lighthouse: str | None = field(default=None, metadata={"metavar": "URL"})
+    """--fault-tolerance: the torchft lighthouse to use (http://HOST:PORT); default, shoal runs one."""
     powersgd_rank: int = 2
     """--comm-hook powersgd: rank of each gradient matrix's approximation (1-4 typical; higher sends
     more and is closer to the exact gradient)."""
@@ -158,6 +164,8 @@ class TrainConfig:
         except ShoalError as err:
             raise ShoalError(f"--comm-hook: {err.message}", err.hint) from None
         _check_strategy(self.strategy, self.comm_hook, self.amp, self.channels_last)
+        if self.fault_tolerance or self.lighthouse is not None:
+            _check_fault_tolerance(self)
         self.cadence  # noqa: B018  (parsed once here: a malformed --checkpoint-every fails now)
         if self.log_every < 0 or self.log_predictions < 0:
             raise ShoalError("--log-every and --log-predictions must be 0 or more", "pass 0 to turn them off")
@@ -227,6 +235,34 @@ def _check_strategy(strategy: str, comm_hook: str, amp: str, channels_last: bool
             "--channels-last does not work with --strategy fsdp: FSDP shards contiguous parameters only",
             "drop --channels-last (fsdp trains conv models in the default memory format)",
         )
+
+
+def _check_fault_tolerance(cfg: TrainConfig) -> None:
+    """What --fault-tolerance cannot carry, refused before any worker starts (one line + HINT)."""
+    if not cfg.fault_tolerance:
+        raise ShoalError("--lighthouse is for --fault-tolerance", "add --fault-tolerance, or drop --lighthouse")
+    refused = {
+        "--comm-hook": (cfg.comm_hook != "none", "torchft averages float32 gradients itself; drop --comm-hook"),
+        "--strategy fsdp": (cfg.strategy != "ddp", "each replica group holds the whole model: drop --strategy"),
+        "--grad-accum": (cfg.grad_accum != 1, "raise --batch-size instead of accumulating"),
+        "--async-checkpoint": (cfg.async_checkpoint, "drop --async-checkpoint (the writing group saves a .pt)"),
+        "--amp": (cfg.amp != "off", "drop --amp (replica groups train in float32)"),
+        "--checkpoint-every Nsteps": (
+            cfg.cadence.unit == "step",
+            "checkpoint every N epochs (replica groups save at epoch ends)",
+        ),
+        "--tracker": (cfg.tracker is not None, "drop --tracker (metrics.jsonl records every epoch)"),
+        "--eval-samples": (
+            cfg.eval_samples is not None,
+            "drop --eval-samples (the writing group evaluates the whole test set)",
+        ),
+    }
+    for flag, (bad, hint) in refused.items():
+        if bad:
+            raise ShoalError(f"{flag} does not work with --fault-tolerance", hint)
+    from shoal.distributed.torchft_check import check_torchft
+
+    check_torchft()
 
 
 def _at_least_one(flag: str, value: int | None, hint: str | None = None) -> None:

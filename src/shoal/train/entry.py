@@ -29,7 +29,10 @@ def run_worker(
     whose peer vanished (a node of an elastic job lost) leaves quietly when the launcher will
     restart the group: the launcher's line names the node that left and the new world size.
     """
-    from shoal.train.trainer import train
+    if cfg.fault_tolerance:  # one replica group of a fault-tolerant job (torchft)
+        from shoal.train.replica import train_replica as train
+    else:
+        from shoal.train.trainer import train
 
     try:
         if isinstance(workload, Parcel):

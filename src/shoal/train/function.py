@@ -46,6 +46,8 @@ def run(
     *args: Any,
     kwargs: Mapping[str, Any] | None = None,
     all_ranks: bool = False,
+    fault_tolerance: bool = False,
+    lighthouse: str | None = None,
     **options: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on every rank of a job, each with the process group joined.
@@ -63,6 +65,11 @@ def run(
             and :func:`shoal.init`'s options for each rank (``device``, ``backend``, ``seed``,
             ``init_timeout``, ``timeout``, ``threads``). In a Kubeflow pod the operator's variables
             give the launch options' defaults.
+        fault_tolerance: run ``nproc`` replica groups of one process each beside a torchft
+            lighthouse instead of one job: each worker is a world of one, and ``fn`` trains through
+            ``shoal.current().replicas(model, optimizer)``; a failed group is restarted alone and
+            heals from a live one (docs/FAULT_TOLERANCE.md). ``lighthouse``: the URL of a
+            lighthouse someone else runs (default: one started here).
 
     Returns:
         Global rank 0's return value (the values of the other ranks are dropped; they must be
@@ -89,6 +96,8 @@ def run(
     call = _Call(
         fn, tuple(args), dict(kwargs or {}), {k: v for k, v in options.items() if k in _INIT_OPTIONS}, all_ranks
     )
+    if fault_tolerance:
+        return _run_replica_groups(call, options, lighthouse)
     launch = _launch_options(options)
     if launch is None:  # one process, or already one rank of a job: fn runs here
         return call()[1]
@@ -130,6 +139,24 @@ class _Call:
                 ctx.barrier()
             ctx.shutdown()
         return ctx.rank, value
+
+
+def _run_replica_groups(call: _Call, options: Mapping[str, Any], lighthouse: str | None) -> Any:
+    """``fn`` as ``nproc`` replica groups (:mod:`shoal.launch.replica_groups`); group 0's value, or
+    every group's with ``all_ranks``."""
+    from shoal.distributed.torchft_check import check_torchft
+    from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
+    from shoal.train.replica_job import check_replica_launch
+
+    launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
+    check_replica_launch(launch)
+    check_torchft()
+    _check_fork_safe(_worker_threads(call.init_options.get("threads"), launch.nproc))
+    restarts = launch.max_restarts or DEFAULT_MAX_RESTARTS
+    results = run_replica_groups(_run_call, (call,), groups=launch.nproc, max_restarts=restarts, lighthouse=lighthouse)
+    if call.all_ranks:
+        return [results[group][1][0] for group in sorted(results)]
+    return results[0][1] if 0 in results else None
 
 
 def _run_call(call: _Call) -> tuple[int, Any]:

@@ -1,0 +1,92 @@
+"""Where this process stands in a fault-tolerant job: its replica group, read from the environment.
+
+The launcher of replica groups (:mod:`shoal.launch.replica_groups`: ``shoal train
+--fault-tolerance``, ``shoal.fit``, ``shoal.run(fn, fault_tolerance=True)``) sets these variables
+in each group's process; a group started by hand sets them itself (docs/FAULT_TOLERANCE.md).
+Side-effect free, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from shoal.errors import ShoalError
+
+GROUP_ENV = "SHOAL_REPLICA_GROUP"
+"""This process's replica group, 0..N-1."""
+GROUPS_ENV = "SHOAL_REPLICA_GROUPS"
+"""The number of replica groups of the job."""
+ADDRESS_ENV = "SHOAL_REPLICA_ADDRESS"
+"""The address the group's sockets bind (its store, its manager server); default 127.0.0.1."""
+STORE_ENV = "SHOAL_REPLICA_STORE"
+"""HOST:PORT of the group's store (default: torchrun's MASTER_ADDR and MASTER_PORT)."""
+STARTS_ENV = "SHOAL_REPLICA_STARTS"
+"""How many times this group has been started (1 the first time)."""
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+"""torchft's own variable: the lighthouse's URL."""
+
+
+@dataclass(frozen=True)
+class ReplicaCoordinates:
+    """This process's replica group, the job's number of groups, and where the group meets."""
+
+    group: int
+    groups: int
+    address: str
+    store: tuple[str, int]
+    lighthouse: str
+    starts: int = 1
+
+
+def replica_coordinates(environ: Mapping[str, str] | None = None) -> ReplicaCoordinates:
+    """The coordinates the launcher set, or one line and a HINT naming what is missing."""
+    env = os.environ if environ is None else environ
+    missing = [name for name in (GROUP_ENV, GROUPS_ENV, LIGHTHOUSE_ENV) if not env.get(name)]
+    store = env.get(STORE_ENV) or (
+        f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if env.get("MASTER_ADDR") and env.get("MASTER_PORT") else ""
+    )
+    if not store:
+        missing.append(STORE_ENV)
+    if missing:
+        raise ShoalError(
+            f"this process was not started as a replica group: {', '.join(missing)} not set",
+            "start replica groups with shoal train --fault-tolerance, shoal.run(fn, nproc=2, fault_tolerance=True), "
+            "or set them by hand (docs/FAULT_TOLERANCE.md)",
+        )
+    host, _, port = store.rpartition(":")
+    try:
+        group, groups, port_number = int(env[GROUP_ENV]), int(env[GROUPS_ENV]), int(port)
+    except ValueError:
+        raise ShoalError(
+            f"{GROUP_ENV}, {GROUPS_ENV} and the store's port must be integers", "set them as the launcher does"
+        ) from None
+    if not 0 <= group < groups:
+        raise ShoalError(f"{GROUP_ENV}={group} is not in 0..{groups - 1}", f"set it below {GROUPS_ENV}={groups}")
+    return ReplicaCoordinates(
+        group=group,
+        groups=groups,
+        address=env.get(ADDRESS_ENV, "127.0.0.1"),
+        store=(host.strip("[]"), port_number),
+        lighthouse=env[LIGHTHOUSE_ENV],
+        starts=int(env.get(STARTS_ENV, "1")),
+    )
+
+
+_first_quorum_gate: Callable[[], None] | None = None
+
+
+def set_first_quorum_gate(gate: Callable[[], None] | None) -> None:
+    """What a group waits on before its first quorum (the launcher sets it in each group's process:
+    every group of the job's first start is then heartbeating, and the first quorum holds them all)."""
+    global _first_quorum_gate
+    _first_quorum_gate = gate
+
+
+def pass_first_quorum_gate() -> None:
+    """Wait at the launcher's gate, once per process (a no-op without one, or after the first call)."""
+    global _first_quorum_gate
+    gate, _first_quorum_gate = _first_quorum_gate, None
+    if gate is not None:
+        gate()

@@ -1,0 +1,272 @@
+"""One replica group of a fault-tolerant ``shoal train`` job (``--fault-tolerance``): its loop.
+
+The job is N replica groups of one process (:mod:`shoal.launch.replica_groups`); each step every
+live group joins torchft's quorum, computes its gradient on its own batch, averages it with the
+others (:class:`~shoal.distributed.fault_tolerance.ReplicaDataParallel`) and steps the optimizer
+only when the step commits in every member. What stays exact, and how:
+
+* The step counter is torchft's committed steps. Epoch ``e`` and its batch ``k`` follow from it;
+  group ``g`` of ``N`` reads batch ``k`` of its shard of epoch ``e``'s one global order
+  (:class:`~shoal.data.sampler.ShardedSampler`, rank ``g`` of ``N``), so the groups of a step
+  cover disjoint samples. A dropped step (a member failed in it) is tried again on the same
+  batches; its samples are not counted as seen.
+* A group that joins behind the others receives a member's model, optimizer and epoch tally
+  (healing) before its forward pass: weights are identical in every group at every commit.
+* metrics.jsonl records per epoch the steps committed and dropped, and the participants of every
+  committed step; the group that is the quorum's replica rank 0 at the epoch's end writes it and
+  the checkpoint, which a whole-job restart resumes from (every group loads it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from shoal.checkpoint.loading import restore
+from shoal.checkpoint.manager import CheckpointManager
+from shoal.context import init as init_context
+from shoal.data import make_loader
+from shoal.env.replica import replica_coordinates
+from shoal.evaluation import evaluate
+from shoal.launch.process import process_started
+from shoal.train.config import TrainConfig
+from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
+from shoal.train.outputs import RunOutputs
+from shoal.train.trainer import TrainResult
+from shoal.workloads import get_workload
+from shoal.workloads.blame import blame, checked_loss
+
+
+class ReplicaTally:
+    """The current epoch's record: steps committed and dropped, participants per committed step,
+    the loss of committed steps. Travels with the model when a group heals."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.committed, self.dropped, self.samples = 0, 0, 0
+        self.participants: list[int] = []
+        self.loss_sum, self.train_s = 0.0, 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+
+
+class ReplicaEvents:
+    """``RUN_DIR/replicas.jsonl``: what each group lived through, one line per event, every group
+    appending (one ``write`` per line: lines of several processes do not interleave).
+
+    Events: ``start`` (pid, start count), ``joined`` (the first step it committed in, seconds since
+    the process started), ``healed`` (the step it received), ``quorum`` (the first commit in
+    a new quorum: a group left or joined; with its number of groups), ``dropped`` (a step that did not commit), ``recovered`` (the
+    first commit after drops), ``finished`` (step, a hash of the
+    parameters: equal in every group)."""
+
+    def __init__(self, path: Path, group: int) -> None:
+        self.path, self.group = path, group
+        self.born = time.time() - (time.monotonic() - process_started())  # when this process started
+
+    def write(self, event: str, **fields: Any) -> None:
+        line = {"t": time.time(), "group": self.group, "event": event, "pid": os.getpid(), **fields}
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def parameters_hash(model: nn.Module) -> str:
+    """A SHA-256 of the parameters' bytes, in order: equal when two replicas hold the same weights."""
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class _Batches:
+    """Batch ``k`` of epoch ``e`` of this group's shard, fetched in order and re-seeked on a jump."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.batches = len(loader)
+        self._iter: Any = None
+        self._at: tuple[int, int] | None = None
+        self._current: Any = None
+
+    def get(self, epoch: int, index: int) -> Any:
+        if self._at == (epoch, index):
+            return self._current  # a dropped step is tried again on the same batch
+        if self._at != (epoch, index - 1):
+            self.loader.set_epoch(epoch)
+            sampler = self.loader.sampler
+            sampler.advance(index * self.loader.batch_size * sampler.world_size)
+            self._iter = iter(self.loader)
+        self._current, self._at = next(self._iter), (epoch, index)
+        return self._current
+
+
+def train_replica(cfg: TrainConfig, *, workload: Any = None, **_: Any) -> TrainResult:
+    """Train as the replica group the launcher's variables name (:mod:`shoal.env.replica`)."""
+    where = replica_coordinates()
+    group, groups = where.group, where.groups
+    workload = get_workload(workload if workload is not None else cfg.workload)
+    cfg = cfg.resolved(workload)
+    ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
+    with blame(workload, "load()", "fix the error in your workload's load() or Dataset at that line"):
+        data = workload.load(cfg, ctx.device, rank=group)
+    with blame(workload, "build_model()", "fix the error in your workload's build_model() at that line"):
+        model: nn.Module = workload.build_model(cfg, data.num_classes)
+    loss_fn = checked_loss(workload)
+    loader = make_loader(
+        data.train, cfg.batch_size, rank=group, world_size=groups, seed=cfg.seed, drop_last=True,
+        device=ctx.device, transform=data.train_transform, **data.loader_options,
+    )  # fmt: skip
+    test_loader = ctx.eval_loader(data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform)
+    lr = scaled_lr(cfg.lr, cfg.lr_scaling, groups)  # the global batch is the groups' batches together
+    optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr, cfg.weight_decay)
+    tally = ReplicaTally()
+    replicas = ctx.replicas(model, optimizer, state={"tally": tally})
+    checkpoints = CheckpointManager(Path(cfg.checkpoint_dir or Path(cfg.out) / "checkpoints"), every=cfg.cadence)
+    if cfg.resume in ("auto", "never"):
+        found = checkpoints.load_latest() if cfg.resume == "auto" else None
+    else:
+        found = checkpoints.load(cfg.resume)
+    if found is not None:  # a whole-job restart: every group starts from the newest checkpoint
+        restore(found, {**replicas.healable, "replicas": replicas})
+    batches = _Batches(loader)
+    if group == 0 and where.starts == 1:
+        ctx.print(
+            f"shoal train {cfg.workload}: {groups} replica groups (torchft, lighthouse {where.lighthouse}) | "
+            f"{cfg.batch_size}/group x {groups} groups | {batches.batches} steps/epoch x {cfg.epochs} epochs"
+        )
+    events = ReplicaEvents(Path(cfg.out) / "replicas.jsonl", group)
+    events.write("start", starts=where.starts)
+    run = _Run(cfg, ctx, replicas, tally, events, checkpoints, RunOutputs(cfg.out))
+    schedule = LRSchedule(lr, cfg.epochs, cfg.warmup_epochs)
+    while run.step(batches, loss_fn, schedule, workload):
+        if run.epoch_done:
+            run.finish_epoch(model, test_loader, loss_fn)
+    events.write("finished", step=replicas.step, params=parameters_hash(model))
+    replicas.close()
+    ctx.shutdown()
+    model_path = None
+    if group == 0:
+        model_path = run.outputs.save_model({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return TrainResult(run_dir=Path(cfg.out), metrics=run.outputs.logged_epochs(), model_path=model_path, config=cfg)
+
+
+class _Run:
+    """One group's way through the run: each step, and each epoch's end (record, checkpoint)."""
+
+    def __init__(self, cfg, ctx, replicas, tally, events, checkpoints, outputs) -> None:
+        self.cfg, self.ctx, self.replicas, self.tally = cfg, ctx, replicas, tally
+        self.events, self.checkpoints, self.outputs = events, checkpoints, outputs
+        self.joined, self.dropped_since, self.quorum = False, 0, None
+        self.epoch, self.epoch_done = 0, False
+        self.started = time.perf_counter()
+
+    def step(self, batches: _Batches, loss_fn: Any, schedule: LRSchedule, workload: Any) -> bool:
+        """One step: False once the run's steps are all committed."""
+        replicas, tally, events = self.replicas, self.tally, self.events
+        before = replicas.step
+        step = replicas.start_step()  # heals this group first if it is behind
+        if step != before and not self.joined:
+            after = round(time.time() - events.born, 3)
+            self._say("healed", f"healed at step {step}, {after:.1f} s after it started", step=step, after_s=after)
+        epoch, index = divmod(step, batches.batches)
+        self.epoch, self.epoch_done = epoch + 1, index == batches.batches - 1
+        if self.epoch > self.cfg.epochs:
+            return False
+        inputs, targets = batches.get(self.epoch, index)
+        schedule.apply(replicas.optimizer, epoch + index / batches.batches)
+        replicas.optimizer.zero_grad(set_to_none=True)
+        with blame(workload, "training", "fix your workload's code at that line"):
+            loss = loss_fn(replicas.model(inputs), targets)
+            loss.backward()
+        if not replicas.commit():
+            tally.dropped += 1
+            self.dropped_since += 1
+            error = replicas.error
+            self._say(
+                "dropped", f"dropped step {step + 1} ({error}); the live groups go on", step=step + 1, error=error
+            )
+            self.epoch_done = False
+            return True
+        participants = replicas.participants
+        if not self.joined:
+            self.joined = True
+            events.write("joined", step=step + 1, after_s=round(time.time() - events.born, 3))
+        if replicas.quorum != self.quorum:  # the first commit with another set of groups
+            events.write("quorum", step=step + 1, participants=participants, quorum=replicas.quorum)
+            self.quorum = replicas.quorum
+        if self.dropped_since:
+            events.write("recovered", step=step + 1, dropped=self.dropped_since, participants=participants)
+            self.dropped_since = 0
+        tally.committed += 1
+        tally.participants.append(participants)
+        tally.samples += participants * targets.shape[0]
+        tally.loss_sum += float(loss.detach())
+        now = time.perf_counter()
+        tally.train_s += now - self.started
+        self.started = now
+        return True
+
+    def finish_epoch(self, model: nn.Module, test_loader: Any, loss_fn: Any) -> None:
+        """The lowest live group evaluates, logs the epoch and checkpoints; every group starts afresh."""
+        writer = self.replicas.is_writer
+        if writer:
+            groups = self.replicas.groups
+            record = _finish_epoch(self.cfg, self.epoch, model, test_loader, loss_fn, self.tally, self.ctx, groups)
+            self.outputs.log_epoch(record)
+        self.tally.reset()  # before the checkpoint: a resumed run starts the next epoch's record afresh
+        if writer:
+            state = {**self.replicas.healable, "replicas": self.replicas}
+            final = self.epoch == self.cfg.epochs
+            step = self.replicas.step
+            self.checkpoints.maybe_save(epoch=self.epoch, step=step, epoch_end=True, final=final, objects=state)
+        self.started = time.perf_counter()
+
+    def _say(self, event: str, line: str, **fields: Any) -> None:
+        self.events.write(event, **fields)
+        self.ctx.print(f"shoal: replica group {self.replicas.group} {line}")
+
+
+def _finish_epoch(
+    cfg: TrainConfig, epoch: int, model: nn.Module, test_loader: Any, loss_fn: Any, tally: ReplicaTally, ctx: Any,
+    groups: int,
+) -> dict[str, Any]:  # fmt: skip
+    started = time.perf_counter()
+    scores = evaluate(model, test_loader, loss_fn=loss_fn)
+    record = {
+        "epoch": epoch,
+        "train_loss": tally.loss_sum / max(tally.committed, 1),
+        "test_loss": scores["loss"],
+        **{f"test_{k}": v for k, v in scores.items() if k not in ("loss", "samples")},
+        "test_samples": int(scores["samples"]),
+        "samples_seen": tally.samples,
+        "samples_per_s": tally.samples / tally.train_s if tally.train_s > 0 else float("nan"),
+        "epoch_s": tally.train_s + time.perf_counter() - started,
+        "replica_groups": groups,
+        "steps_committed": tally.committed,
+        "steps_dropped": tally.dropped,
+        "participants": list(tally.participants),
+    }
+    accuracy = record.get("test_accuracy")
+    shown = f"  test_acc {accuracy:.4f}" if accuracy is not None else ""
+    ctx.print(
+        f"epoch {epoch}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {scores['loss']:.4f}{shown}"
+        f"  committed {tally.committed} dropped {tally.dropped}  groups/step {min(tally.participants)}-"
+        f"{max(tally.participants)}  {record['epoch_s']:.2f} s"
+    )
+    return record

@@ -1,0 +1,67 @@
+"""``--fault-tolerance``'s bad input: one line and a HINT, before any replica group starts."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from conftest import run_shoal
+from shoal.errors import ShoalError
+from shoal.launch.ports import find_free_port
+from shoal.train.config import TrainConfig
+
+
+def _refused(*args: str, timeout: float = 60):
+    done = run_shoal("train", "digits", "--fault-tolerance", *args, timeout=timeout)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-2].startswith("shoal: error: ") and lines[-1].startswith("HINT: "), done.stderr
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("--nproc", "2", "--comm-hook", "bf16"), "--comm-hook does not work with --fault-tolerance"),
+        (("--nproc", "2", "--strategy", "fsdp"), "--strategy fsdp does not work with --fault-tolerance"),
+        (("--nproc", "2", "--grad-accum", "2"), "--grad-accum does not work with --fault-tolerance"),
+        (("--nproc", "1"), "one replica group has nobody to fail over to"),
+        (("--nproc", "2", "--checkpoint-every", "50steps"), "--checkpoint-every Nsteps does not work with"),
+        (("--nproc", "2", "--nnodes", "2", "--master-addr", "127.0.0.1"), "runs on one node for now"),
+    ],
+)
+def test_refused_before_any_group_starts(flags, said, tmp_path):
+    lines = _refused(*flags, "--out", str(tmp_path / "run"))
+    assert said in lines[-2]
+    assert not (tmp_path / "run" / "replicas.jsonl").exists()  # no group ever started
+
+
+def test_lighthouse_without_fault_tolerance_is_refused():
+    with pytest.raises(ShoalError, match="--lighthouse is for --fault-tolerance"):
+        TrainConfig(lighthouse="http://127.0.0.1:29510")
+
+
+def test_torchft_missing_says_how_to_install(monkeypatch):
+    """``sys.modules[name] = None`` is how Python marks a module as not importable."""
+    monkeypatch.setitem(sys.modules, "torchft", None)
+    with pytest.raises(ShoalError) as err:
+        TrainConfig(fault_tolerance=True)
+    assert "needs torchft" in err.value.message and "pip install 'shoal[ft]'" in err.value.hint
+    from shoal.distributed.fault_tolerance import require_torchft
+
+    with pytest.raises(ShoalError, match="needs torchft"):
+        require_torchft()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_an_unreachable_lighthouse_is_named_within_a_minute(tmp_path):
+    endpoint = f"http://127.0.0.1:{find_free_port()}"  # nothing listens there
+    started = time.monotonic()
+    lines = _refused("--nproc", "2", "--lighthouse", endpoint, "--out", str(tmp_path / "run"), timeout=150)
+    took = time.monotonic() - started
+    assert f"cannot reach torchft's lighthouse at {endpoint}" in lines[-2], lines
+    assert took < 90, took  # 30 s of connect timeout after the groups' start-up
