@@ -6,6 +6,11 @@ import os
 import sys
 from typing import TextIO
 
+LAUNCHER_ENV = "SHOAL_LAUNCHER"
+"""Set by shoal's launcher in its workers' environment to the command the user ran (``shoal run``,
+``shoal train``), for the lines that say how a worker was started: the workers also see torchrun's
+variables, and "via torchrun" would name a command the user never typed."""
+
 
 def write_line(text: str, stream: TextIO | None = None) -> None:
     """Write ``text`` and a newline with one ``write`` call on the stream's file descriptor.

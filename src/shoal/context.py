@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shoal.console import LAUNCHER_ENV
 from shoal.distributed import collectives
 from shoal.distributed.device import choose_backend, choose_device, configure_threads
 from shoal.distributed.process_group import (
@@ -93,6 +94,17 @@ class Context:
         collective (every rank runs it), and so is ``shoal.distributed.wrap.model_state_dict(model)``
         for saving the whole model. A bad strategy or option is one line and a HINT."""
         return wrap_model(model, strategy=strategy, device=self.device, world_size=self.world_size, **kwargs)
+
+    def replicas(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, state: dict[str, Any] | None = None):
+        """This process as one replica group of a fault-tolerant job (torchft; started by
+        ``shoal.run(fn, nproc=N, fault_tolerance=True)`` or ``shoal train --fault-tolerance``): a
+        :class:`~shoal.distributed.fault_tolerance.Replicas` whose ``.model`` averages gradients
+        across the live groups and whose ``commit()`` steps ``optimizer`` only when the step
+        committed everywhere. ``state``: more objects that travel with the model when a group
+        heals from a live one. docs/FAULT_TOLERANCE.md."""
+        from shoal.distributed.fault_tolerance import Replicas
+
+        return Replicas(model.to(self.device), optimizer, device=self.device, state=state)
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, **kwargs: Any):
         """This rank's shard of ``dataset`` in batches of ``batch_size`` (per process).
@@ -211,9 +223,11 @@ class Context:
     def describe(self) -> str:
         """One line saying where this process sits, for logs."""
         env = self.environment
+        # Workers of shoal's own launcher see torchrun's variables: name the command the user ran.
+        via = os.environ.get(LAUNCHER_ENV) or env.scheme
         return (
             f"rank {env.rank}/{env.world_size} (local {env.local_rank}/{env.local_world_size}, "
-            f"node {env.node_rank}/{env.num_nodes}) via {env.scheme} on {self.device} [{self.backend}]"
+            f"node {env.node_rank}/{env.num_nodes}) via {via} on {self.device} [{self.backend}]"
         )
 
 

@@ -7,6 +7,8 @@ problem and a hint saying what to do. The CLI prints it as two lines (``shoal: e
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 EXIT_ANOTHER_NODE_FAILED = 75
 """Exit status of a node whose workers were stopped because another node's failed. Distinct from
 the failing node's own status (a Python error exits 1) so that whoever gathers the nodes' statuses
@@ -24,16 +26,20 @@ class ShoalError(Exception):
         message: one line naming the problem (what, and which value/file/endpoint).
         hint: one line saying how to fix it.
         exit_code: the process exit status the CLI uses.
+        detail: lines printed before the error's, when the user needs to see them to act (the
+            source line of a syntax error and its caret).
     """
 
-    def __init__(self, message: str, hint: str = "", *, exit_code: int = 2) -> None:
+    def __init__(self, message: str, hint: str = "", *, exit_code: int = 2, detail: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.exit_code = exit_code
+        self.detail = detail
 
     def format(self) -> str:
-        text = f"shoal: error: {self.message}"
+        text = f"{self.detail}\n" if self.detail else ""
+        text += f"shoal: error: {self.message}"
         if self.hint:
             text += f"\nHINT: {self.hint}"
         return text
@@ -51,3 +57,12 @@ def first_line(err: BaseException, limit: int = 300) -> str:
             return text.splitlines()[0][:limit]
         seen = seen.__cause__
     return type(err).__name__
+
+
+def close_match(word: str, choices: Iterable[str]) -> str | None:
+    """The one of ``choices`` that ``word`` is a near miss of (difflib's ratio of 0.6 or more), if
+    any: for a HINT's "did you mean ...?"."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return close[0] if close else None

@@ -142,3 +142,13 @@ def test_in_a_batch_script_of_more_tasks_a_job_here_cannot_be_planned(capsys):
     assert "a job here:   cannot be planned: SLURM_NTASKS=2: this Slurm allocation asks for more" in out
     assert run_env(["--device", "cpu", "--nproc", "2"], batch) == 0
     assert "2 worker(s) here (1 node(s) in all)" in capsys.readouterr().out
+
+
+def test_a_master_that_does_not_resolve_yet_is_reported_not_waited_for(capfd):
+    """`shoal env` joins nothing: a pod's master name that does not resolve (yet) is one line of the
+    report, without the launchers' "retrying until the join timeout"."""
+    pod = {"MASTER_ADDR": "master-0.invalid", "MASTER_PORT": "29555", "RANK": "1", "WORLD_SIZE": "2"}
+    assert run_env(["--device", "cpu"], pod) == 0
+    captured = capfd.readouterr()
+    assert "retrying" not in captured.err and "retrying" not in captured.out
+    assert "master-0.invalid did not resolve on this node" in captured.out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -127,6 +128,7 @@ def test_status_without_a_run_dir_finds_the_one_running_temporary_run(tmp_path, 
     from shoal.progress import ProgressWriter
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # no ./runs here either
     with pytest.raises(ShoalError, match="no running job found"):
         find_run_dir(None)
     finished = ProgressWriter(tmp_path / "shoal-run-old" / "progress", 0, stacks=False)
@@ -141,3 +143,51 @@ def test_status_without_a_run_dir_finds_the_one_running_temporary_run(tmp_path, 
         assert find_run_dir("runs/x") == Path("runs/x")
     finally:
         live.close()
+
+
+def _record_of_a_dead_rank(progress: Path) -> None:
+    """A rank that stepped, then died without saying it was done (its pid no longer runs)."""
+    code = (
+        "import os, sys\nfrom shoal.progress import ProgressWriter\n"
+        "w = ProgressWriter(sys.argv[1], 0, stacks=False)\nw.phase('data', 3)\nos._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code, str(progress)], check=True, timeout=60)
+
+
+def status_in(directory: Path) -> subprocess.CompletedProcess:
+    """``shoal status`` with no argument, run in ``directory`` with ``directory/tmp`` as TMPDIR."""
+    env = {**os.environ, "TMPDIR": str(directory / "tmp")}
+    return warm.run(
+        [sys.executable, "-m", "shoal", "status"], capture_output=True, text=True, timeout=120, cwd=directory, env=env
+    )
+
+
+def test_status_without_a_run_dir_shows_the_newest_run_in_runs(tmp_path):
+    # Nothing running on this machine: `shoal train` without --out keeps its runs in ./runs.
+    (tmp_path / "tmp").mkdir()
+    proc = status_in(tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"shoal: error: no running job found in {tmp_path / 'tmp'} (shoal-run-*) and no run in ./runs",
+        "HINT: pass the run directory: shoal train's --out DIR, or shoal run's --log-dir DIR (without it, a "
+        "shoal run keeps its progress in a temporary directory only while it runs)",
+    ]
+    for day in ("01", "02"):
+        _record_of_a_dead_rank(tmp_path / "runs" / f"digits-202601{day}-000000" / "progress")
+    for old in (tmp_path / "runs" / "digits-20260101-000000" / "progress").iterdir():
+        os.utime(old, (time.time() - 3600, time.time() - 3600))  # the older run's records: an hour ago
+    proc = status_in(tmp_path)
+    # A run whose ranks died before finishing (killed) is not a success: exit status 1.
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "run: runs/digits-20260102-000000"
+    assert lines[1].split()[:4] == ["rank", "pid", "node", "step"]
+    assert lines[-1] == "verdict: rank 0 exited before finishing"
+
+
+def test_status_of_a_missing_directory_names_the_real_flags(tmp_path):
+    proc = status(str(tmp_path / "missing"))
+    assert proc.stderr.splitlines() == [
+        f"shoal: error: no run directory {tmp_path / 'missing'}",
+        "HINT: pass the run directory of a job: shoal train's --out, or shoal run's --log-dir",
+    ]

@@ -147,3 +147,20 @@ def test_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr
     assert "--checkpoint-dir DIR" in proc.stdout and "--nnodes N|MIN:MAX" in proc.stdout
+
+
+def test_more_processes_than_cores_is_a_warning():
+    cores = len(os.sched_getaffinity(0))
+    proc = _doctor("--json", "--nproc", str(cores + 1))
+    document = json.loads(proc.stdout)
+    check = _checks(document)["cores"]
+    assert check["status"] == WARN and proc.returncode == 0, check
+    plural = "s" if cores != 1 else ""
+    assert check["summary"] == (
+        f"{cores + 1} worker processes on {cores} usable core{plural}: they take turns, and every collective "
+        "waits for the one that is not running"
+    )
+    assert (
+        check["hint"]
+        == f"use --nproc {cores} or fewer on this machine (more processes than cores only slow the job down)"
+    )

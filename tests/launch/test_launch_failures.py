@@ -114,9 +114,10 @@ def test_root_cause_from_stderr_logs_not_the_consequence(tmp_path):
     text = report.format()
     assert text.splitlines()[0] == "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:"
     assert TB in text
-    assert text.splitlines()[-1].startswith(
-        "shoal: error: rank 1 failed: ValueError: boom at rank 1; rank 0 failed too"
-    )
+    assert text.splitlines()[-2:] == [
+        "shoal: rank 0 stopped because rank 1 failed",
+        "shoal: error: rank 1 failed: ValueError: boom at rank 1",
+    ]
     assert str(tmp_path) not in text  # logs are not kept: don't point at them
 
 
@@ -125,7 +126,8 @@ def test_ranks_stopped_by_the_agent_are_not_the_root_cause(tmp_path):
     # The agent's SIGTERM to a worker that was idle (its log untouched for long) comes last.
     err = ChildFailedError("train.py", {1: _failure(1, 1), 0: _failure(0, -signal.SIGTERM)})
     report = describe_child_failure(err, stderr_logs=paths, keep_logs=True)
-    assert report.rank == 1 and report.other_ranks == []
+    assert report.rank == 1 and report.other_ranks == [0]
+    assert "shoal: rank 0 stopped because rank 1 failed" in report.format().splitlines()
     assert "shoal: worker logs: " + str(tmp_path / "run_abc" / "attempt_0") in report.format()
 
 
@@ -266,3 +268,48 @@ def test_a_plain_sigkill_is_not_called_an_oom_kill(memory_cgroup, tmp_path):
         "(OOM kills in memory cgroup "
     ), out
     assert ": still 0): something else sent it (`kill -9`, a scheduler" in last
+
+
+def _error_file(path, message: str, traceback: str, mtime: float) -> str:
+    """An error file as a worker's uncaught exception writes it (torch's @record format)."""
+    path.write_text(
+        json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": traceback, "timestamp": "0"}}})
+    )
+    os.utime(path, (mtime, mtime))
+    return str(path)
+
+
+def test_the_first_error_file_is_the_cause_even_when_its_rank_was_stopped_after(tmp_path):
+    # Rank 1 raised (its error file written first) and was still exiting when rank 0 failed of the
+    # broken connection: the agent then stopped rank 1 with SIGTERM. Rank 1 is still the cause.
+    now = time.time()
+    collateral = TB.replace("ValueError: boom at rank 1", "RuntimeError: Connection closed by peer")
+    first = _error_file(tmp_path / "e1.json", "ValueError: boom at rank 1", TB, now - 0.2)
+    second = _error_file(tmp_path / "e0.json", "RuntimeError: Connection closed by peer", collateral, now)
+    err = ChildFailedError("train.py", {0: _failure(0, 1, second), 1: _failure(1, -signal.SIGTERM, first)})
+    report = describe_child_failure(err)
+    lines = report.format().splitlines()
+    assert report.exit_code == 1  # the exception's status, not the SIGTERM that caught it exiting
+    assert lines[0] == "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:"
+    assert lines[1:-2] == TB.splitlines()
+    assert lines[-2:] == [
+        "shoal: rank 0 stopped because rank 1 failed",
+        "shoal: error: rank 1 failed: ValueError: boom at rank 1",
+    ]
+
+
+def test_ranks_that_failed_alike_are_one_line_and_a_known_cause_gets_its_hint(tmp_path):
+    message = "ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!"
+    tb = TB.replace("ValueError: boom at rank 1", message)
+    now = time.time()
+    files = {rank: _error_file(tmp_path / f"e{rank}.json", message, tb, now + rank / 10) for rank in range(3)}
+    err = ChildFailedError("ddp.py", {rank: _failure(rank, 1, path) for rank, path in files.items()})
+    lines = describe_child_failure(err).format().splitlines()
+    assert lines[0] == "shoal: rank 0 (local rank 0) failed with exit code 1; its traceback:"
+    assert lines[1:-3] == tb.splitlines()
+    assert lines[-3:] == [
+        "shoal: ranks 1, 2 failed the same way",
+        f"shoal: error: rank 0 failed: {message}",
+        'HINT: the nccl backend needs GPUs and this machine has none: use init_process_group("gloo") on CPU, '
+        "or shoal.init(), which picks the backend for the device",
+    ]

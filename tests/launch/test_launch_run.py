@@ -172,12 +172,23 @@ def test_failing_rank_shows_its_own_traceback_and_no_worker_survives(tmp_path):
     elapsed = time.monotonic() - start
     err = log.read_text()
     assert proc.returncode == 1, err
-    assert "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:\n" in err
-    report = err[err.index("shoal: rank 1 (local rank 1)") :].splitlines()
-    assert report[1] == "Traceback (most recent call last):"
-    assert 'raise ValueError(f"boom at rank {value}")' in "\n".join(report)
-    assert "ValueError: boom at rank 1" in report
-    assert report[-1] == "shoal: error: rank 1 failed: ValueError: boom at rank 1"
+    # The failing rank's traceback once (not torch's copy too), the stopped rank in one line, and
+    # none of torch's agent lines ("Terminating process ... via signal SIGTERM").
+    lines = err.splitlines()
+    assert STARTUP.match(lines[0]) and lines[0].startswith("shoal run: 2 workers"), err
+    assert lines[1:4] == [
+        "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:",
+        "Traceback (most recent call last):",
+        f'  File "{FAIL}", line 38, in <module>',
+    ]
+    assert lines[-5:] == [
+        '  File "' + FAIL + '", line 30, in check',
+        '    raise ValueError(f"boom at rank {value}")',
+        "ValueError: boom at rank 1",
+        "shoal: rank 0 stopped because rank 1 failed",
+        "shoal: error: rank 1 failed: ValueError: boom at rank 1",
+    ], err
+    assert err.count("Traceback") == 1 and "[rank" not in err and "Terminating" not in err, err
     _assert_no_worker_left(pids, 2)
     assert elapsed < 110  # rank 0 sleeps 120 s: the agent stopped it rather than waiting for it
     assert not list((tmp_path / "tmp").iterdir()), "temporary log dir left behind"
@@ -326,11 +337,18 @@ def test_script_not_found(capsys, tmp_path):
     assert "HINT: " in err and "-m" in err
 
 
-@pytest.mark.parametrize("flags", [["--nproc", "0"], ["--nproc_per_node=0"], ["--nproc", "-1"]])
-def test_nproc_below_one(capsys, flags):
+@pytest.mark.parametrize(
+    "flags, named",
+    [(["--nproc", "0"], "--nproc"), (["--nproc_per_node=0"], "--nproc_per_node"), (["--nproc", "-1"], "--nproc")],
+)
+def test_nproc_below_one(capsys, flags, named):
     code, err = _main_run(capsys, *flags, ALLREDUCE)
     assert code == 2
-    assert "shoal: error: --nproc-per-node must be at least 1" in err and "HINT: " in err
+    value = flags[-1].split("=")[-1]
+    assert err.splitlines() == [
+        f"shoal: error: {named} must be at least 1, got {value}",
+        "HINT: give the number of worker processes, e.g. 2",
+    ]
 
 
 def test_nproc_and_nproc_per_node_disagree(capsys):

@@ -104,7 +104,7 @@ def job_report(options: LaunchOptions, pod: dict) -> dict:
     try:  # a short look only: a master that does not resolve yet is reported, not waited for
         if not pod:
             check_allocation(options, os.environ)  # a Slurm allocation asking for more than this
-        plan = plan_for(dataclasses.replace(options, join_timeout=min(options.join_timeout, 2.0)))
+        plan = plan_for(dataclasses.replace(options, join_timeout=min(options.join_timeout, 2.0)), joins=False)
     except ShoalError as err:
         report["listen"], report["problem"] = None, f"{err.message} (HINT: {err.hint})"
         return report

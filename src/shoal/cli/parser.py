@@ -6,10 +6,11 @@ import argparse
 import re
 from typing import NoReturn
 
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, close_match
 
 _ARGUMENT = re.compile(r"^argument (\S+?)(?:/\S+)?: ")
 _CHOICES = re.compile(r"is not one of: (.+)$")
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.+)\)$")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -19,7 +20,16 @@ class ArgumentParser(argparse.ArgumentParser):
         # "argument --amp: 'fp8' is not one of: ..." -> "--amp 'fp8' is not one of: ..."
         message = _ARGUMENT.sub(lambda m: f"{m.group(1)} ", message)
         choices = _CHOICES.search(message)
-        hint = f"choose one of: {choices.group(1)}" if choices else f"see `{self.prog} --help`"
+        invalid = _INVALID_CHOICE.search(message)
+        if invalid:  # a subcommand: "COMMAND invalid choice: 'trian' (choose from 'train', ...)"
+            given, names = invalid.group(1), re.findall(r"'([^']*)'", invalid.group(2))
+            message = f"unknown command '{given}' (commands: {', '.join(names)})"
+            close = close_match(given, names)
+            hint = f"did you mean `{self.prog} {close}`?" if close else f"see `{self.prog} --help`"
+        elif choices:
+            hint = f"choose one of: {choices.group(1)}"
+        else:
+            hint = f"see `{self.prog} --help`"
         raise ShoalError(message, hint)
 
 

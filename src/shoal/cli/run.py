@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from shoal.launch.run import DESCRIPTION, EXAMPLES
-
 HELP = "launch a script as N workers per node (torchrun, done right)"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``run`` to ``shoal --help``; ``shoal run --help`` shows torchrun's flags and shoal's."""
+    from shoal.launch.run import DESCRIPTION, EXAMPLES
+
     parser = subparsers.add_parser(
         "run",
         help=HELP,
@@ -38,6 +38,9 @@ def main_raw(argv: list[str]) -> int:
 
         print(TEXT, end="", flush=True)
         return 0
+    from shoal.launch.precheck import precheck
+
+    precheck(list(argv))  # --nproc 0, a missing script, a syntax error: said before torch is imported
     from shoal.cli.parser import errors_with_hints
     from shoal.launch.run import build_parser, run
 

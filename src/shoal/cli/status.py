@@ -24,7 +24,7 @@ STRAGGLER_MIN_STEPS = 20
 
 EXAMPLES = """\
 examples:
-  shoal status                          # the job running on this machine (shoal run, or a run without --out)
+  shoal status                          # the job running here (shoal run), else the newest in ./runs
   shoal status runs/digits              # one row per rank, and the verdict
   shoal status runs/digits --stacks     # also every live rank's Python stack (all threads)
   shoal status runs/digits --json       # the same as one JSON object
@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         nargs="?",
         help="the run directory (or its progress/ directory); default: the one job running on this machine "
-        "whose run directory is temporary (shoal run without --log-dir)",
+        "whose run directory is temporary (shoal run without --log-dir), else the newest run in ./runs "
+        "(shoal train without --out)",
     )
     parser.add_argument("--stacks", action="store_true", help="dump every live rank's stack (all threads)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (machine-readable)")
@@ -72,19 +73,38 @@ def running_jobs(root: Path | None = None) -> list[Path]:
     return found
 
 
+DEFAULT_RUNS = Path("runs")
+"""Where ``shoal train`` puts a run given no ``--out`` (``runs/<workload>-<time>``, relative to the
+working directory: :func:`shoal.train.outputs.default_out_dir`)."""
+
+
+def newest_run(runs: Path = DEFAULT_RUNS) -> Path | None:
+    """The run under ``runs`` whose progress was written last (None when there is none)."""
+    found = [(p.stat().st_mtime, d) for d in runs.glob("*") for p in progress_dir(d).glob("rank-*.progress")]
+    return max(found)[1] if found else None
+
+
 def find_run_dir(given: str | None) -> Path:
+    """The run directory ``shoal status`` shows: the one given; else the one job running on this
+    machine in a temporary run directory (``shoal run`` without ``--log-dir``, ``shoal train --nproc``
+    across nodes); else the newest run under ``./runs`` (``shoal train`` without ``--out``)."""
     if given:
         return Path(given)
     jobs = running_jobs()
     if len(jobs) == 1:
         return jobs[0]
-    if not jobs:
+    if jobs:
         raise ShoalError(
-            f"no running job found in {tempfile.gettempdir()} (shoal-run-*/progress)",
-            "pass the run directory: shoal train's --out, or shoal run's --log-dir",
+            f"{len(jobs)} running jobs: {', '.join(str(j) for j in jobs)}",
+            "pass the one you mean: shoal status RUN_DIR",
         )
+    newest = newest_run()
+    if newest is not None:
+        return newest
     raise ShoalError(
-        f"{len(jobs)} running jobs: {', '.join(str(j) for j in jobs)}", "pass the one you mean: shoal status RUN_DIR"
+        f"no running job found in {tempfile.gettempdir()} (shoal-run-*) and no run in ./{DEFAULT_RUNS}",
+        "pass the run directory: shoal train's --out DIR, or shoal run's --log-dir DIR (without it, "
+        "a shoal run keeps its progress in a temporary directory only while it runs)",
     )
 
 
@@ -158,7 +178,10 @@ def row(record: RankProgress, now_wall: float) -> dict:
 def run(args: argparse.Namespace) -> int:
     run_dir = find_run_dir(args.run_dir)
     if not run_dir.is_dir():
-        raise ShoalError(f"no run directory {run_dir}", "pass the run directory of a job (its --run-dir)")
+        raise ShoalError(
+            f"no run directory {run_dir}",
+            "pass the run directory of a job: shoal train's --out, or shoal run's --log-dir",
+        )
     ranks = read_progress(progress_dir(run_dir))
     if not ranks:
         raise ShoalError(
@@ -181,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
         if args.stacks:
             payload["stacks"] = {str(rank): text for rank, text in stacks.items()}
         print(json.dumps(payload, indent=2))
-        return 0
+        return _exit_status(state)
+    if not args.run_dir:  # found, not given: say which
+        print(f"run: {run_dir}")
     header = f"{'rank':>4} {'pid':>8} {'node':<12} {'step':>8} {'phase':<22} {'in phase':>9} {'step time':>10} {'samples/s':>10}"
     print(header)
     for r in rows:
@@ -195,4 +220,10 @@ def run(args: argparse.Namespace) -> int:
     for rank, text in stacks.items():
         print(f"\n--- rank {rank} stack ---")
         print(text.rstrip() or "(no stack: the rank did not register the stacks signal)")
-    return 0
+    return _exit_status(state)
+
+
+def _exit_status(state: dict) -> int:
+    """0 while the job runs or once it finished; 1 when ranks exited before finishing (a killed or
+    failed job), so that a script polling ``shoal status`` can tell."""
+    return 1 if state["state"] == "exited" else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from shoal.cli.fields import add_fields, given_fields
+from shoal.errors import ShoalError
 
 EXAMPLES = """\
 examples:
@@ -28,6 +29,7 @@ examples:
   shoal train cifar10 --data ~/data --out runs/c10 --checkpoint-every 500steps --keep 2
   shoal train cifar10 --data ~/data --out runs/c10    # again: resumes from the newest checkpoint
   shoal train digits --nproc 2 --max-restarts 3       # a crashed worker: restart, resume, go on
+  shoal train digits --nproc 2 --fault-tolerance      # 2 replica groups: a lost one costs one step (torchft)
   shoal train synthetic --nproc 2 --comm-hook bf16    # gradients all-reduced in bfloat16
   # two nodes (static rendezvous; run on each node with its own --node-rank), see docs/MULTINODE.md:
   shoal train mnist --data /shared --out /shared/runs/m --nproc 4 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1
@@ -47,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser(
         "train",
-        help="train a workload (digits, mnist, cifar10, synthetic, or your own)",
+        help=f"train a workload ({', '.join(WORKLOADS)}, or your own)",
         description="Train a bundled workload or your own shoal.Workload on one process, N local processes "
         "(--nproc), or as one rank of a job started by torchrun, srun, mpirun or Kubernetes.",
         epilog=EXAMPLES,
@@ -75,6 +77,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, training_fields=training, launch_fields=here)
 
 
+def _gpu_device_files() -> bool:
+    """Whether this machine has the device files a GPU torch could use (NVIDIA's ``/dev/nvidia0``...,
+    AMD's ``/dev/kfd`` for ROCm builds); off Linux, assume so (torch decides)."""
+    import glob
+    import os
+    import sys
+
+    return not sys.platform.startswith("linux") or bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
+
+
 def run(args: argparse.Namespace) -> int:
     from shoal.launch.options import LaunchOptions
     from shoal.train.config import TrainConfig, check_resume
@@ -84,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
     launch = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
     check_resume(cfg.resume)
+    if cfg.device == "cuda" and not _gpu_device_files():
+        from shoal.distributed.device import NO_CUDA
+
+        raise ShoalError(*NO_CUDA)  # said before torch loads: a machine without GPU device files has none
     from shoal.train.job import run_training
 
     run_training(cfg, launch)

@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING
 from shoal.env.host import threads_per_process
 from shoal.errors import ShoalError
 
+NO_CUDA = (
+    "--device cuda was asked for but CUDA is not available on this machine",
+    "use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
+)
+"""The error (message, hint) of ``--device cuda`` where no GPU can be used."""
+
 if TYPE_CHECKING:
     import torch
 
@@ -40,10 +46,7 @@ def choose_device(requested: str, local_rank: int, local_world_size: int) -> "to
         return torch.device("cpu")
     if requested == "cuda":
         if gpus == 0:
-            raise ShoalError(
-                "--device cuda was asked for but CUDA is not available on this machine",
-                "use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
-            )
+            raise ShoalError(*NO_CUDA)
         if gpus < local_world_size:
             raise ShoalError(
                 f"{local_world_size} processes on this node but only {gpus} GPU(s) visible",

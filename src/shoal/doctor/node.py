@@ -12,7 +12,14 @@ from typing import Any
 
 from shoal.doctor.model import FAIL, NodeReport
 from shoal.doctor.network import hostname_check, launcher_check, master_checks, plan_description, socket_ifname_checks
-from shoal.doctor.resources import checkpoint_dir_check, gpu_check, nofile_check, shm_check, visible_devices_check
+from shoal.doctor.resources import (
+    checkpoint_dir_check,
+    cores_check,
+    gpu_check,
+    nofile_check,
+    shm_check,
+    visible_devices_check,
+)
 from shoal.doctor.settings import DoctorSettings
 from shoal.doctor.software import software_checks, versions
 
@@ -47,6 +54,7 @@ def node_report(
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     checks += [
         gpu_check(nproc),
+        cores_check(nproc),
         visible_devices_check(),
         shm_check(nproc, settings.loader_workers, gpus),
         nofile_check(),

@@ -52,6 +52,18 @@ def gpu_check(nproc: int) -> Check:
     return ok("gpus", f"{count} GPU(s), one per process", gpus=count, nproc=nproc)
 
 
+def cores_check(nproc: int) -> Check:
+    """The processes asked for on this node against its usable cores (more is slower, not faster)."""
+    from shoal.env.host import usable_cores
+    from shoal.launch.options import oversubscribed
+
+    cores = usable_cores()
+    too_many = oversubscribed(nproc, cores)
+    if too_many:
+        return warn("cores", *too_many, cores=cores, nproc=nproc)
+    return ok("cores", f"{cores} usable core(s) for {nproc} process(es)", cores=cores, nproc=nproc)
+
+
 def visible_devices_check() -> Check:
     """CUDA_VISIBLE_DEVICES: unset, empty (hides every GPU), duplicated or invalid entries."""
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")

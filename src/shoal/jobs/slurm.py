@@ -24,6 +24,14 @@ SBATCH_MARKER = "# Rendered by `shoal launch slurm`"
 """First comment line of every rendered sbatch script (shoal overwrites only files that have it)."""
 SBATCH_HINT = "run it on a Slurm login node, or add --dry-run to print the script"
 _TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|infinite|unlimited", re.I)
+WARNING_SIGNAL = "USR1"
+WARNING_S = 60
+"""``#SBATCH --signal=USR1@60``: Slurm sends SIGUSR1 to the job's steps this long before the time
+limit; every rank then checkpoints and exits within the preemption grace
+(:data:`shoal.env.grace.PREEMPT_GRACE_S`, plus its exit margin), well inside the 60 s."""
+LAUNCHER_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""``shoal run --signals-to-handle``: torch's agent forwards these to the workers (its default lacks
+SIGUSR1, which would end the launcher and leave the workers to ``--kill-on-bad-exit``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +64,11 @@ class SlurmOptions:
 def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
     """An sbatch script for ``spec.nodes`` nodes with ``spec.local_world_size`` processes each.
 
+    ``#SBATCH --signal=USR1@60``: ahead of the time limit every rank gets SIGUSR1 (the launchers
+    forward it), checkpoints and exits (:mod:`shoal.preemption`); the same command resumes. The
+    interpreter and shoal are ``spec.python`` and ``spec.shoal`` (``shoal launch slurm``: the Python
+    that rendered the script), never whatever ``python`` the job's PATH holds.
+
     Default: ``srun --ntasks-per-node=1`` starts one ``shoal run`` launcher per node; they meet in a
     c10d rendezvous on the allocation's first node (``scontrol show hostnames``), which serves the
     store, and each starts its processes. Each launcher is given ``--cpus-per-task`` for all its
@@ -84,6 +97,7 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
     if opts.time_limit:
         lines.append(f"#SBATCH --time={opts.time_limit}")
     lines.append(f"#SBATCH --output={opts.output}")
+    lines.append(f"#SBATCH --signal={WARNING_SIGNAL}@{WARNING_S}")
     if opts.error:
         lines.append(f"#SBATCH --error={opts.error}")
     if spec.workdir:
@@ -126,7 +140,8 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
     if spec.max_restarts:
         launcher += ["--max-restarts", str(spec.max_restarts)]
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", '"$head_node:$port"', "--rdzv-id", '"$SLURM_JOB_ID"']
-    lines.append(_continued(srun, launcher, rendezvous, spec.launcher_target()))
+    signals = ["--signals-to-handle", LAUNCHER_SIGNALS]
+    lines.append(_continued(srun, launcher, signals, rendezvous, spec.launcher_target()))
     return "\n".join(lines) + "\n"
 
 

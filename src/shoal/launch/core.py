@@ -31,11 +31,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.console import write_line
-from shoal.env.host import threads_per_process
+from shoal.console import LAUNCHER_ENV, write_line
+from shoal.env.host import threads_per_process, usable_cores
 from shoal.errors import EXIT_HUNG, ShoalError, first_line
-from shoal.launch.failures import describe_child_failure
+from shoal.launch.failures import describe_child_failure, first_recorded_failure
 from shoal.launch.oom import memory_state
+from shoal.launch.options import oversubscribed
 from shoal.launch.ports import check_port_free
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
 from shoal.launch.rendezvous.handlers import (
@@ -54,7 +55,9 @@ from shoal.progress import ENV_DIR
 WORKER_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_shim.py")
 PREEMPTED_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGUSR1})
 """Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see :mod:`shoal.preemption`)."""
-_TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
+_TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+"""Loggers of torch's agent and of the start contexts it uses ("Terminating process N via signal
+SIGTERM" for every worker it stops after a failure comes from torch.multiprocessing.spawn)."""
 
 
 class WorkersFailed(ShoalError):
@@ -71,6 +74,8 @@ class Launch:
     plan: RendezvousPlan
     prog: str = "shoal"
     """How lines start (``shoal run``, ``shoal``)."""
+    command: str = ""
+    """The command the user ran (``shoal train``), named to the workers (``SHOAL_LAUNCHER``); default ``prog``."""
     announce_single_node: bool = False
     """Print a start line on a single node too (``shoal run``; ``shoal train`` has its own)."""
     log_dir: str = ""
@@ -116,6 +121,9 @@ def run_workers(
 
     plan = launch.plan
     launch.threads_note = _threads_note(config, os.environ)
+    too_many = oversubscribed(config.nproc_per_node, usable_cores())
+    if too_many:
+        write_line(f"{launch.prog}: warning: {too_many[0]}\nHINT: {too_many[1]}")
     memory_before = memory_state()  # to tell an OOM kill of these workers from earlier ones
     _apply_plan(config, plan)
     if plan.single_node and plan.workers_port:
@@ -135,7 +143,9 @@ def run_workers(
     if not plan.single_node:
         for line in plan.lines(launch.prog, config.nproc_per_node, extra=launch.threads_note):
             write_line(line)
-    recorder = recording_logs_specs(config.logs_specs, tee=shimmed, on_start=lambda env: _on_start(launch, config, env))
+    recorder = recording_logs_specs(
+        config.logs_specs, tee=shimmed, on_start=lambda env, failed: _on_start(launch, config, env, failed)
+    )
     config.logs_specs = recorder
     # Forked workers start with a copy of this process's unwritten output buffers: empty them
     # first, so nothing printed before the launch comes out once per worker.
@@ -148,7 +158,13 @@ def run_workers(
     watch = launch.watch = _watch(config, launch)
     try:
         with (
-            _workers_environ(config, plan, launch.verbose, watch.progress_dir if watch.enabled else None),
+            _workers_environ(
+                config,
+                plan,
+                launch.verbose,
+                watch.progress_dir if watch.enabled else None,
+                launch.command or launch.prog,
+            ),
             _torch_logs(launch.verbose, launch.log_dir if launch.keep_logs else None),
         ):
             watch.start()
@@ -266,10 +282,12 @@ def _apply_plan(config: Any, plan: RendezvousPlan) -> None:
 
 
 @contextlib.contextmanager
-def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool, progress_dir: Any = None) -> Iterator[None]:
+def _workers_environ(
+    config: Any, plan: RendezvousPlan, verbose: bool, progress_dir: Any = None, launcher: str = "shoal"
+) -> Iterator[None]:
     """Set what the workers inherit (the agent copies os.environ into them); restore afterwards.
 
-    ``SHOAL_PROGRESS_DIR``: this launch's progress directory (always this launcher's, even when the
+    ``SHOAL_LAUNCHER``: ``launcher``, the command the user ran. ``SHOAL_PROGRESS_DIR``: this launch's progress directory (always this launcher's, even when the
     launcher itself runs in a job that had one); ``SHOAL_NODE_NAME``, across nodes unless set: this
     node's address (the machines' host names may all be alike, as in namespaces or pods).
 
@@ -280,9 +298,12 @@ def _workers_environ(config: Any, plan: RendezvousPlan, verbose: bool, progress_
     extra = {"OMP_NUM_THREADS": str(threads_per_process(config.nproc_per_node)), **plan.environ}
     if not verbose:  # c10d/gloo's C++ warnings (a client's host name not resolving...): --verbose
         extra["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    else:  # each worker's own traceback on the console too (exit_hook/sitecustomize.py)
+        extra["SHOAL_WORKER_TRACEBACKS"] = "1"
     if not plan.single_node and config.local_addr:
         extra["SHOAL_NODE_NAME"] = config.local_addr
     os.environ.update({k: v for k, v in extra.items() if k not in os.environ})
+    os.environ[LAUNCHER_ENV] = launcher
     if progress_dir is not None:
         os.environ[ENV_DIR] = str(progress_dir)
     else:  # the watchdog is off: nothing inherited from an outer job either
@@ -342,12 +363,15 @@ def _threads_note(config: Any, environ: Mapping[str, str]) -> str:
     return f", OMP_NUM_THREADS={value} (yours)"
 
 
-def _on_start(launch: Launch, config: Any, env: dict[str, str]) -> None:
-    """One line per (re)start of the workers, from local rank 0's environment; the previous
-    attempt's progress records go."""
+def _on_start(launch: Launch, config: Any, env: dict[str, str], failed: Mapping[int, str]) -> None:
+    """One line per (re)start of the workers, from local rank 0's environment, after the previous
+    attempt's first failure (``failed``: its error files); the previous attempt's progress records go."""
     if launch.watch is not None:
         launch.watch.new_attempt()
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    cause = first_recorded_failure(failed) if restart else None
+    if cause:  # the workers' tracebacks go to their error files only: this one is said here, once
+        write_line(cause)
     first, nproc = int(env["RANK"]), config.nproc_per_node
     ranks = f"rank {first}" if nproc == 1 else f"ranks {first}-{first + nproc - 1}"
     changes = MEMBERSHIP.get(launch.plan.run_id, [])

@@ -149,7 +149,9 @@ class FailureReport:
     log_path: str | None = None
     """Where the worker's stderr was written, if that file is kept after the run."""
     other_ranks: list[int] = field(default_factory=list)
-    """Other ranks of this node that failed on their own, after it (usually a consequence)."""
+    """Other ranks of this node that failed or were stopped after it (a consequence, as a rule)."""
+    same_ranks: list[int] = field(default_factory=list)
+    """Other ranks of this node that failed with the same exception (the same cause, met by each)."""
     hint: str | None = None
     """What to do, when the failure is one shoal recognises."""
     host: str = ""
@@ -194,16 +196,73 @@ class FailureReport:
             summary = (
                 f"shoal: error: rank {self.rank} failed: killed by SIGKILL on {self.host or 'this host'}{cause.clause}"
             )
+        if self.same_ranks:
+            out.append(f"shoal: {_ranks(self.same_ranks)} failed the same way")
         if self.other_ranks:
-            others = ", ".join(str(r) for r in self.other_ranks)
-            plural = "s" if len(self.other_ranks) > 1 else ""
-            summary += f"; rank{plural} {others} failed too"
+            out.append(f"shoal: {_ranks(self.other_ranks)} stopped because rank {self.rank} failed")
         out.append(summary)
         if self.hint:
             out.append(f"HINT: {self.hint}")
         if self.log_path:
             out.append(f"shoal: worker logs: {os.path.dirname(os.path.dirname(self.log_path))}")
         return "\n".join(out)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``[0]`` -> ``rank 0``; ``[0, 2]`` -> ``ranks 0, 2``."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
+
+
+_KNOWN_CAUSES = (
+    (
+        re.compile(r"ProcessGroupNCCL is only supported with GPUs|Distributed package doesn't have NCCL"),
+        'the nccl backend needs GPUs and this machine has none: use init_process_group("gloo") on CPU, '
+        "or shoal.init(), which picks the backend for the device",
+    ),
+    (
+        re.compile(r"^ModuleNotFoundError: No module named '([^']+)'"),
+        "install it into the Python environment the workers run: {python}",
+    ),
+)
+
+
+def known_cause(message: str) -> str | None:
+    """The HINT for an exception line shoal recognises (``ValueError: ProcessGroupNCCL is only
+    supported with GPUs...``), else None."""
+    import sys
+
+    for pattern, hint in _KNOWN_CAUSES:
+        if pattern.search(message):
+            return hint.format(python=sys.executable)
+    return None
+
+
+def _message(failure: ProcessFailure) -> str:
+    """A failure's exception line, from its error file (empty without one)."""
+    recorded = failure.message if isinstance(failure.message, dict) else {}
+    return str(recorded.get("message") or "")
+
+
+def first_recorded_failure(error_files: Mapping[int, str]) -> str | None:
+    """The first failure among an attempt's error files (global rank -> path), as the lines a
+    restart prints before it says so: ``shoal: rank R failed: <exception>; its traceback:`` and the
+    traceback. None when no file holds a recorded exception."""
+    import json
+
+    found = []
+    for rank, path in error_files.items():
+        try:
+            with open(path) as f:
+                message = json.load(f).get("message")
+            found.append((os.path.getmtime(path), rank, message))
+        except (OSError, ValueError, AttributeError):
+            continue
+    for _, rank, message in sorted(found):
+        if isinstance(message, dict) and message.get("message"):
+            traceback = ((message.get("extraInfo") or {}).get("py_callstack") or "").rstrip()
+            head = f"shoal: rank {rank} failed: {message['message']}"
+            return f"{head}; its traceback:\n{traceback}" if traceback else head
+    return None
 
 
 def describe_child_failure(
@@ -236,8 +295,9 @@ def describe_child_failure(
 
     order = {rank: i for i, rank in enumerate(err.failures)}  # as the agent noticed them
 
-    def stopped(rank: int) -> bool:
-        return err.failures[rank].exitcode == -signal.SIGTERM
+    def stopped(rank: int) -> bool:  # by the agent, before it failed on its own (no error file)
+        failure = err.failures[rank]
+        return failure.exitcode == -signal.SIGTERM and not isinstance(failure.message, dict)
 
     ranks = sorted(
         err.failures,
@@ -248,7 +308,7 @@ def describe_child_failure(
         rank=rank,
         local_rank=failure.local_rank,
         exitcode=failure.exitcode,
-        other_ranks=sorted(r for r in ranks[1:] if not stopped(r)),
+        other_ranks=sorted(ranks[1:]),
         log_path=paths.get(rank) if keep_logs else None,
         host=socket.gethostname(),
     )
@@ -259,6 +319,10 @@ def describe_child_failure(
         report.message = str(recorded.get("message") or "")
         if report.traceback:
             report.traceback = report.traceback.rstrip()
+        if failure.exitcode == -signal.SIGTERM:
+            # It raised, and the agent's SIGTERM (another rank had failed meanwhile) caught it still
+            # exiting (its exit hook): what it failed of is the exception, as Python's status 1 says.
+            report.exitcode = 1
     elif isinstance(failure.message, str) and failure.error_file not in ("", _NOT_AVAILABLE):
         report.message = failure.message  # an error file in the newer plain-string format
     if not report.traceback and rank in paths:
@@ -271,6 +335,11 @@ def describe_child_failure(
             report.hint = _ABORT_AT_EXIT_HINT
     if report.traceback and not report.message:
         report.message = exception_line(report.traceback)
+    report.same_ranks = sorted(
+        r for r in report.other_ranks if report.message and _message(err.failures[r]) == report.message
+    )
+    report.other_ranks = [r for r in report.other_ranks if r not in report.same_ranks]
+    report.hint = report.hint or known_cause(report.message)
     if not report.message and failure.exitcode < 0:
         report.message = f"killed by {report.signal_name}"
     if failure.exitcode == -signal.SIGKILL:
@@ -280,12 +349,13 @@ def describe_child_failure(
 
 
 def _failure_time(failure: ProcessFailure, stderr_log: str | None) -> float:
-    """When the worker failed, as precisely as known (see the module docstring)."""
-    times = []
+    """When the worker failed, as precisely as known (see the module docstring): its error file is
+    written as it fails; its stderr log may have been idle since it started (a traceback that went
+    to the error file instead)."""
     for path in (failure.error_file, stderr_log):
         if path and path != _NOT_AVAILABLE and os.path.isfile(path):
-            times.append(os.path.getmtime(path))
-    return min(times) if times else float(failure.timestamp)
+            return os.path.getmtime(path)
+    return float(failure.timestamp)
 
 
 def _read_text(path: str, limit: int = 1 << 20) -> str:

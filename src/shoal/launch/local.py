@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +27,7 @@ from shoal.errors import ShoalError
 from shoal.launch.core import Launch, WorkersFailed, run_workers
 from shoal.launch.options import START_METHODS, LaunchOptions
 from shoal.launch.pods import classic_pod, classic_pod_line
+from shoal.launch.process import temporary_run_dir
 from shoal.launch.rendezvous import plan_for
 
 __all__ = [
@@ -67,6 +67,7 @@ def launch_local(
     start_method: str = "spawn",
     options: LaunchOptions | None = None,
     run_dir: str | os.PathLike | None = None,
+    command: str = "shoal",
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` in worker processes on this node and wait for them.
 
@@ -80,7 +81,8 @@ def launch_local(
 
     ``run_dir``: the run's directory (``shoal train``'s ``--out``): the workers' progress goes to
     ``RUN_DIR/progress`` (``shoal status RUN_DIR``), hang reports to ``RUN_DIR/hang-<time>/``;
-    default, the launch's temporary log directory (kept only after a hang report). The options'
+    default, the launch's temporary log directory (kept only after a hang report). ``command``: what
+    the user ran (``shoal train``), the workers' banner names it. The options'
     ``hang_timeout`` and ``on_hang`` drive the watchdog (docs/WATCHDOG.md).
 
     Raises :class:`~shoal.launch.core.WorkersFailed` carrying the failing rank's own traceback
@@ -97,7 +99,7 @@ def launch_local(
     if method == "auto":
         raise ShoalError("launch_local needs a start method, not auto", "pass resolve_start_method(name, device)")
     plan = plan_for(options)
-    log_dir = tempfile.mkdtemp(prefix="shoal-workers-")
+    log_dir = temporary_run_dir("shoal-workers-")
     config = LaunchConfig(
         min_nodes=plan.min_nodes,
         max_nodes=plan.max_nodes,
@@ -110,7 +112,7 @@ def launch_local(
         local_addr=options.local_addr,
     )
     launch = Launch(
-        plan=plan, prog="shoal", log_dir=log_dir, verbose=options.verbose, run_dir=str(run_dir or ""),
+        plan=plan, prog="shoal", command=command, log_dir=log_dir, verbose=options.verbose, run_dir=str(run_dir or ""),
         hang_timeout=options.hang_timeout, on_hang=options.on_hang,
     )  # fmt: skip
     return run_workers(config, entrypoint, args, launch)

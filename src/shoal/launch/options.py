@@ -203,3 +203,18 @@ def parse_endpoint(text: str, default_port: int) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
         raise ShoalError(f"bad rendezvous endpoint {text!r}: port {port_text!r} is not a TCP port", hint)
     return host, int(port_text)
+
+
+def oversubscribed(nproc: int, cores: int) -> tuple[str, str] | None:
+    """``(what, hint)`` when ``nproc`` worker processes exceed this node's ``cores`` usable cores
+    (:func:`shoal.env.host.usable_cores`), else None. They then take turns on the cores, and each
+    collective waits for whichever rank is descheduled: a job slower than one with fewer workers.
+    Said by the launchers as a warning, and by ``shoal doctor --nproc N`` as a check."""
+    if nproc <= cores:
+        return None
+    plural = "s" if cores != 1 else ""
+    return (
+        f"{nproc} worker processes on {cores} usable core{plural}: they take turns, and every collective "
+        "waits for the one that is not running",
+        f"use --nproc {cores} or fewer on this machine (more processes than cores only slow the job down)",
+    )

@@ -3,9 +3,12 @@ start with default signal handlers, and write whole lines."""
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -75,3 +78,28 @@ def process_started() -> float:
         return time.monotonic() - max(0.0, age)
     except (OSError, ValueError, IndexError):
         return time.monotonic()
+
+
+def temporary_run_dir(prefix: str) -> str:
+    """A new temporary directory ``<prefix><pid>-<random>`` for this launch (worker logs, progress),
+    after removing those a dead launcher left: one killed with SIGKILL never ran its clean-up.
+
+    The launcher's PID in the name says whose a directory is; one whose PID no longer runs is
+    removed unless it holds a hang report (``hang-*``, kept on purpose and named when it was written).
+    """
+    root = tempfile.gettempdir()
+    for path in glob.glob(os.path.join(glob.escape(root), f"{glob.escape(prefix)}*-*")):
+        pid = os.path.basename(path)[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)) and not glob.glob(os.path.join(glob.escape(path), "hang-*")):
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

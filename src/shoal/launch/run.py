@@ -15,7 +15,6 @@ import contextlib
 import functools
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 
@@ -27,8 +26,11 @@ from shoal.launch.core import Launch, run_workers
 from shoal.launch.local import check_allocation, refuse_rank_launching_alone
 from shoal.launch.options import DEFAULT_JOIN_TIMEOUT_S, LaunchOptions, check_join_timeout, parse_conf, parse_nnodes
 from shoal.launch.pods import classic_defaults, classic_pod, classic_pod_line, nproc_from
-from shoal.launch.process import process_started
+from shoal.launch.precheck import check_script
+from shoal.launch.process import process_started, temporary_run_dir
 from shoal.launch.rendezvous import plan_for
+from shoal.launch.tf_config import ENV as TF_CONFIG_ENV
+from shoal.launch.tf_config import check_layout, requested
 from shoal.launch.watchdog import ON_HANG, hang_options
 
 DESCRIPTION = """\
@@ -120,6 +122,12 @@ def build_parser(width: int | None = None) -> argparse.ArgumentParser:
         help="after a hang report: only report (default), stop the workers and fail, or restart them "
         "(counts against --max-restarts)",
     )
+    group.add_argument(
+        "--tf-config",
+        action="store_true",
+        help="give each worker TF_CONFIG for TensorFlow's MultiWorkerMirroredStrategy (every worker's "
+        "address and a port it reserved, its index = RANK); the same as SHOAL_TF_CONFIG=1",
+    )
     group.add_argument("--verbose", action="store_true", help="show torch's elastic agent logs too")
     return parser
 
@@ -137,6 +145,8 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     started = process_started()
     args, options = parse(argv, parser)
     _check_script(args)
+    if args.tf_config or requested(os.environ):
+        check_layout(options, os.environ)
     if classic_pod(os.environ) and options.several_nodes:
         write_line(classic_pod_line("shoal run", os.environ))
     elif not classic_pod(os.environ) and _standalone(args, options):
@@ -147,7 +157,7 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     # Workers' stderr must land in files to be read back after a failure; keep them only as long
     # as the run unless the user asked for a log dir (or a hang was reported: its stacks are there).
     # The log directory is the run directory: progress/ (`shoal status`) and hang-<time>/ go there.
-    args.log_dir = user_log_dir or tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
+    args.log_dir = user_log_dir or temporary_run_dir(RUN_DIR_PREFIX)
     launch = Launch(
         plan=plan, prog="shoal run", announce_single_node=True, log_dir=args.log_dir,
         keep_logs=bool(user_log_dir), verbose=options.verbose, run_dir=args.log_dir,
@@ -155,7 +165,8 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     )  # fmt: skip
     try:
         config, cmd, cmd_args = _torch_config(args, options)
-        run_workers(config, cmd, tuple(cmd_args), launch)
+        with _preset(TF_CONFIG_ENV, "1") if args.tf_config else contextlib.nullcontext():
+            run_workers(config, cmd, tuple(cmd_args), launch)
         return 0
     finally:
         if not launch.keep_logs:  # the user's --log-dir, or kept after a hang report: the report names it
@@ -262,22 +273,8 @@ def _apply_nproc_alias(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def _check_script(args: argparse.Namespace) -> None:
-    """The script (or ``--no-python`` program) must exist here; ``-m module`` is not checked."""
-    if args.module:
-        return
-    path = args.training_script
-    if args.no_python and not args.run_path:
-        if shutil.which(path) is None:
-            raise ShoalError(
-                f"program not found: {path} (--no-python runs it directly)",
-                "give a path to an executable or a command on PATH",
-            )
-        return
-    if not os.path.exists(path):
-        raise ShoalError(
-            f"script not found: {path} (working directory: {os.getcwd()})",
-            "check the path; to run a module, use -m package.module; for a program that is not Python, add --no-python",
-        )
+    """The script (or ``--no-python`` program) must exist here and compile; ``-m module`` is not checked."""
+    check_script(args.training_script, module=args.module, no_python=args.no_python, run_path=args.run_path)
 
 
 _FROZEN_HELP_DOC = '''"""``shoal run --help`` without importing torch: the help of :func:`shoal.launch.run.build_parser`,

@@ -16,8 +16,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 
-def recording_logs_specs(inner: Any, *, tee: bool, on_start: Callable[[dict[str, str]], None]) -> Any:
+def recording_logs_specs(inner: Any, *, tee: bool, on_start: Callable[[dict[str, str], dict[int, str]], None]) -> Any:
     """Wrap a launch's LogsSpecs: place each worker's stderr log and announce each start.
+
+    ``on_start(env, failed)``: local rank 0's environment, and the error files the previous attempt's
+    workers wrote (global rank -> path; empty at the first start), whose tracebacks a restart shows.
 
     ``tee``: the workers run in :mod:`shoal.launch.worker_shim`, which copies stderr to
     ``$SHOAL_STDERR_LOG`` where that is set (not when torch already writes the worker's stderr to a
@@ -30,6 +33,7 @@ def recording_logs_specs(inner: Any, *, tee: bool, on_start: Callable[[dict[str,
         def __init__(self) -> None:
             super().__init__(log_dir=inner.root_log_dir)
             self.stderrs: dict[int, str] = {}
+            self.error_files: dict[int, str] = {}  # global rank -> this attempt's error file
 
         @property
         def root_log_dir(self) -> str:
@@ -37,6 +41,12 @@ def recording_logs_specs(inner: Any, *, tee: bool, on_start: Callable[[dict[str,
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
             dest = inner.reify(envs)
+            failed = {rank: path for rank, path in self.error_files.items() if os.path.isfile(path)}
+            self.error_files = {
+                int(env.get("RANK", local)): dest.error_files[local]
+                for local, env in envs.items()
+                if dest.error_files.get(local)
+            }
             self.stderrs = {}
             for rank, env in envs.items():
                 redirected = dest.stderrs.get(rank)
@@ -47,7 +57,7 @@ def recording_logs_specs(inner: Any, *, tee: bool, on_start: Callable[[dict[str,
                     path = os.path.join(os.path.dirname(error_file), "stderr.log")
                     env["SHOAL_STDERR_LOG"] = self.stderrs[rank] = path
             if envs:
-                on_start(envs[min(envs)])
+                on_start(envs[min(envs)], failed)
             return dest
 
     return RecordingLogsSpecs()

@@ -27,15 +27,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shoal.checkpoint.files import list_checkpoints
 from shoal.distributed.device import workers_device
+from shoal.env import detect_environment
 from shoal.errors import ShoalError
+from shoal.launch.core import PREEMPTED_CODES, WorkersFailed
 from shoal.launch.local import launch_local, resolve_start_method, starts_workers
 from shoal.launch.options import LaunchOptions
 from shoal.train.config import TrainConfig, check_resume
 from shoal.train.entry import run_worker
-from shoal.train.outputs import default_out_dir, prepare_out_dir
+from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
 from shoal.train.trainer import TrainResult, train
 from shoal.workloads import get_workload, label, short_name
 from shoal.workloads.blame import blame
@@ -93,7 +97,22 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)
     check_resume(cfg.resume)
-    if not starts_workers(options):
+    if cfg.fault_tolerance:  # replica groups beside a lighthouse (docs/FAULT_TOLERANCE.md)
+        from shoal.train.replica_job import check_replica_launch, run_replica_job
+
+        check_replica_launch(options, cfg.device)
+        with _fork_safe():
+            _prepare(workload, cfg)
+        _import_for_forked_workers()
+        return run_replica_job(cfg, options, workload=workload)
+    alone = not starts_workers(options)
+    # What --out holds, judged before any worker (or this process's training) starts; a rank of a
+    # job another launcher started leaves it to the trainer, which says it once, from rank 0.
+    if cfg.out is not None and not (alone and detect_environment().world_size > 1):
+        done = _finished_run(cfg)
+        if done is not None:
+            return done
+    if alone:
         _prepare(workload, cfg)
         return train(cfg, workload=workload)
     # The data is present (or downloaded) before the workers start, which may be forked from here.
@@ -121,13 +140,59 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     # RUN_DIR`) on one node. Across nodes --out is shared storage that each node's launcher would
     # clear and read as its own: they stay in each launcher's log directory (`shoal status` finds it).
     run_dir = None if options.several_nodes else cfg.out
-    results = launch_local(
-        run_worker,
-        (cfg, method, record, carried),
-        options=dataclasses.replace(options, start_method=method),
-        run_dir=run_dir,
-    )
+    try:
+        results = launch_local(
+            run_worker,
+            (cfg, method, record, carried),
+            options=dataclasses.replace(options, start_method=method),
+            run_dir=run_dir,
+            command="shoal train",
+        )
+    except WorkersFailed as err:
+        err.message += _resume_note(cfg, err)
+        raise
     return results.get(0)
+
+
+def _resume_note(cfg: TrainConfig, err: WorkersFailed) -> str:
+    """After a signal (Ctrl-C, a worker killed or lost): a line saying that the same command
+    resumes, when the run has a checkpoint to resume from; nothing otherwise. Preempted workers
+    (SIGTERM, SIGUSR1) said where their checkpoint went themselves."""
+    if err.exit_code <= 128 or (err.exit_code in PREEMPTED_CODES and "workers stopped by" in err.message):
+        return ""
+    out = Path(cfg.out or "").expanduser()
+    directory = Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else out / "checkpoints"
+    found = list_checkpoints(directory)
+    if not found:
+        return ""
+    return f"\nshoal: run the same command again to resume from {found[-1]}"
+
+
+def _finished_run(cfg: TrainConfig) -> TrainResult | None:
+    """What the workers would find in ``--out``, checked before they start: a run that cannot be
+    resumed is refused (:func:`~shoal.train.outputs.refuse_existing_run`); a complete one is said
+    to be and returned. None: the workers start (a new run, or one to resume).
+
+    The same rules as :meth:`shoal.train.run_state.RunState.resume`, read from the files alone:
+    a run that logged epochs or finished, without a checkpoint to resume from, would lose results;
+    one whose model is saved and whose metrics reach ``--epochs`` has nothing left to do.
+    """
+    outputs = RunOutputs(Path(cfg.out).expanduser())
+    if not outputs.started or cfg.resume not in ("auto", "never"):
+        return None
+    if cfg.resume == "never":
+        refuse_existing_run(outputs.directory, "previous")
+    logged = outputs.logged_epochs()
+    directory = Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else outputs.directory / "checkpoints"
+    if not list_checkpoints(directory):
+        if outputs.finished or logged:
+            refuse_existing_run(outputs.directory, "finished" if outputs.finished else "previous")
+        return None
+    if not outputs.finished or max((int(r.get("epoch", 0)) for r in logged), default=0) < (cfg.epochs or 0):
+        return None
+    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}"
+    print(f"shoal: the run in {outputs.directory} is already complete ({epochs}): nothing to do", flush=True)
+    return TrainResult(run_dir=outputs.directory, metrics=logged, model_path=outputs.model_path, config=cfg)
 
 
 def _prepare(workload: Workload, cfg: TrainConfig) -> None:

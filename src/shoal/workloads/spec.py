@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shoal.errors import ShoalError, first_line
+from shoal.errors import ShoalError, close_match, first_line
 from shoal.workloads.blame import blame, defined_at
 from shoal.workloads.blame import shown_path as _shown_file
 
@@ -45,9 +45,12 @@ def check_form(spec: str) -> None:
     if spec in BUNDLED:
         return
     if ":" not in spec:
+        close = close_match(spec, BUNDLED)
         raise ShoalError(
             f"unknown workload {spec!r}",
-            f"choose one of: {', '.join(BUNDLED)} (e.g. `shoal train digits`), or your own as "
+            f"did you mean `shoal train {close}`?"
+            if close
+            else f"choose one of: {', '.join(BUNDLED)} (e.g. `shoal train digits`), or your own as "
             "pkg.module:Name or path/to/file.py:Name",
         )
     where, _, name = spec.rpartition(":")

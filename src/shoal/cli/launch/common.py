@@ -19,6 +19,7 @@ examples:
   shoal launch mpirun -np 4 --hosts node1:2,node2:2 --dry-run -- shoal train digits
   shoal launch slurm --nodes 2 --gpus-per-node 4 --time 1:00:00 -- shoal train cifar10 --data ~/data
   shoal launch slurm --nodes 2 --nproc-per-node 4 --one-task-per-process --dry-run -- train.py
+  shoal launch slurm -p gpu --nodes 4 --gpus-per-node 8 --max-restarts 2 -- train.py --epochs 90
   shoal launch manual --hosts node1:4,node2:4 -- train.py         # the line to type on each node
   shoal launch k8s --kind pytorchjob --image IMG --nodes 2 --gpus-per-node 4 --dry-run -- shoal train mnist
   shoal launch runai --image IMG --nodes 2 -g 1 -- train.py       # runai submit, each CLI generation
@@ -28,14 +29,25 @@ COMMAND is what every process runs: `shoal train ...`, `SCRIPT.py ARGS`, `-m MOD
 program. See docs/LAUNCHERS.md and docs/KUBERNETES.md for copy-paste commands."""
 
 
-def parser(prog: str, description: str, epilog: str = EXAMPLES) -> argparse.ArgumentParser:
-    """A ``shoal launch`` form's parser: a bad option is one line and a HINT, not argparse's usage block."""
+def form_examples(prog: str) -> str:
+    """The examples of one form (``shoal launch slurm``: its lines of :data:`EXAMPLES`); every
+    example for ``shoal launch`` itself, whose help introduces them all."""
+    head, _, tail = EXAMPLES.partition("\n\nCOMMAND")
+    lines = head.splitlines()
+    if prog != "shoal launch":
+        lines = lines[:1] + [line for line in lines[1:] if line.startswith(f"  {prog} ")]
+    return "\n".join(lines) + "\n\nCOMMAND" + tail
+
+
+def parser(prog: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """A ``shoal launch`` form's parser: a bad option is one line and a HINT, not argparse's usage
+    block. ``epilog``: default, the form's lines of :data:`EXAMPLES`."""
     from shoal.cli.parser import ArgumentParser
 
     return ArgumentParser(
         prog=prog,
         description=textwrap.fill(description, 100),
-        epilog=epilog,
+        epilog=form_examples(prog) if epilog is None else epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -59,6 +71,11 @@ def add_command(p: argparse.ArgumentParser, *, dry_run: str = "print what would 
     )
 
 
+def add_python(p: argparse.ArgumentParser, where: str) -> None:
+    """``--python PATH``: the interpreter that runs shoal, SCRIPT.py and -m MODULE on ``where``."""
+    p.add_argument("--python", metavar="PATH", help=f"interpreter that runs shoal, SCRIPT.py and -m MODULE on {where}")
+
+
 def add_max_restarts(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--max-restarts", type=int, default=0, metavar="K", help=help_text)
 
@@ -71,6 +88,29 @@ def command(words: list[str]) -> tuple[str, ...]:
             "no command given", "put the command after --, e.g. `-- shoal train digits` or `-- train.py --lr 0.1`"
         )
     return tuple(words)
+
+
+def script_of(words: Sequence[str]) -> str | None:
+    """The Python script a job's command runs (``train.py ...``, ``python train.py ...``), if any."""
+    if words and os.path.basename(words[0]).startswith("python") and len(words) > 1:
+        words = words[1:]
+    return words[0] if words and words[0].endswith(".py") else None
+
+
+def warn_missing_script(words: Sequence[str], workdir: str | None = None, *, where: str = "every node") -> None:
+    """A warning line when the command's script does not exist here (relative to ``workdir``, the
+    job's working directory, when given): a rendered job would fail on every process, later."""
+    script = script_of(words)
+    if script is None:
+        return
+    path = os.path.join(os.path.expanduser(workdir), script) if workdir else script
+    if not os.path.exists(path):
+        shown = f"{script} (in {workdir})" if workdir else f"{script} (working directory {os.getcwd()})"
+        print(
+            f"shoal launch: warning: {shown} does not exist here; every process will fail unless {where} holds it",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def check_replaceable(path: str, marker: str, *, what: str) -> None:

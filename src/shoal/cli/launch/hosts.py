@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 
-from shoal.cli.launch.common import add_command, add_env, add_max_restarts, announce, count, parser, shell
+from shoal.cli.launch.common import add_command, add_env, add_max_restarts, add_python, announce, count, parser, shell
 from shoal.errors import ShoalError
 
 
@@ -46,11 +46,8 @@ def _add_hosts(p: argparse.ArgumentParser) -> None:
 
 
 def _add_python(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--python",
-        metavar="PATH",
-        help="interpreter that runs SCRIPT.py and -m MODULE on every host (default: the one running shoal, "
-        "whose directory also goes first on the PATH every process gets)",
+    add_python(
+        p, "every host (default: the one running shoal, whose directory also goes first on the PATH every process gets)"
     )
 
 

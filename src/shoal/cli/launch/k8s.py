@@ -21,6 +21,7 @@ from shoal.cli.launch.common import (
     check_replaceable,
     parser,
     shell,
+    warn_missing_script,
     write_rendered,
 )
 from shoal.errors import ShoalError
@@ -191,6 +192,7 @@ def run_k8s(args: argparse.Namespace) -> int:
     if pods.elastic is not None and args.kind != "pytorchjob":
         raise ShoalError(f"--elastic: only a PyTorchJob is elastic, not a {args.kind}", "use --kind pytorchjob")
     manifest = _render(args.kind, spec, pods, args.runtime)
+    warn_missing_script(args.command, where="the image")
     kind, name = manifest["kind"], spec.job_name
     ns = pods.namespace
     text = to_yaml(manifest, f"Apply: kubectl apply -f {args.file or name + '.yaml'}\nWatch: kubectl get pods -n {ns}")
@@ -228,6 +230,7 @@ def run_runai(args: argparse.Namespace) -> int:
     spec, pods = _spec(args)
     clis = [args.cli] if args.cli else list(RUNAI_CLIS)
     rendered = [(cli, render_runai(spec, pods, cli, args.project)) for cli in clis]  # all checked before printing
+    warn_missing_script(args.command, where="the image")
     for cli, argv in rendered:
         if len(rendered) > 1:
             print(f"# {RUNAI_LABELS[cli]}:")
@@ -240,24 +243,78 @@ def run_image(args: argparse.Namespace) -> int:
     from shoal.jobs.spec import JobSpec
 
     spec = JobSpec(command=args.command)
-    requirement = args.shoal_requirement or f"shoal=={_version()}"
+    requirement, notes = _image_sources(args)
     dockerfile = render_dockerfile(
-        spec, base_image=args.base_image, shoal_requirement=requirement, requirements=args.requirements, mpi=args.mpi
+        spec,
+        base_image=args.base_image,
+        shoal_requirement=requirement,
+        requirements=args.requirements,
+        mpi=args.mpi,
+        notes=notes,
     )
     ignore = render_dockerignore()
+    if not args.dry_run:
+        if args.requirements and not os.path.isfile(args.requirements):
+            raise ShoalError(
+                f"--requirements {args.requirements}: no such file", "give the path of a requirements file"
+            )
+        for path in ("Dockerfile", ".dockerignore"):  # check both before writing either
+            _check_image_file(path, IMAGE_MARKER)
+    warn_missing_script(args.command, where="the image")  # warnings once the input is known to be good
+    for note in notes:
+        announce(f"warning: {note}")
     if args.dry_run:
         sys.stdout.write(f"# ---- Dockerfile\n{dockerfile}# ---- .dockerignore\n{ignore}")
         return 0
-    if args.requirements and not os.path.isfile(args.requirements):
-        raise ShoalError(f"--requirements {args.requirements}: no such file", "give the path of a requirements file")
-    for path in ("Dockerfile", ".dockerignore"):  # check both before writing either
-        _check_image_file(path, IMAGE_MARKER)
     write_rendered("Dockerfile", dockerfile, IMAGE_MARKER, what="shoal launch image")
     write_rendered(".dockerignore", ignore, IMAGE_MARKER, what="shoal launch image")
     tag = args.image or "REGISTRY/NAME:TAG"
     announce("wrote Dockerfile and .dockerignore; build and push the image with:")
     print(f"docker build -t {tag} . && docker push {tag}", flush=True)
     return 0
+
+
+def _image_sources(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
+    """How the image installs shoal, and what it assumes that differs from this machine.
+
+    shoal installed from a checkout (``pip install -e .``) is installed from the build context when
+    that checkout is this directory; otherwise the image gets the release of the same version from
+    the package index, and says so. A ``pytorch/pytorch`` base image's torch is compared with the
+    torch installed here."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution, version
+    from urllib.parse import unquote, urlparse
+
+    from shoal.jobs.kubernetes.image import base_image_torch
+
+    notes = []
+    requirement = args.shoal_requirement
+    if requirement is None:
+        requirement = f"shoal=={_version()}"
+        try:
+            origin = json.loads(distribution("shoal").read_text("direct_url.json") or "{}")
+        except (PackageNotFoundError, ValueError):
+            origin = {}
+        checkout = unquote(urlparse(origin.get("url", "")).path) if "dir_info" in origin else ""
+        if checkout and os.path.realpath(checkout) == os.path.realpath(os.getcwd()):
+            requirement = "."
+        elif checkout:
+            notes.append(
+                f"shoal runs here from a checkout ({os.path.basename(checkout.rstrip('/'))}), which is not this "
+                f"build context: the image installs the release {requirement} from the package index; run "
+                "`shoal launch image` in the checkout, or pass --shoal-requirement with a wheel built from it"
+            )
+    ours = base_image_torch(args.base_image)
+    try:
+        here = version("torch").split("+", 1)[0]
+    except PackageNotFoundError:
+        here = None
+    if ours and here and ours != here:
+        notes.append(
+            f"the base image holds torch {ours}, this machine runs torch {here}: pass --base-image with a "
+            f"pytorch/pytorch:{here} tag to train with the same torch"
+        )
+    return requirement, tuple(notes)
 
 
 def _check_image_file(path: str, marker: str) -> None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shoal.cli.launch.common import add_command, add_env, add_max_restarts, announce, parser, write_rendered
+from shoal.cli.launch.common import (
+    add_command,
+    add_env,
+    add_max_restarts,
+    add_python,
+    announce,
+    parser,
+    warn_missing_script,
+    write_rendered,
+)
 from shoal.errors import ShoalError
 
 
@@ -45,6 +54,11 @@ def slurm_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="rendezvous port (default 15000 + job id %% 5000)",
     )
+    add_python(
+        p,
+        "every node (default: the one running shoal now, by its full path: the job does not depend on the "
+        "PATH it is submitted with)",
+    )
     add_env(p)
     add_command(p)
     return p
@@ -56,6 +70,7 @@ def run_slurm(args: argparse.Namespace) -> int:
     from shoal.jobs.spec import JobSpec, parse_env
 
     nproc = args.nproc if args.nproc is not None else max(1, args.gpus_per_node)
+    python = args.python or sys.executable
     spec = JobSpec(
         command=args.command,
         nodes=args.nodes,
@@ -66,6 +81,8 @@ def run_slurm(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         master_port=args.master_port,
         env=parse_env(args.env),
+        python=python,
+        shoal=(python, "-m", "shoal"),
     )
     opts = SlurmOptions(
         partition=args.partition,
@@ -78,6 +95,7 @@ def run_slurm(args: argparse.Namespace) -> int:
     if opts.one_task_per_process and spec.max_restarts:
         raise ShoalError("--max-restarts needs the per-node launchers", "drop --one-task-per-process or --max-restarts")
     script = render_sbatch(spec, opts)
+    warn_missing_script(args.command, args.workdir)
     if args.dry_run:
         sys.stdout.write(script)
         return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 
 from shoal.errors import ShoalError
@@ -56,8 +57,13 @@ def render_dockerfile(
     shoal_requirement: str = "shoal",
     requirements: str | None = None,
     mpi: bool = False,
+    notes: tuple[str, ...] = (),
 ) -> str:
-    """The Dockerfile of an image that runs ``spec.command`` from ``/workspace``."""
+    """The Dockerfile of an image that runs ``spec.command`` from ``/workspace``.
+
+    ``shoal_requirement``: a pip requirement, a wheel of the build context (copied in first), or
+    ``.`` when the build context is shoal's own checkout (installed from the copy). ``notes``: what
+    the image assumes that differs from the machine that rendered it, as comments at its top."""
     _check_in_context(spec)
     _check_word(base_image, "--base-image", "an image reference such as " + DEFAULT_BASE_IMAGE)
     _check_word(shoal_requirement, "--shoal-requirement", "a pip requirement such as shoal==0.1.0 or a wheel's path")
@@ -67,6 +73,7 @@ def render_dockerfile(
         f"{IMAGE_MARKER}: the image every pod of the job runs, shoal as its entry point.",
         "# Build it from this directory and push it where the cluster pulls from:",
         "#   docker build -t REGISTRY/NAME:TAG . && docker push REGISTRY/NAME:TAG",
+        *(f"# NOTE: {note}" for note in notes),
         f"FROM {base_image}",
         "",
     ]
@@ -83,13 +90,33 @@ def render_dockerfile(
             "",
         ]
     lines += ["ENV PYTHONUNBUFFERED=1", f"WORKDIR {WORKDIR}"]
-    install = ["pip", "install", "--no-cache-dir", shoal_requirement]
+    from_context = shoal_requirement == "."  # this directory is shoal's checkout: installed from the copy
+    if _is_local_file(shoal_requirement):  # a wheel or sdist of the build context: copied first
+        _check_relative(shoal_requirement, "--shoal-requirement")
+        lines.append(f"COPY {shoal_requirement} ./{os.path.basename(shoal_requirement)}")
+        shoal_requirement = f"./{os.path.basename(shoal_requirement)}"
+    install = ["pip", "install", "--no-cache-dir"] + ([] if from_context else [shoal_requirement])
     if requirements is not None:
         lines.append(f"COPY {requirements} ./{os.path.basename(requirements)}")
         install += ["-r", os.path.basename(requirements)]
-    lines += [f"RUN {shlex.join(install)}", "COPY . ./", "", 'ENTRYPOINT ["shoal"]']
+    if len(install) > 3:
+        lines.append(f"RUN {shlex.join(install)}")
+    lines.append("COPY . ./")
+    if from_context:
+        lines.append("RUN pip install --no-cache-dir .")
+    lines += ["", 'ENTRYPOINT ["shoal"]']
     lines.append(f"CMD {json.dumps(pod_command(spec)[1:])}")
     return "\n".join(lines) + "\n"
+
+
+def _is_local_file(requirement: str) -> bool:
+    return requirement.endswith((".whl", ".tar.gz", ".zip")) and "://" not in requirement
+
+
+def base_image_torch(base_image: str) -> str | None:
+    """The torch version a ``pytorch/pytorch:X.Y.Z-...`` base image holds (None for other images)."""
+    match = re.fullmatch(r"(?:docker\.io/)?pytorch/pytorch:(\d+\.\d+\.\d+)(?:-.*)?", base_image)
+    return match.group(1) if match else None
 
 
 def render_dockerignore() -> str:

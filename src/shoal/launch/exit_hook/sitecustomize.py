@@ -53,6 +53,32 @@ def leave_gloo_group() -> None:
         time.sleep(_SETTLE_S)
 
 
+def record_uncaught(exc_type, exc_value, exc_traceback) -> None:
+    """``sys.excepthook`` of a worker whose agent named an error file: the traceback goes there,
+    in the format of torch's ``@record`` (torch/distributed/elastic/multiprocessing/errors/
+    error_handler.py, torch 2.14), instead of the console. The launcher then prints the first
+    failure's traceback once, and summarises the ranks that failed because of it, rather than
+    every rank's copy (torch's ``[rankN]:`` one included) interleaved on the terminal. With the
+    launcher's ``--verbose`` (``SHOAL_WORKER_TRACEBACKS=1``) each worker prints its own too."""
+    import json
+    import traceback
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    text = "".join(traceback.format_exception(exc_type, exc_value, exc_traceback))
+    message = traceback.format_exception_only(exc_type, exc_value)[-1].strip()
+    data = {"message": {"message": message, "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "x") as f:  # "x": a script's own @record wrote it first, and said more
+            json.dump(data, f)
+    except FileExistsError:
+        pass
+    except OSError:
+        sys.__excepthook__(exc_type, exc_value, exc_traceback)
+        return
+    if os.environ.get("SHOAL_WORKER_TRACEBACKS") == "1":
+        sys.__excepthook__(exc_type, exc_value, exc_traceback)
+
+
 def _restore_environment() -> None:
     original = os.environ.pop(_ORIGINAL_PATH_ENV, None)
     if original is not None:
@@ -83,5 +109,7 @@ def _said(err: BaseException) -> None:
 
 
 atexit.register(leave_gloo_group)
+if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+    sys.excepthook = record_uncaught
 _restore_environment()
 _chain()

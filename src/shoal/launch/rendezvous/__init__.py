@@ -26,11 +26,16 @@ RESOLVE_RETRY_S = 1.0
 
 
 def plan_for(
-    options: LaunchOptions, environ: Mapping[str, str] | None = None, *, started: float | None = None
+    options: LaunchOptions,
+    environ: Mapping[str, str] | None = None,
+    *,
+    started: float | None = None,
+    joins: bool = True,
 ) -> RendezvousPlan:
     """This node's rendezvous plan (single node, or one of several).
 
     ``started``: ``time.monotonic()`` when the join timeout started counting (default: now).
+    ``joins``: False for a look that joins nothing (``shoal env``): no line about waiting to join.
     Raises ShoalError for what cannot work: a master address that never resolves within the join
     timeout, has no route from here, or options that contradict each other.
     """
@@ -40,14 +45,14 @@ def plan_for(
     now = time.monotonic()
     started = now if started is None else started
     host, _ = store_endpoint(options)
-    route = find_route(host, deadline=started + options.join_timeout)
+    route = find_route(host, deadline=started + options.join_timeout, say_wait=joins)
     named = environ.get("GLOO_SOCKET_IFNAME", "")
     addresses = {name: addrs[0] for name, addrs in interface_addresses().items() if name == named and addrs}
     spent = max(0.0, time.monotonic() - started)
     return plan_rendezvous(options, route, environ, now=time.monotonic(), spent=spent, interface_address=addresses)
 
 
-def find_route(host: str, *, deadline: float) -> Route:
+def find_route(host: str, *, deadline: float, say_wait: bool = True) -> Route:
     """:func:`route_to` ``host``, retrying while its name does not resolve, until ``deadline``.
 
     In Kubernetes a worker pod often starts before the master's Service name resolves (its pod is
@@ -58,7 +63,7 @@ def find_route(host: str, *, deadline: float) -> Route:
         try:
             return route_to(host)
         except UnresolvedHost as err:
-            if not told:  # one line, so a node that waits says what it waits for
+            if not told and say_wait:  # one line, so a node that waits says what it waits for
                 write_line(f"shoal: {host} does not resolve yet on this node; retrying until the join timeout")
                 told = True
             if time.monotonic() + RESOLVE_RETRY_S > deadline:
