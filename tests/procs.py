@@ -11,6 +11,27 @@ from pathlib import Path
 
 import warm
 
+LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "PET_", "TORCHELASTIC_", "GROUP_", "ROLE_", "HOROVOD_")
+"""Variables a launcher (mpirun, srun, torchrun's agent, a Kubeflow operator, horovodrun) leaves."""
+JOB_NAMES = ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+"""The job's own coordinates: a test's command must find its own, never inherit another job's."""
+
+
+def launcher_free_env(*, drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
+    """This environment as a user's shell has it: no launcher's variables, no job coordinates, no
+    OMP_NUM_THREADS (shoal decides threads), this venv's bin first on PATH (an mpirun or srun rank
+    runs ``shoal`` and ``python`` by name); then the names in ``drop`` removed (a name, or a prefix
+    ending in ``_``) and ``extra`` set."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(LAUNCHER_PREFIXES) and k not in JOB_NAMES and k != "OMP_NUM_THREADS"
+        and not any(k == d or (d.endswith("_") and k.startswith(d)) for d in drop)
+    }  # fmt: skip
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
 
 def start(*args: str, **kwargs) -> subprocess.Popen:
     """``python -m shoal ARGS`` in its own session (so its whole process group can be killed)."""
@@ -31,11 +52,18 @@ def start_cmd(*cmd: str, env: dict[str, str] | None = None, **kwargs) -> subproc
     )
 
 
-def wait_for(predicate, timeout: float = 120.0, interval: float = 0.02) -> None:
+def wait_for(
+    predicate, timeout: float = 120.0, interval: float = 0.02, what: str = "condition", *, unless=None, details=None
+) -> None:
+    """Poll ``predicate`` until it is true. ``TimeoutError`` naming ``what`` after ``timeout`` s, or
+    at once when ``unless()`` turns true first (say, the process that was to get there ended);
+    ``details()``, if given, is appended to the error (a log, the output so far)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
+        gave_up = unless is not None and unless()
+        if gave_up or time.monotonic() > deadline:
+            why = "given up" if gave_up else f"not reached within {timeout:g} s"
+            raise TimeoutError(f"{what}: {why}" + (f"\n{details()}" if details else ""))
         time.sleep(interval)
 
 

@@ -30,7 +30,7 @@ A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm
 - ``SHOAL_TEST_FRESH=1`` is set: every command fresh, to check that the warm start hides nothing.
 
 What a warm start does not show, then: a command's import errors and its start-up cost. Those are
-tested by commands started fresh (tests/test_compat.py, tests/cli/test_train_bad_input.py,
+tested by commands started fresh (tests/test_import_cost.py, tests/cli/test_train_bad_input.py,
 ``shoal bench startup``, and every script a launcher starts).
 """
 

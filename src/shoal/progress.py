@@ -346,3 +346,36 @@ def from_summary(data: bytes) -> list[RankProgress]:
         RankProgress(**{k: v for k, v in fields.items() if k in _SUMMARY_FIELDS}, remote=True)
         for fields in json.loads(data)
     ]
+
+
+# -- the watchdog's verdict, read back by the workers -----------------------------------------------
+
+VERDICT_FILE = "verdict.json"
+"""The launcher's watchdog's verdict in the progress directory, replaced atomically whenever it
+changes: ``{"time": unix s, "stragglers": [{"rank", "node", "ratio", "line"}], "hang": null or
+{"line"}}``. Rank 0's trainer reads its straggler lines once per epoch (metrics.jsonl)."""
+
+
+def write_verdict(path: str | os.PathLike, stragglers: list[dict], hang_line: str | None) -> None:
+    """The launcher's side: :data:`VERDICT_FILE`'s content at ``path`` (a reader sees the old or the new one)."""
+    from shoal.atomic import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "time": time.time(),
+        "stragglers": list(stragglers),
+        "hang": None if hang_line is None else {"line": hang_line},
+    }
+    atomic_write_text(path, json.dumps(data) + "\n")
+
+
+def read_straggler_lines(directory: str | os.PathLike) -> list[str]:
+    """The workers' side: the straggler lines of the latest verdict in ``directory``; ``[]`` without
+    one, or with one this version cannot read (the epoch's record then goes without)."""
+    try:
+        with open(Path(directory) / VERDICT_FILE) as f:
+            verdict = json.load(f)
+        return [str(s["line"]) for s in verdict.get("stragglers") or ()]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []

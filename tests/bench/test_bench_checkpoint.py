@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_shoal
+from shoal.atomic import TMP_PREFIX
 from shoal.bench.checkpoint import BENCHMARK, VARIANTS, CheckpointConfig
 from shoal.bench.checkpoint_state import build_state, same
-from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError
 
 
@@ -44,7 +44,7 @@ def _check_report(report: dict) -> None:
     assert len(manager_files) == 2 and manager_files[1] == "manager/latest"
     assert manager_files[0].startswith("manager/ckpt-") and manager_files[0].endswith(".pt")
     assert sorted(f for f in files if not f.startswith("manager/")) == sorted(f"{v}.pt" for v in VARIANTS[:3])
-    assert report["meta"]["load_average_end"] is None or report["meta"]["load_average_end"] >= 0
+    assert isinstance(report["meta"]["load_average_end"], float) and report["meta"]["load_average_end"] >= 0
     fs = report["config"]["filesystem"]
     assert fs["mount"] and fs["type"] and fs["device"]
 

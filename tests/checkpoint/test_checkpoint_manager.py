@@ -15,9 +15,9 @@ from checkpoint_helpers import Counter
 from torch import nn
 
 import warm
+from shoal.atomic import TMP_PREFIX
 from shoal.checkpoint.cadence import Cadence
 from shoal.checkpoint.manager import POINTER, CheckpointManager, restore
-from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError
 
 SAVE_FOREVER = Path(__file__).parent / "scripts" / "save_forever.py"

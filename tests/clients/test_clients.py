@@ -20,7 +20,6 @@ any variable a user's environment needs does. Missing, every test here fails and
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from cluster.sshd import ssh_keypair, sshd_unavailable, start_sshd
 from k8s import sim_pytorchjob
 from k8s.crd_schema import assert_valid
 from k8s.pod_runtime import container_env, run_pods
+from procs import launcher_free_env
 from shoal.jobs.kubernetes.options import PodOptions, VolumeClaim
 from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
 from shoal.jobs.spec import JobSpec
@@ -51,8 +51,6 @@ SCRIPTS = {
     "accelerate_loop": "accelerate",
 }
 """Each client script (tests/clients/scripts/NAME.py) and the library it reports as."""
-LAUNCHER_VARS = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "GLOO_", "NCCL_", "PET_", "TORCHELASTIC_")
-LAUNCHER_NAMES = ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS")
 SHARED = "/mnt/shared"
 HUGGING_FACE = ("transformers", "tokenizers", "safetensors", "huggingface_hub", "hf_xet", "accelerate")
 """What the Lightning scripts' workers do not see (:func:`library_path`)."""
@@ -86,10 +84,7 @@ def library_path(clients, tmp_path_factory) -> Callable[[str], str]:
 
 def _env(**extra: str) -> dict[str, str]:
     """This environment without any launcher's variables, the venv's bin first on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) and k not in LAUNCHER_NAMES}
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env.pop("PYTHONPATH", None)
-    return {**env, **extra}
+    return launcher_free_env(drop=("GLOO_", "NCCL_", "PYTHONPATH"), **extra)
 
 
 def _script(name: str) -> str:

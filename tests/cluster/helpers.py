@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,29 +12,18 @@ from pathlib import Path
 
 import warm
 from cluster.netns import Node
+from procs import launcher_free_env
 
 SCRIPTS = Path(__file__).parent / "scripts"
 STEPS = str(SCRIPTS / "steps.py")
-# Variables that would decide for shoal what these tests check that it decides by itself.
-_DROP = (
-    "OMP_NUM_THREADS",
-    "SHOAL_ENV",
-    "GLOO_SOCKET_IFNAME",
-    "NCCL_SOCKET_IFNAME",
-    "SHOAL_INIT_TIMEOUT",
-    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-)
+# Variables that would decide for shoal what these tests check that it decides by itself (beyond a
+# launcher's, which procs.launcher_free_env drops).
+_DROP = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "SHOAL_INIT_TIMEOUT", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _DROP and not k.startswith("PET_")}
-    env.update(extra)
-    return env
+    """A user's environment (:func:`procs.launcher_free_env`) without what these tests check that shoal decides."""
+    return launcher_free_env(drop=_DROP, **extra)
 
 
 @dataclass

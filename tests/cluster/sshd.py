@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.pods import Pod
+from procs import wait_for
 
 SSHD = "/usr/sbin/sshd"
 SSH_OPTIONS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes")
@@ -152,10 +152,13 @@ def start_sshd(
     with open(log, "w") as out:
         proc = pod.popen([*argv, "-f", str(config)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     server = Sshd(pod, proc, log, config)
-    deadline = time.monotonic() + timeout_s
-    while "Server listening on 0.0.0.0" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"sshd in pod {pod.name} did not start:\n{log.read_text(errors='replace')}")
-        time.sleep(0.05)
+    try:
+        wait_for(
+            lambda: "Server listening on 0.0.0.0" in log.read_text(errors="replace"), timeout_s, 0.05,
+            f"sshd in pod {pod.name} listening", unless=lambda: proc.poll() is not None,
+            details=lambda: log.read_text(errors="replace"),
+        )  # fmt: skip
+    except TimeoutError:
+        server.stop()
+        raise
     return server

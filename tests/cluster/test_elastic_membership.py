@@ -16,7 +16,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from background import Background
 from cluster.helpers import clean_env
 from cluster.pods import PodSpec, pod_network, pods_unavailable
+from procs import wait_for
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -62,11 +62,7 @@ def _epochs(out: Path) -> list[dict]:
 
 
 def _wait(predicate, timeout: float, what: str, logs) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout:.0f} s\n" + "\n".join(p.read_text() for p in logs))
-        time.sleep(0.2)
+    wait_for(predicate, timeout, 0.2, what, details=lambda: "\n".join(p.read_text() for p in logs))
 
 
 def _finished_exactly(out: Path, epochs: int = EPOCHS) -> list[dict]:

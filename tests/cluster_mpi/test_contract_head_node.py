@@ -15,19 +15,13 @@ import pytest
 
 import warm
 from contract.torchrun import SCRIPT, check_report, report_from_output
+from procs import launcher_free_env
 
 pytestmark = pytest.mark.multiprocess
 
 
 def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_", "TORCHELASTIC_"))
-        and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "RANK", "WORLD_SIZE")
-    }
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    return env
+    return launcher_free_env()
 
 
 @pytest.mark.parametrize("via", [pytest.param("auto", id="auto-is-mpirun"), "ssh"])

@@ -17,7 +17,6 @@ cause even when a rank stopped because of it ends first.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import pytest
 
 from cluster.pods import Mount, PodSpec, left_behind, pod_network, pods_unavailable
 from cluster.sshd import ssh_keypair, sshd_unavailable, start_sshd
+from procs import launcher_free_env
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -64,16 +64,7 @@ def cluster(tmp_path_factory):
 
 
 def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMI_", "SLURM_", "GLOO_", "NCCL_", "PET_"))
-        and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "RANK", "WORLD_SIZE")
-    }
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env["HOME"] = "/root"
-    env["SHOAL_INIT_TIMEOUT"] = "40"
-    return env
+    return launcher_free_env(drop=("GLOO_", "NCCL_"), HOME="/root", SHOAL_INIT_TIMEOUT="40")
 
 
 def _launch(net, args, cwd: Path, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:

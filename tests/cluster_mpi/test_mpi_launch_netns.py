@@ -14,10 +14,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from procs import launcher_free_env, wait_for
 
 try:
     from cluster.netns import netns_unavailable, node_pair
@@ -60,16 +61,8 @@ def _rsh_agent(tmp_path: Path, nodes, extra_env: dict[str, dict[str, str]] | Non
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMI_", "SLURM_", "GLOO_", "NCCL_"))
-        and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
-    }
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env["SHOAL_INIT_TIMEOUT"] = "40"  # a failure shows in well under the test's timeout
-    env.update(extra)
-    return env
+    # SHOAL_INIT_TIMEOUT: a failure shows in well under the test's timeout.
+    return launcher_free_env(drop=("GLOO_", "NCCL_"), **{"SHOAL_INIT_TIMEOUT": "40", **extra})
 
 
 def _results(out: Path, n: int) -> list[dict]:
@@ -173,11 +166,10 @@ def test_a_failing_host_stops_the_others(nodes, tmp_path):
     # ended first (its worker saw the peer go), and the line says nothing more. No hang: timeout above.
     assert f"host {b.addr} (node 1) exited with status 3" in proc.stderr
     pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
-    deadline = time.monotonic() + 10
-    while any(_running_in(node) for node in nodes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = {node.name: _running_in(node) for node in nodes}
-    assert not any(left.values()), f"processes left in the namespaces: {left} (workers: {pids})"
+    wait_for(
+        lambda: not any(_running_in(node) for node in nodes), 10, 0.2, "no process left in the namespaces",
+        details=lambda: f"{ {node.name: _running_in(node) for node in nodes} } (workers: {pids})",
+    )  # fmt: skip
 
 
 def _running_in(node) -> list[str]:

@@ -8,7 +8,6 @@ starts two processes that import torch (a few seconds each on 2 cores).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import launcher_free_env
 from shoal.jobs.hosts.options import Here, HostsOptions, forwarded_env
 from shoal.jobs.hosts.render import render_mpirun
 from shoal.jobs.spec import JobSpec
@@ -32,16 +32,7 @@ needs_mpirun = pytest.mark.skipif(
 
 def _env(**extra: str) -> dict[str, str]:
     """This venv first on PATH (mpirun's ranks run `shoal` and `python` by name), no launcher leftovers."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))
-        and k not in ("SHOAL_ENV", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env.pop("OMP_NUM_THREADS", None)
-    env.update(extra)
-    return env
+    return launcher_free_env(**extra)
 
 
 def _results(out: Path, n: int) -> list[dict]:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from procs import wait_for
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
 
@@ -150,11 +152,10 @@ class SlurmCluster:
     def _daemon(self, name: str, pid_file: Path, argv: list[str]) -> None:
         """Start a daemon that forks into the background and writes ``pid_file``."""
         self._run(*argv)
-        deadline = time.monotonic() + 15
-        while not (pid_file.exists() and pid_file.read_text().strip()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} wrote no pid file {pid_file}:\n{self.logs()}")
-            time.sleep(0.05)
+        wait_for(
+            lambda: pid_file.exists() and pid_file.read_text().strip(), 15, 0.05, f"{name}'s pid file {pid_file}",
+            details=self.logs,
+        )  # fmt: skip
         self.started.append((name, pid_file))
 
     def _wait_idle(self, timeout: float) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import wait_for
 from shoal.launch.ports import find_free_port
 from shoal.launch.rendezvous.stores import StoreSilent, answer_within
 
@@ -114,10 +115,10 @@ def test_sigterm_stops_a_node_whose_store_host_vanished(nodes, tmp_path):
     env = clean_env(SHOAL_INIT_TIMEOUT="900")
     node_a = shoal_on(a, [*common, "--node-rank", "0", str(script)], tmp_path / "a.log", env=env)
     node_b = shoal_on(b, [*common, "--node-rank", "1", str(script)], tmp_path / "b.log", env=env)
-    deadline = time.monotonic() + 120
-    while "starting rank 1 of 2" not in node_b.output:
-        assert time.monotonic() < deadline and node_b.proc.poll() is None, node_b.output
-        time.sleep(0.2)
+    wait_for(
+        lambda: "starting rank 1 of 2" in node_b.output, 120, 0.2, "node B starting its rank",
+        unless=lambda: node_b.proc.poll() is not None, details=lambda: node_b.output,
+    )  # fmt: skip
     time.sleep(2)  # B's worker is in init_process_group, B's agent polls A's store
     subprocess.run(["ip", "-n", a.name, "link", "set", a.ifname, "down"], check=True)  # no FIN, no RST
     node_a.proc.kill()

@@ -18,7 +18,7 @@ from shoal.env.openmpi import OpenMPIEnvironment
 from shoal.errors import ShoalError
 from shoal.launch.local import check_allocation, refuse_rank_launching_alone, starts_workers
 from shoal.launch.options import LaunchOptions
-from shoal.launch.pods import classic_pod, classic_pod_line, operator_defaults
+from shoal.env.operator import classic_pod, classic_pod_line, operator_defaults
 
 RUNAI_WORKER = {
     "MASTER_ADDR": "dist-train1-master-0",

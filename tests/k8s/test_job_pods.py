@@ -28,6 +28,7 @@ from cluster.pods import left_behind, pods_unavailable
 from k8s import sim_pytorchjob, sim_trainjob
 from k8s.crd_schema import assert_valid
 from k8s.pod_runtime import container_env, run_pods
+from procs import wait_for
 from shoal.jobs.kubernetes.options import PodOptions, VolumeClaim
 from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
 from shoal.jobs.kubernetes.trainjob import render_trainjob
@@ -168,10 +169,8 @@ def test_workers_wait_for_the_masters_name_to_resolve(tmp_path):
             f.write("".join(line + "\n" for line in full.splitlines() if master.name not in line))
         job.start(worker.name)
         waiting = f"shoal: {master.name} does not resolve yet on this node; retrying until the join timeout"
-        deadline = time.monotonic() + 120
-        while waiting not in job.output(worker.name) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert waiting in job.output(worker.name), job.output(worker.name)  # the name failed and is retried
+        # The name failed and is retried.
+        wait_for(lambda: waiting in job.output(worker.name), 120, 0.1, waiting, details=lambda: job.output(worker.name))
         time.sleep(2 * RESOLVE_RETRY_S)  # a retry or two later: still waiting, not failed
         assert job.procs[worker.name].poll() is None, job.output(worker.name)
         with open(hosts_file, "w") as f:
@@ -197,9 +196,7 @@ def test_a_pod_killed_mid_run_restarts_and_resumes_bit_identical(tmp_path):
     expected = torch.load(shared / "run" / "model.pt", weights_only=True)
 
     def kill_worker(job: Job, shared: Path) -> None:
-        deadline = time.monotonic() + 240
-        while len(list((shared / "run" / "checkpoints").glob("ckpt-*.pt"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: len(list((shared / "run" / "checkpoints").glob("ckpt-*.pt"))) >= 2, 240, 0.1, "2 checkpoints")
         worker = next(name for name in job.pods if "worker" in name)
         for pid in job.net[worker].workload_pids():
             try:

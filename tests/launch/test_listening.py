@@ -8,7 +8,6 @@ socket owned by the launcher and its descendants is read from /proc (tests/liste
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ def _sockets_while_ready(proc: subprocess.Popen, out: Path, ranks: int, pids_of=
     """Wait until every rank is ready, take the job's listening sockets, then let the job end."""
     wait_for(lambda: len(list(out.glob("ready-*"))) == ranks or proc.poll() is not None, timeout=180)
     assert proc.poll() is None, proc.communicate()
-    time.sleep(0.5)  # every rank's gloo listener is up by now (it served the all-reduce)
+    # Each rank wrote its ready file after its all-reduce: its gloo listener is up.
     found = listening(pids_of() if pids_of else descendants(proc.pid))
     (out / "done").write_text("")
     return found

@@ -14,6 +14,8 @@ import time
 import pytest
 import torch
 
+from listening import listening
+from procs import wait_for
 from shoal.launch.rendezvous.handlers import SHARED_STORE_OPT_OUT, JoinFailed, arrived, register_backends
 from shoal.launch.rendezvous.stores import connect_store, serve_store
 
@@ -94,7 +96,8 @@ def test_the_workers_store_of_a_round_is_published_for_the_other_nodes(monkeypat
 
     host = threading.Thread(target=node, args=("a", True))
     host.start()
-    time.sleep(1)
+    # The host node's store is up (its listening socket is this process's) before the other joins.
+    wait_for(lambda: any(p == port for _, p, _ in listening([os.getpid()])), timeout=30)
     node("b", False)
     host.join(timeout=60)
     a, b = infos["a"].bootstrap_store_info, infos["b"].bootstrap_store_info

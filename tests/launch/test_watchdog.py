@@ -26,6 +26,7 @@ from shoal.launch.watchdog import (
     stop_processes,
     where,
 )
+from shoal.launch.watchdog.processes import stat_fields
 from shoal.progress import ProgressWriter, RankProgress, read_progress
 
 
@@ -147,6 +148,16 @@ def _ranks(directory, n=2):
     return ranks if len(ranks) == n else []
 
 
+def _inside_the_all_reduce(directory) -> bool:
+    """Rank 0's stack is in ``all_reduce`` and its main thread sleeps (in gloo's C++ wait, where a
+    Python signal handler cannot run), not between the phase store and the call."""
+    ranks = _ranks(directory)
+    if not ranks:
+        return False
+    state = stat_fields(ranks[0].pid)
+    return state is not None and state[0] == "S" and "in all_reduce" in dump_stacks(ranks[0])
+
+
 def _blocked(directory, hang_step):
     """Rank 1 stuck in data loading at ``hang_step`` while rank 0 entered the all_reduce."""
     ranks = _ranks(directory)
@@ -159,8 +170,7 @@ def _blocked(directory, hang_step):
 def test_the_stack_of_a_rank_blocked_in_a_gloo_all_reduce_is_dumped(tmp_path):
     procs = start_job(tmp_path, HANG_RANK="1", HANG_STEP="3")
     try:
-        wait_for(lambda: _blocked(tmp_path, 3), timeout=120)
-        time.sleep(0.5)  # from the phase store into the C++ all_reduce
+        wait_for(lambda: _blocked(tmp_path, 3) and _inside_the_all_reduce(tmp_path), timeout=120)
         waiting, sleeping = read_progress(tmp_path)
         text = dump_stacks(waiting)
         assert "in all_reduce" in text and "progress_worker.py" in text, text
@@ -227,8 +237,7 @@ def test_stop_processes_kills_a_rank_that_sigterm_cannot_stop(tmp_path):
     # handler does not run inside the collective, so only SIGKILL stops it.
     procs = start_job(tmp_path, HANG_RANK="1", HANG_STEP="2", TERM_HANDLER="1")
     try:
-        wait_for(lambda: _blocked(tmp_path, 2), timeout=120)
-        time.sleep(0.5)
+        wait_for(lambda: _blocked(tmp_path, 2) and _inside_the_all_reduce(tmp_path), timeout=120)
         started = time.monotonic()
         assert stop_processes([procs[0].pid], grace_s=2.0) == [procs[0].pid]
         assert 2.0 <= time.monotonic() - started < 10

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
+from procs import wait_for
 from tracking.harness import BIN, answers, free_port, group_pids, non_loopback_sockets, tool_environment
 
 
@@ -47,11 +47,10 @@ def mlflow_server(tmp_path_factory):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while not answers(f"{uri}/health"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.3)
+        wait_for(
+            lambda: answers(f"{uri}/health"), 180, 0.3, "the mlflow server answering",
+            unless=lambda: proc.poll() is not None, details=lambda: (root / "server.log").read_text()[-3000:],
+        )  # fmt: skip
         yield uri
         foreign = non_loopback_sockets(group_pids(proc.pid))
         assert not foreign, f"mlflow server talked beyond loopback: {foreign}"

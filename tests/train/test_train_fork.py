@@ -23,7 +23,7 @@ import torch
 
 import warm
 from conftest import run_shoal
-from procs import alive, children
+from procs import alive, children, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -400,21 +400,17 @@ def test_forked_workers_die_with_a_killed_launcher(tmp_path):
         env=env,
     )
     try:
-        deadline = time.monotonic() + 180
-        while not (out / "metrics.jsonl").exists():  # training under way
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.1)
+        wait_for(
+            lambda: (out / "metrics.jsonl").exists(), 180, 0.1, "training under way",
+            unless=lambda: proc.poll() is not None, details=lambda: str(proc.poll() is not None and proc.communicate()),
+        )  # fmt: skip
         workers = children(proc.pid)
         launcher_cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         assert len(workers) == 2, workers
         assert all(Path(f"/proc/{pid}/cmdline").read_bytes() == launcher_cmdline for pid in workers)  # forked
         os.kill(proc.pid, signal.SIGKILL)  # the launcher alone
         proc.communicate(timeout=30)
-        deadline = time.monotonic() + 30
-        while any(alive(pid) for pid in workers):
-            assert time.monotonic() < deadline, f"workers outlived their launcher: {workers}"
-            time.sleep(0.1)
+        wait_for(lambda: not any(alive(pid) for pid in workers), 30, 0.1, f"workers {workers} gone with their launcher")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import warm
-from shoal.launch.watchdog import VERDICT_FILE, write_verdict
-from shoal.progress import ENV_DIR, ProgressWriter, read_progress
+from shoal.progress import ENV_DIR, VERDICT_FILE, ProgressWriter, read_progress, write_verdict
 from shoal.train.config import TrainConfig
 from shoal.train.reporting import Reports
 
@@ -37,12 +36,6 @@ def _reports(tmp_path: Path, rank: int = 0) -> Reports:
         rank=rank, is_main=rank == 0, device=torch.device("cpu"), progress=lambda: ProgressWriter(None)
     )
     return Reports(TrainConfig(), ctx, tmp_path)
-
-
-def test_the_trainer_reads_the_file_the_watchdog_writes():
-    from shoal.train import reporting
-
-    assert reporting.VERDICT_FILE == VERDICT_FILE
 
 
 def test_rank_0_reads_the_watchdogs_stragglers_once_per_epoch(tmp_path, monkeypatch):

@@ -88,7 +88,7 @@ class OverheadConfig:
     variants: tuple[str, ...] = VARIANTS
     """Comma-separated subset of plain, shoal, accelerate, fabric, horovod (plain, the baseline, always runs)."""
     start_method: Literal["auto", "fork", "spawn"] = "auto"
-    """How launch_local starts workers: auto (fork on CPU), fork or spawn."""
+    """How the workers start: auto (fork on CPU), fork or spawn."""
 
     def __post_init__(self) -> None:
         from shoal.workloads.synthetic import ARCHS

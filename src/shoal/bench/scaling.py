@@ -85,7 +85,7 @@ class ScalingConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (CUDA when there is a GPU per process), cpu or cuda."""
     start_method: Literal["auto", "fork", "spawn"] = "auto"
-    """How launch_local starts workers: auto (fork on CPU, spawn with CUDA), fork or spawn.
+    """How the workers start: auto (fork on CPU, spawn with CUDA), fork or spawn.
 
     Forked workers inherit the imported torch and torchvision instead of importing them again
     (seconds per launch); CUDA does not survive a fork. Steady-state throughput does not depend on it."""
@@ -97,6 +97,8 @@ class ScalingConfig:
     """This node's rank (0..nnodes-1); node 0 runs the 1-process baseline and prints the report."""
     master_addr: str | None = None
     """Address of node 0 as the other nodes reach it (with --nnodes 2 or more)."""
+    advise: bool = field(default=True, metadata={"flag": False})
+    """Give the verdicts' advice (which hook to use); off for ``--smoke``, whose numbers mean nothing."""
     master_port: int = 29500
     """Port of the rendezvous store on node 0 (with --nnodes 2 or more)."""
     join_timeout: float = 120.0
@@ -131,7 +133,7 @@ class ScalingConfig:
         check_start_method(self.start_method)
 
 
-SMOKE = dict(world_sizes=(1, 2), image_size=16, batch_size=4, steps=2, warmup=1, repeat=1, blocks=1)
+SMOKE = dict(world_sizes=(1, 2), image_size=16, batch_size=4, steps=2, warmup=1, repeat=1, blocks=1, advise=False)
 """Tiny sizes for ``--smoke``: checks the machinery in seconds; the numbers mean nothing."""
 
 
@@ -315,7 +317,7 @@ def _summaries(rows: list[dict[str, Any]], cfg: ScalingConfig, model: dict[str, 
         threads = by.get((1, f"threads:{n * cfg.threads}"))
         if threads is not None:
             s["processes_vs_threads"] = paired(row, threads)
-        s["bound"], s["verdict"] = verdict(n, s, model, cfg.powersgd_rank)
+        s["bound"], s["verdict"] = verdict(n, s, model, cfg.powersgd_rank, advise=cfg.advise)
         out.append(s)
     return out
 

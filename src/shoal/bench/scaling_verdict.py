@@ -12,18 +12,20 @@ HOOK_WORTH_IT = 0.05
 """A hook is recommended when it gains at least this much throughput (paired) over plain DDP."""
 
 
-def verdict(n: int, s: dict[str, Any], model: dict[str, int] | None = None, rank: int = 2) -> tuple[str, str]:
+def verdict(
+    n: int, s: dict[str, Any], model: dict[str, int] | None = None, rank: int = 2, *, advise: bool = True
+) -> tuple[str, str]:
     """``(bound, sentence)`` for the ``n``-process summary ``s``: what limits scaling and what to do.
 
     ``bound`` is ``scales well``, ``communication-bound`` or ``contention-bound`` (or unknown without
     the no-all-reduce control); ``model`` (float counts, plain and PowerSGD) lets the advice quote
-    how much PowerSGD of ``rank`` would send.
+    how much PowerSGD of ``rank`` would send. ``advise=False`` (``--smoke``) leaves the advice out.
     """
     eff = s["efficiency"]
     text = f"{n} processes: efficiency {eff:.2f}"
     if "efficiency_no_allreduce" not in s:
         bound = "scales well" if eff >= 0.9 else "unknown (run without --no-controls to see why)"
-        return bound, f"{text}; {bound}{_hook_advice(s, bound, model, rank)}"
+        return bound, f"{text}; {bound}{_hook_advice(s, bound, model, rank) if advise else ''}"
     ctl, share = s["efficiency_no_allreduce"], s["allreduce_share"]
     # efficiency = control x (1 - share): the job is slowed 1/control-fold by contention and
     # 1/(1 - share)-fold by waiting for the all-reduce; the larger factor is the bottleneck.
@@ -55,7 +57,7 @@ def verdict(n: int, s: dict[str, Any], model: dict[str, int] | None = None, rank
         )
     if "processes_vs_threads" in s:
         extra += f"; {n} processes give {s['processes_vs_threads']:.2f}x the throughput of 1 process with {n}x threads"
-    return bound, f"{text}, {why}{extra}{_hook_advice(s, bound, model, rank)}"
+    return bound, f"{text}, {why}{extra}{_hook_advice(s, bound, model, rank) if advise else ''}"
 
 
 def _hook_advice(s: dict[str, Any], bound: str, model: dict[str, int] | None, rank: int) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shoal.atomic import TMP_PREFIX, atomic_write_text, remove_temporaries
 from shoal.checkpoint.cadence import Cadence
 from shoal.checkpoint.crossing import refuse_fsdp
 from shoal.checkpoint.files import (
@@ -53,13 +54,7 @@ from shoal.checkpoint.loading import Checkpoint, restore
 from shoal.checkpoint.rng import capture_rng
 from shoal.checkpoint.sharded import save_sharded, wait_pending
 from shoal.checkpoint.sharded_files import checkpoint_name, remove_stale
-from shoal.checkpoint.storage import (
-    TMP_PREFIX,
-    atomic_torch_save,
-    atomic_write_text,
-    remove_temporaries,
-    torch_load,
-)
+from shoal.checkpoint.storage import atomic_torch_save, torch_load
 from shoal.distributed import collectives
 from shoal.distributed.wrap import model_state_dict
 from shoal.errors import ShoalError

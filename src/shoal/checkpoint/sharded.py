@@ -56,6 +56,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shoal.atomic import TMP_PREFIX, fsync_dir
 from shoal.checkpoint.rng import capture_rng, restore_rng
 from shoal.checkpoint.sharded_files import (
     FORMAT,
@@ -69,7 +70,6 @@ from shoal.checkpoint.sharded_files import (
     remove_stale,
     sharded_checkpoints,
 )
-from shoal.checkpoint.storage import TMP_PREFIX, fsync_dir
 from shoal.distributed import collectives
 from shoal.errors import ShoalError, first_line
 

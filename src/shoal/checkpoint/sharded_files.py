@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from shoal.atomic import TMP_PREFIX
 from shoal.checkpoint.layout import META, is_sharded
-from shoal.checkpoint.storage import TMP_PREFIX
 from shoal.errors import ShoalError, first_line
 
 FORMAT = "shoal-sharded"

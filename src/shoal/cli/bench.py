@@ -87,16 +87,18 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
     """One flag per field of ``cls``, in field order; return the field names.
 
     A field whose metadata holds a :class:`shoal.bench.harness.Flag` (``--dir`` for ``directory``,
-    sizes with K/M/G units) gets the flag it describes; every other field the one
+    sizes with K/M/G units) gets the flag it describes, one whose ``flag`` is False none; every other field the one
     :func:`shoal.cli.fields.add_fields` derives from its type. Either way the docstring is the help.
     """
     names = []
     for field in dataclasses.fields(cls):
         spec = field.metadata.get("flag")
+        if spec is False:  # set by the benchmark itself (``--smoke``'s sizes), not by the user
+            continue
+        doc = " ".join(field_docs(cls).get(field.name, "").split("\n\n", 1)[0].split())
         if spec is None:
             names += add_fields(parser, cls, only=[field.name])
             continue
-        doc = " ".join(field_docs(cls).get(field.name, "").split("\n\n", 1)[0].split())
         default = spec.default if spec.default is not None else field.default
         help_text = doc + (f" (default: {default})" if default not in (None, (), dataclasses.MISSING) else "")
         parser.add_argument(

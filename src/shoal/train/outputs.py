@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shoal.checkpoint.storage import atomic_torch_save, atomic_write_text
+from shoal.atomic import atomic_write_text
+from shoal.checkpoint.storage import atomic_torch_save
 from shoal.errors import ShoalError
 
 CONFIG = "config.json"

@@ -17,7 +17,6 @@ their number to the trackers (``epoch/stragglers``).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -29,16 +28,11 @@ from torch import nn
 from shoal.context import Context
 from shoal.distributed.fsdp import is_fsdp
 from shoal.distributed.wrap import unwrap_model
-from shoal.progress import ENV_DIR
+from shoal.progress import ENV_DIR, read_straggler_lines
 from shoal.tracking import create_tracker, reduce_metrics
 from shoal.tracking.predictions import Predictions
 from shoal.tracking.spec import parse_spec
 from shoal.train.config import TrainConfig
-
-VERDICT_FILE = "verdict.json"
-"""The watchdog's verdict in the progress directory (``shoal.launch.watchdog``'s ``VERDICT_FILE``;
-tests/train/test_train_progress.py checks they agree): ``{"time": s, "stragglers": [{"rank", "node",
-"ratio", "line"}], "hang": null | {"line"}}``, replaced atomically."""
 
 
 class Reports:
@@ -124,12 +118,7 @@ class Reports:
         directory = os.environ.get(ENV_DIR)
         if not directory:
             return []
-        try:
-            with open(Path(directory) / VERDICT_FILE) as f:
-                verdict = json.load(f)
-            lines = [str(s["line"]) for s in verdict.get("stragglers") or ()]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            return []  # no verdict yet, or one this version cannot read: the record goes without
+        lines = read_straggler_lines(directory)
         if lines:
             self._stragglers_seen = True
         return lines

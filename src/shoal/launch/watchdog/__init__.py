@@ -11,7 +11,8 @@ One module per concept, in layers (each imports only from those below it; ``pypr
   :func:`where`), :mod:`.stragglers` (:class:`StragglerJudge`, :func:`straggler_line`); with
   processes: :mod:`.stacks` (:func:`dump_stacks`, :func:`dump_all_stacks`, SIGUSR2 to the ranks),
   :mod:`.processes` (:func:`stop_processes`: SIGTERM, then SIGKILL after the grace; a process's
-  children, descendants, start time); :mod:`.verdict` (:data:`VERDICT_FILE`, :func:`write_verdict`);
+  children, descendants, start time); (the verdict it writes for the workers is
+  :mod:`shoal.progress`'s ``VERDICT_FILE``, beside the records it judges);
 - :mod:`.options`: the constants (``HANG_FLOOR_S``, ``ON_HANG``...) and :func:`hang_options`.
 
 The names the rest of shoal uses are re-exported here (``from shoal.launch.watchdog import
@@ -28,11 +29,9 @@ from shoal.launch.watchdog.options import ON_HANG, hang_options
 from shoal.launch.watchdog.processes import stop_processes
 from shoal.launch.watchdog.stacks import dump_all_stacks, dump_stacks
 from shoal.launch.watchdog.stragglers import StragglerJudge
-from shoal.launch.watchdog.verdict import VERDICT_FILE, write_verdict
 
 __all__ = [
     "ON_HANG",
-    "VERDICT_FILE",
     "Hang",
     "HangDetector",
     "JobWatch",
@@ -46,5 +45,4 @@ __all__ = [
     "hang_report",
     "stop_processes",
     "where",
-    "write_verdict",
 ]

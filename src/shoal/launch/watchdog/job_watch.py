@@ -13,7 +13,7 @@ from shoal.launch.watchdog.hangs import HangDetector
 from shoal.launch.watchdog.monitor import HangEvent, Monitor
 from shoal.launch.watchdog.options import STOP_GRACE_S, WATCHDOG_ENV
 from shoal.launch.watchdog.processes import alive, children, descendants, is_helper, started_at, stop_processes
-from shoal.launch.watchdog.verdict import VERDICT_FILE
+from shoal.progress import VERDICT_FILE
 
 
 class JobWatch:

@@ -18,8 +18,7 @@ from pathlib import Path
 from shoal.launch.watchdog.hangs import Hang, HangDetector, activity, hang_report, where
 from shoal.launch.watchdog.stacks import dump_all_stacks
 from shoal.launch.watchdog.stragglers import StragglerJudge, straggler_line
-from shoal.launch.watchdog.verdict import write_verdict
-from shoal.progress import RankProgress, from_summary, read_progress, to_summary
+from shoal.progress import RankProgress, from_summary, read_progress, to_summary, write_verdict
 
 
 @dataclass
