@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.env.slurm import SlurmEnvironment, slurm_port
+from shoal.env.slurm import SlurmEnvironment, allocation_beyond, allocation_first_node, slurm_port, step_run_id
 from shoal.errors import ShoalError
 
 # Task 5 of `srun -n 7` over gpu01,gpu02,gpu03,gpu7 with 2,2,2,1 tasks: node 2, local rank 1.
@@ -150,3 +150,18 @@ def test_missing_variables_are_named():
     assert "srun" in err.value.hint
     with pytest.raises(ShoalError, match="SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID not set"):
         SlurmEnvironment.describe({"SLURM_STEP_ID": "0"})
+
+
+def test_allocation_variables_outside_a_step():
+    """What launchers read of an allocation they run in: its first node, what it asks beyond them."""
+    assert allocation_first_node(BATCH) == "gnode10"
+    assert allocation_first_node({}) is None
+    with pytest.raises(ShoalError, match="SLURM_JOB_NODELIST='gnode\\[10' is malformed"):
+        allocation_first_node({"SLURM_JOB_NODELIST": "gnode[10"})
+    assert allocation_beyond({"SLURM_JOB_ID": "1", "SLURM_NNODES": "2"}, 8) == "SLURM_NNODES=2"
+    assert allocation_beyond({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"}, 2) == "SLURM_NTASKS=4"
+    assert allocation_beyond({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"}, 4) is None
+    assert allocation_beyond({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2(x3)"}, 1) is None  # not a plain count
+    assert allocation_beyond({"SLURM_NTASKS": "4"}, 1) is None  # no allocation
+    assert step_run_id(STEP) == "slurm-123456.0"
+    assert step_run_id({}) is None

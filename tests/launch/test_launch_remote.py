@@ -1,4 +1,4 @@
-"""``run_launchers`` and ``run_mpirun``: real processes; which host's or rank's status is reported."""
+"""``run_launchers`` and ``supervise_mpirun``: real processes; which host's or rank's status is reported."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_rank_status_reports_the_command_status(capfd):
 @needs_mpirun
 def test_mpirun_reports_the_cause_even_when_a_consequence_ends_first(capfd):
     script = 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exit 75; fi; sleep 1; exit 4'
-    assert remote.run_mpirun(_mpirun_argv(script), ranks=["here", "here"]) == 4
+    assert remote.supervise_mpirun(_mpirun_argv(script), ranks=["here", "here"]) == 4
     err = capfd.readouterr().err
     assert "shoal launch: rank 1 on here exited with status 4" in err and "rank=" not in err
 
@@ -85,7 +85,7 @@ def test_mpirun_reports_a_consequence_alone_after_the_settle_time_and_stops_the_
     pid_file = tmp_path / "sleeper.pid"
     script = f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exit 75; fi; echo $$ > {pid_file}; exec sleep 600'
     started = time.monotonic()
-    assert remote.run_mpirun(_mpirun_argv(script), ranks=["a", "b"]) == EXIT_ANOTHER_NODE_FAILED
+    assert remote.supervise_mpirun(_mpirun_argv(script), ranks=["a", "b"]) == EXIT_ANOTHER_NODE_FAILED
     assert time.monotonic() - started < 60
     assert "rank 0 on a exited with status 75 (stopped because another rank failed" in capfd.readouterr().err
     sleeper = int(pid_file.read_text())
@@ -97,7 +97,7 @@ def test_mpirun_reports_a_consequence_alone_after_the_settle_time_and_stops_the_
 
 @needs_mpirun
 def test_mpirun_all_ranks_succeed():
-    assert remote.run_mpirun(_mpirun_argv("exit 0"), ranks=["a", "b"]) == 0
+    assert remote.supervise_mpirun(_mpirun_argv("exit 0"), ranks=["a", "b"]) == 0
 
 
 @needs_mpirun

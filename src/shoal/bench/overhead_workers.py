@@ -175,13 +175,13 @@ def shoal_worker(job: Job) -> dict[str, Any] | None:
 
     import torch
 
-    from shoal.train.entry import run_worker
+    from shoal.train.entry import train_rank
 
     os.environ["OMP_NUM_THREADS"] = str(job.threads)
     cfg = train_config(job)
     rank = int(os.environ.get("RANK", "0"))
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-        run_worker(cfg)
+        train_rank(cfg)
     if rank != 0:
         return None
     run = Path(cfg.out)

@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def main_args(args: argparse.Namespace) -> int:
     """Run the demo here (already one rank of a job), or start ``--nproc`` workers for it."""
-    from shoal.doctor.demo import run_worker
+    from shoal.doctor.demo import demo_rank
     from shoal.launch.local import run_here_or_launch
     from shoal.launch.options import LaunchOptions
 
@@ -89,7 +89,7 @@ def main_args(args: argparse.Namespace) -> int:
     if iters < 0:
         raise ShoalError(f"--iters must be >= 0, got {iters}", "pass --iters 5, for example")
     options = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
-    results = run_here_or_launch(run_worker, (args.demo, args.size, iters), options)
+    results = run_here_or_launch(demo_rank, (args.demo, args.size, iters), options)
     return max((code or 0 for code in results.values()), default=0)
 
 

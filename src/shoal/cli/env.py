@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shoal.launch.pods import classic_pod, operator_defaults
+    from shoal.env.operator import classic_pod, operator_defaults
 
     pod = operator_defaults(os.environ)
     try:

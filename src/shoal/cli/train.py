@@ -4,7 +4,7 @@ under a launcher.
 The flags are generated from :class:`~shoal.train.config.TrainConfig` (what the run computes) and
 :class:`~shoal.launch.options.LaunchOptions` (how many processes, how nodes meet): one field, one
 flag, its docstring the help. In a Kubeflow pod the operator's ``PET_*`` variables give the launch
-options' defaults (:mod:`shoal.launch.pods`).
+options' defaults (:mod:`shoal.env.operator`).
 """
 
 from __future__ import annotations

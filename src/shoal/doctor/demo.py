@@ -15,7 +15,7 @@ import socket
 import time
 
 
-def run_worker(demo: str, size: int, iters: int) -> int:
+def demo_rank(demo: str, size: int, iters: int) -> int:
     """One rank: run the demo; in a started worker a failed check exits 1 (the launcher reports it)."""
     code = run_demo(demo, size, iters)
     if code and os.environ.get("TORCHELASTIC_RUN_ID") is not None:

@@ -35,7 +35,7 @@ IFNAME_VARS = {"GLOO_SOCKET_IFNAME": "gloo", "NCCL_SOCKET_IFNAME": "nccl"}
 def launcher_check(environ: dict[str, str] | None = None) -> Check:
     """The launcher's variables: shoal's detection refuses contradictions (RANK >= WORLD_SIZE, a
     half-set torchrun environment, bad PET_* from a Kubeflow operator) with a named error."""
-    from shoal.launch.pods import operator_defaults
+    from shoal.env.operator import operator_defaults
 
     environ = dict(os.environ) if environ is None else environ
     try:

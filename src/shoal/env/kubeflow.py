@@ -6,7 +6,7 @@ the same. Matches when those four are set and LOCAL_RANK is not (with LOCAL_RANK
 Every pod then runs one process: local rank 0 of 1, node rank = rank, nodes = world size. That is
 this process's place when the pod's command is the training script itself; a launcher in such a pod
 (``shoal run``, ``shoal train``) reads the same variables as node RANK of WORLD_SIZE nodes and starts
-the pod's workers (:func:`shoal.launch.pods.classic_pod`), which then match the torchrun scheme.
+the pod's workers (:func:`shoal.env.operator.classic_pod`), which then match the torchrun scheme.
 
 Newer operators and Kubeflow Trainer also export torchrun's own settings as PET_* variables
 (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NPROC_PER_NODE), which torchrun

@@ -49,6 +49,13 @@ def mpi_main_address(environ: Mapping[str, str], scheme: str, world: int, local_
     )
 
 
+def mpirun_run_id(environ: Mapping[str, str]) -> str | None:
+    """``mpirun-JOBID`` for the Open MPI job this process belongs to, or None outside one."""
+    if "OMPI_MCA_ess_base_jobid" not in environ:
+        return None
+    return f"mpirun-{environ['OMPI_MCA_ess_base_jobid']}"
+
+
 class OpenMPIEnvironment(LaunchEnvironment):
     name = "openmpi"
 

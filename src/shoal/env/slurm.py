@@ -149,6 +149,46 @@ def _main_address(environ: Mapping[str, str]) -> str:
         ) from None
 
 
+def allocation_beyond(environ: Mapping[str, str], nproc: int) -> str | None:
+    """``NAME=value`` of the Slurm allocation variable that asks for more than ``nproc`` processes on
+    one node (several nodes, or more tasks), or None (no allocation, or it fits). Counts that are
+    unset or not plain numbers read as 1 (Slurm writes ``2(x3)`` forms elsewhere)."""
+    if "SLURM_JOB_ID" not in environ:
+        return None
+    nodes_name = first_set(environ, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    nodes = _count(environ, nodes_name)
+    tasks = _count(environ, "SLURM_NTASKS")
+    if nodes > 1:
+        return f"{nodes_name}={nodes}"
+    return f"SLURM_NTASKS={tasks}" if tasks > nproc else None
+
+
+def allocation_first_node(environ: Mapping[str, str]) -> str | None:
+    """The first node of the Slurm allocation (SLURM_JOB_NODELIST), where rank 0 of an mpirun
+    inside it runs; None outside an allocation. ShoalError when the host list is malformed."""
+    nodelist = environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    try:
+        return expand_hostlist(nodelist)[0]
+    except ValueError as err:
+        raise ShoalError(
+            f"SLURM_JOB_NODELIST={nodelist!r} is malformed: {err}", "give --master-addr <first node of the allocation>"
+        ) from None
+
+
+def step_run_id(environ: Mapping[str, str]) -> str | None:
+    """``slurm-JOB.STEP`` for the Slurm job step this process belongs to, or None outside Slurm."""
+    if "SLURM_JOB_ID" not in environ:
+        return None
+    return f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', '0')}"
+
+
+def _count(environ: Mapping[str, str], name: str | None) -> int:
+    value = environ.get(name or "", "").strip()
+    return int(value) if value.isdigit() else 1
+
+
 def _main_port(environ: Mapping[str, str]) -> int:
     if "MASTER_PORT" in environ or "SLURM_JOB_ID" not in environ:
         return read_port(environ, "MASTER_PORT", DEFAULT_MAIN_PORT)

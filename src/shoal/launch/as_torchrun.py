@@ -85,11 +85,10 @@ def _node_of(rank: int, world: int, ranks_per_node: Sequence[int]) -> dict[str, 
 
 def _run_id(environ: Mapping[str, str]) -> str:
     """One id for the whole job: Open MPI's job id, or the Slurm job and step, else ``shoal``."""
-    if "OMPI_MCA_ess_base_jobid" in environ:
-        return f"mpirun-{environ['OMPI_MCA_ess_base_jobid']}"
-    if "SLURM_JOB_ID" in environ:
-        return f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', '0')}"
-    return "shoal"
+    from shoal.env.openmpi import mpirun_run_id
+    from shoal.env.slurm import step_run_id
+
+    return mpirun_run_id(environ) or step_run_id(environ) or "shoal"
 
 
 def parse_argv(argv: Sequence[str]) -> tuple[tuple[int, ...], list[str]]:

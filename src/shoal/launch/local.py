@@ -23,10 +23,11 @@ from shoal.console import write_line
 from shoal.env import detect_environment
 from shoal.env.detect import detected_scheme
 from shoal.env.local import LocalEnvironment
+from shoal.env.operator import classic_pod, classic_pod_line
+from shoal.env.slurm import allocation_beyond
 from shoal.errors import ShoalError
 from shoal.launch.core import Launch, WorkersFailed, run_workers
 from shoal.launch.options import START_METHODS, LaunchOptions
-from shoal.launch.pods import classic_pod, classic_pod_line
 from shoal.launch.process import temporary_run_dir
 from shoal.launch.rendezvous import plan_for
 
@@ -152,18 +153,11 @@ def check_allocation(options: LaunchOptions, environ: Mapping[str, str], prog: s
     step) that asked for more: several nodes, or more tasks than the processes it starts. The job
     would run on a part of what was allocated, silently. ``SHOAL_ENV=local`` says that is intended.
     """
-    if options.several_nodes or "SLURM_JOB_ID" not in environ or environ.get("SHOAL_ENV", "").strip():
+    if options.several_nodes or environ.get("SHOAL_ENV", "").strip():
         return
-    if detected_scheme(environ, argv=()) is not LocalEnvironment:  # an srun step counts its own tasks
-        return
-    nodes_name = next((n for n in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES") if n in environ), None)
-    nodes = _count(environ, nodes_name)
-    tasks = _count(environ, "SLURM_NTASKS")
-    if nodes > 1:
-        found = f"{nodes_name}={nodes}"
-    elif tasks > options.nproc:
-        found = f"SLURM_NTASKS={tasks}"
-    else:
+    found = allocation_beyond(environ, options.nproc)
+    # Not the local scheme: an srun step (or another launcher's rank) counts its own tasks.
+    if found is None or detected_scheme(environ, argv=()) is not LocalEnvironment:
         return
     raise ShoalError(
         f"{found}: this Slurm allocation asks for more than the {options.nproc} process(es) {prog} would "
@@ -195,12 +189,6 @@ def refuse_rank_launching_alone(prog: str, environ: Mapping[str, str]) -> None:
         f"({' '.join(info.reason[:3])}), but {prog} would start a standalone job of its own here",
         hints.get(info.scheme, "give the launcher --nnodes, --node-rank and --master-addr of the job it belongs to"),
     )
-
-
-def _count(environ: Mapping[str, str], name: str | None) -> int:
-    """A Slurm count variable, 1 when unset or not a plain number (Slurm writes ``2(x3)`` forms elsewhere)."""
-    value = environ.get(name or "", "").strip()
-    return int(value) if value.isdigit() else 1
 
 
 def run_here_or_launch(

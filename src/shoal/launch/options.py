@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shoal.env.operator import operator_defaults
 from shoal.errors import ShoalError
-from shoal.launch.pods import operator_defaults
 from shoal.launch.watchdog import hang_options
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
@@ -84,7 +84,7 @@ class LaunchOptions:
         pod: Mapping[str, Any] | None = None,
     ) -> LaunchOptions:
         """The one constructor launchers use: the operator's variables in a pod give the defaults
-        (:func:`shoal.launch.pods.operator_defaults`), ``given`` (the user's flags or keyword
+        (:func:`shoal.env.operator.operator_defaults`), ``given`` (the user's flags or keyword
         arguments) wins over them. Outside a pod, ``given`` alone. ``pod``: those defaults, where
         the caller has read them from ``environ`` already (``shoal env`` reports them)."""
         if pod is None:

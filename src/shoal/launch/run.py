@@ -21,11 +21,11 @@ from collections.abc import Iterator, Mapping
 from shoal.console import write_line
 from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.env.host import threads_per_process
+from shoal.env.operator import classic_defaults, classic_pod, classic_pod_line, nproc_from
 from shoal.errors import ShoalError
 from shoal.launch.core import Launch, run_workers
 from shoal.launch.local import check_allocation, refuse_rank_launching_alone
 from shoal.launch.options import DEFAULT_JOIN_TIMEOUT_S, LaunchOptions, check_join_timeout, parse_conf, parse_nnodes
-from shoal.launch.pods import classic_defaults, classic_pod, classic_pod_line, nproc_from
 from shoal.launch.precheck import check_script
 from shoal.launch.process import process_started, temporary_run_dir
 from shoal.launch.rendezvous import plan_for
@@ -177,7 +177,7 @@ def parse(
     argv: list[str], parser: argparse.ArgumentParser | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[argparse.Namespace, LaunchOptions]:
     """torchrun's arguments and the LaunchOptions they give. In a pod with only the classic variables
-    (:func:`~shoal.launch.pods.classic_pod`) those are the flags' defaults, as PET_* are torchrun's:
+    (:func:`~shoal.env.operator.classic_pod`) those are the flags' defaults, as PET_* are torchrun's:
     flags given win."""
     parser = parser or build_parser()
     environ = os.environ if environ is None else environ

@@ -16,8 +16,11 @@ QUIET_EXIT_DELAY_S = 2.0
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
 
 
-def run_worker(
-    cfg: TrainConfig, started_by: str | None = None, launch: dict[str, Any] | None = None, workload: Any = None
+def train_rank(
+    cfg: TrainConfig,
+    started_by: str | None = None,
+    launch_record: dict[str, Any] | None = None,
+    workload: Any = None,
 ) -> TrainResult:
     """Train as one rank of the job; a ShoalError becomes its message and exit status.
 
@@ -37,7 +40,7 @@ def run_worker(
     try:
         if isinstance(workload, Parcel):
             workload = workload.open()
-        return train(cfg, workload=workload, started_by=started_by, launch=launch)
+        return train(cfg, workload=workload, started_by=started_by, launch_record=launch_record)
     except ShoalError as err:
         if not getattr(err, "quiet", False):
             write_line(err.format())

@@ -38,7 +38,7 @@ from shoal.launch.core import PREEMPTED_CODES, WorkersFailed
 from shoal.launch.local import launch_local, resolve_start_method, starts_workers
 from shoal.launch.options import LaunchOptions
 from shoal.train.config import TrainConfig, check_resume
-from shoal.train.entry import run_worker
+from shoal.train.entry import train_rank
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir, refuse_existing_run
 from shoal.train.trainer import TrainResult, train
 from shoal.workloads import get_workload, label, short_name
@@ -142,7 +142,7 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     run_dir = None if options.several_nodes else cfg.out
     try:
         results = launch_local(
-            run_worker,
+            train_rank,
             (cfg, method, record, carried),
             options=dataclasses.replace(options, start_method=method),
             run_dir=run_dir,

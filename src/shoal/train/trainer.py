@@ -40,7 +40,7 @@ from shoal.workloads.blame import blame, checked_loss
 
 
 @dataclass(frozen=True)
-class Plan:
+class TrainPlan:
     """Quantities derived once at start, printed so nobody has to work them out."""
 
     world_size: int
@@ -86,14 +86,14 @@ def train(
     *,
     workload: Workload | None = None,
     started_by: str | None = None,
-    launch: dict[str, Any] | None = None,
+    launch_record: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Run one training job in this process (one rank of it).
 
     ``workload``: the instance to train (``shoal.fit(MyWorkload(...))``); default, the one
     ``cfg.workload`` names. ``started_by``: how a local launcher started this worker
-    (``fork``/``spawn``); ``launch``: the launch options it was given. Both only go on the record
-    (config.json).
+    (``fork``/``spawn``); ``launch_record``: the launch options it was given, as a dict. Both only
+    go on the record (config.json's ``launch``).
     """
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)
@@ -132,7 +132,7 @@ def train(
         train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform, **options)
         eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
         test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform, **options)
-        plan = _plan(cfg, ctx, len(train_loader))
+        plan = _train_plan(cfg, ctx, len(train_loader))
         # A no-op without DDP (one process); PowerSGD starts after 10% of the run, as torch advises.
         start = powersgd_start(plan.steps_per_epoch * plan.epochs)
         comm_hook = register_comm_hook(model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start)
@@ -152,7 +152,7 @@ def train(
             run.eval_filler = (data.test_transform(first) if data.test_transform else first)[0]
         run.resume()
         derived = {"channels_last": channels_last, "start_method": started_by}
-        _announce(run, derived, launch)
+        _announce(run, derived, launch_record)
         record: dict[str, Any] = {}
         with PreemptionWatch(grace_s=cfg.preempt_grace) as preemption:
             while run.epoch <= plan.epochs:
@@ -203,7 +203,7 @@ def _train_epoch(run: RunState, step: Step, loader: Any, schedule: LRSchedule, p
     num_samples = sampler.num_samples
     batches = len(loader)
     accum = cfg.grad_accum
-    bar = _progress(cfg, ctx, batches, run.epoch, run.plan.epochs)
+    bar = _progress_bar(cfg, ctx, batches, run.epoch, run.plan.epochs)
     postfix_every = max(1, batches // 10)
     remaining = sampler.num_remaining if not sampler.epoch_done else num_samples
     position = num_samples - remaining  # global samples of this epoch before the next step
@@ -339,8 +339,8 @@ def _preempted(run: RunState, signum: int, path: Path | None) -> Preempted:
     )
 
 
-def _plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> Plan:
-    return Plan(
+def _train_plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> TrainPlan:
+    return TrainPlan(
         world_size=ctx.world_size,
         batch_size=cfg.batch_size,
         grad_accum=cfg.grad_accum,
@@ -375,7 +375,7 @@ def _open_run(cfg: TrainConfig, ctx: Context, *, prepared: bool) -> tuple[Path, 
     return out, outputs, manager
 
 
-def _announce(run: RunState, derived: dict[str, Any], launch: dict[str, Any] | None) -> None:
+def _announce(run: RunState, derived: dict[str, Any], launch_record: dict[str, Any] | None) -> None:
     """Rank 0's start lines, and config.json (the resolved config, what was derived, the machine)."""
     cfg, ctx, plan = run.cfg, run.ctx, run.plan
     started = derived.get("start_method")
@@ -398,8 +398,8 @@ def _announce(run: RunState, derived: dict[str, Any], launch: dict[str, Any] | N
         env = ctx.environment
         config = cfg.to_dict()
         config["out"] = str(run.out)
-        if launch is not None:
-            config["launch"] = launch
+        if launch_record is not None:
+            config["launch"] = launch_record
         config["extra"] = {
             **{k: v for k, v in derived.items() if v is not None},
             "environment": env.scheme,
@@ -418,7 +418,7 @@ def _announce(run: RunState, derived: dict[str, Any], launch: dict[str, Any] | N
         ctx.print(f"  output: {run.outputs.directory}")
 
 
-def _progress(cfg: TrainConfig, ctx: Context, total: int, epoch: int, epochs: int):
+def _progress_bar(cfg: TrainConfig, ctx: Context, total: int, epoch: int, epochs: int):
     show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     if not (ctx.is_main and show):
         return None

@@ -154,7 +154,7 @@ def run_hosts(args: argparse.Namespace) -> int:
             f"mpirun, {count(opts.world_size(), 'process')} on {_host_list(opts)}, rendezvous "
             f"{opts.main_address(spec)}:{spec.port()}"
         )
-        return processes.run_mpirun(argv, ranks=_rank_hosts(opts))
+        return processes.supervise_mpirun(argv, ranks=_rank_hosts(opts))
     spec = JobSpec(
         **common,
         rdzv_backend=args.rdzv_backend,
@@ -195,17 +195,11 @@ def run_mpirun(args: argparse.Namespace) -> int:
     if args.np is None and not hosts:
         raise ShoalError("no process count", "give -np N (and --hosts for several machines)")
     here = Here.detect(hosts)
-    if not hosts and not args.master_addr and os.environ.get("SLURM_JOB_NODELIST"):
+    if not hosts and not args.master_addr:
         # Inside a Slurm allocation mpirun spreads the ranks over its nodes; rank 0 runs on the first.
-        from shoal.env.hostlist import expand_hostlist
+        from shoal.env.slurm import allocation_first_node
 
-        try:
-            args.master_addr = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])[0]
-        except ValueError as err:
-            raise ShoalError(
-                f"SLURM_JOB_NODELIST={os.environ['SLURM_JOB_NODELIST']!r} is malformed: {err}",
-                "give --master-addr <first node of the allocation>",
-            ) from None
+        args.master_addr = allocation_first_node(os.environ) or args.master_addr
     python = args.python or sys.executable
     spec = JobSpec(
         command=args.command,
@@ -222,7 +216,7 @@ def run_mpirun(args: argparse.Namespace) -> int:
     require_program("mpirun", processes.MPIRUN_HINT)
     check_reachable(_remote_hosts(opts, here), args.rsh, mpirun=True)
     announce(f"mpirun, {count(opts.world_size(), 'process')}, rendezvous {opts.main_address(spec)}:{spec.port()}")
-    return processes.run_mpirun(argv)
+    return processes.supervise_mpirun(argv)
 
 
 def run_manual(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ the others are stopped the same way and shoal exits with the failed one's status
 workers were stopped only because another node's failed (:data:`EXIT_ANOTHER_NODE_FAILED`) can end
 first when the failing host is further away: its status is reported only if no other host fails
 within :data:`SETTLE_S`. Under mpirun the same holds for ranks: each rank's exit status comes back
-through :mod:`shoal.jobs.hosts.rank_status` (see :func:`run_mpirun`).
+through :mod:`shoal.jobs.hosts.rank_status` (see :func:`supervise_mpirun`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 from shoal.errors import EXIT_ANOTHER_NODE_FAILED
 from shoal.jobs.programs import require_program
+from shoal.stopping import stop_with_grace
 
 GRACE_S = 20.0
 """How long stopped launchers get to stop their workers before they are killed."""
@@ -63,7 +64,7 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def run_mpirun(argv: Sequence[str], ranks: Sequence[str] | None = None) -> int:
+def supervise_mpirun(argv: Sequence[str], ranks: Sequence[str] | None = None) -> int:
     """Run an ``mpirun`` command line; return its exit status (128+N if stopped by signal N).
 
     ``ranks`` (the host of each rank) when ``argv`` runs every rank under
@@ -194,19 +195,13 @@ def run_launchers(commands: Sequence[Sequence[str]], labels: Sequence[str]) -> i
 
 def _stop(procs: Sequence[subprocess.Popen], *, by_stdin: bool) -> None:
     """Ask each process to stop (close stdin, or SIGTERM), wait ``GRACE_S``, then SIGKILL."""
-    for proc in procs:
-        if proc.poll() is None:
-            if by_stdin:
-                _close_stdin(proc)
-            else:
-                _signal(proc, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal(proc, signal.SIGKILL)
-            proc.wait()
+    stop_with_grace(
+        procs,
+        running=lambda proc: proc.poll() is None,
+        ask=_close_stdin if by_stdin else lambda proc: _signal(proc, signal.SIGTERM),
+        kill=lambda proc: _signal(proc, signal.SIGKILL),
+        grace_s=GRACE_S,
+    )
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

@@ -5,7 +5,7 @@
 :func:`shoal.launch.as_torchrun.environment_for` gives a rank (torchrun's variables, so an unchanged
 torchrun-style script runs, and the exit hook), waits for it and writes
 ``shoal-rank-status: rank=R status=S`` to stderr, which mpirun relays to ``shoal launch``
-(:func:`shoal.jobs.hosts.processes.run_mpirun`). A signal sent to this process (mpirun stopping the
+(:func:`shoal.jobs.hosts.processes.supervise_mpirun`). A signal sent to this process (mpirun stopping the
 job) is passed on to COMMAND, whose status is then reported as 128+N. Imports no torch: it adds about
 0.3 s to each rank's start (measured on a busy 2-core machine; torch's own import takes 2-4 s).
 """

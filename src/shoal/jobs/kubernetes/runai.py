@@ -13,7 +13,7 @@ docs/Researcher/Walkthroughs/walkthrough-distributed-training.md: "one master an
 What the pod command relies on: the training operator gives every pod MASTER_ADDR
 (``<name>-master-0``), MASTER_PORT, RANK (the pod's index, master first) and WORLD_SIZE, and with an
 operator before 1.7 nothing else (no PET_*); ``shoal run`` and ``shoal train`` read those as node RANK
-of WORLD_SIZE meeting on MASTER_ADDR:MASTER_PORT (:func:`shoal.launch.pods.classic_pod`), and the
+of WORLD_SIZE meeting on MASTER_ADDR:MASTER_PORT (:func:`shoal.env.operator.classic_pod`), and the
 PET_* variables when a newer operator sets them. The command does not spell them out as
 ``--nnodes $(WORLD_SIZE)``: from training-operator 1.7 WORLD_SIZE counts processes, not pods, and
 PET_NNODES is the count to read then. Run:ai's pods get no PET_NPROC_PER_NODE from the submit command,

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from shoal.stopping import stop_with_grace
 
 
 def alive(pid: int) -> bool:
@@ -41,19 +42,13 @@ def _zombie(pid: int) -> bool:
 def stop_processes(pids: Iterable[int], grace_s: float = 10.0) -> list[int]:
     """SIGTERM to each of ``pids``; SIGKILL to those still there after ``grace_s``; wait until all are
     gone. Returns the PIDs that needed SIGKILL (for example a rank blocked in a collective)."""
-    pids = [pid for pid in pids if alive(pid)]
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        time.sleep(0.05)
-    killed = [pid for pid in pids if alive(pid)]
-    for pid in killed:
-        _signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline and any(alive(pid) for pid in killed):
-        time.sleep(0.02)
-    return killed
+    return stop_with_grace(
+        list(pids),
+        running=alive,
+        ask=lambda pid: _signal(pid, signal.SIGTERM),
+        kill=lambda pid: _signal(pid, signal.SIGKILL),
+        grace_s=grace_s,
+    )
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -1,5 +1,7 @@
 """A Kubernetes pod whose command is ``shoal train`` or ``shoal run``: the operator's variables as
-launch options, so the pod needs no launch script.
+launch options (plain dicts of :class:`~shoal.launch.options.LaunchOptions` field values), so the pod
+needs no launch script. Pure functions over environment mappings: :mod:`shoal.env` is the one reader
+of scheduler variables.
 
 Kubeflow's training-operator (PyTorchJob) and Trainer v2 (TrainJob) give each pod torchrun's flags
 as ``PET_*`` variables (``PET_NNODES``, ``PET_NODE_RANK``, ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR``,

@@ -15,10 +15,10 @@ from shoal.env.detect import detected_scheme
 from shoal.env.kubeflow import KubeflowEnvironment
 from shoal.env.local import LocalEnvironment
 from shoal.env.openmpi import OpenMPIEnvironment
+from shoal.env.operator import classic_pod, classic_pod_line, operator_defaults
 from shoal.errors import ShoalError
 from shoal.launch.local import check_allocation, refuse_rank_launching_alone, starts_workers
 from shoal.launch.options import LaunchOptions
-from shoal.env.operator import classic_pod, classic_pod_line, operator_defaults
 
 RUNAI_WORKER = {
     "MASTER_ADDR": "dist-train1-master-0",
