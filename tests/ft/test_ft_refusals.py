@@ -30,13 +30,21 @@ def _refused(*args: str, timeout: float = 60):
         (("--nproc", "2", "--grad-accum", "2"), "--grad-accum does not work with --fault-tolerance"),
         (("--nproc", "1"), "one replica group has nobody to fail over to"),
         (("--nproc", "2", "--checkpoint-every", "50steps"), "--checkpoint-every Nsteps does not work with"),
-        (("--nproc", "2", "--nnodes", "2", "--master-addr", "127.0.0.1"), "runs on one node for now"),
+        (
+            ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400"),
+            "across nodes needs --master-addr",
+        ),
     ],
 )
 def test_refused_before_any_group_starts(flags, said, tmp_path):
     lines = _refused(*flags, "--out", str(tmp_path / "run"))
     assert said in lines[-2]
     assert not (tmp_path / "run" / "replicas.jsonl").exists()  # no group ever started
+
+
+def test_several_nodes_need_a_shared_out():
+    lines = _refused("--nnodes", "2", "--master-addr", "127.0.0.1")
+    assert "across nodes needs --out" in lines[-2]
 
 
 def test_lighthouse_without_fault_tolerance_is_refused():

@@ -16,6 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from ft_events import events as _events
+from ft_events import find as _find
+from ft_events import lighthouses
+from ft_events import show as _show
 
 import procs
 from conftest import run_shoal
@@ -35,30 +39,9 @@ def _train(out: Path, epochs: int) -> list[str]:
             "--batch-size", str(BATCH), "--out", str(out)]  # fmt: skip
 
 
-def _events(out: Path) -> list[dict]:
-    path = out / "replicas.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _show(events: list[dict], since: float) -> str:
-    """The events, one a line, their times relative to ``since``."""
-    return "\n".join(json.dumps({**e, "t": round(e["t"] - since, 3)}) for e in events)
-
-
 def _lighthouses(launcher: int) -> list[int]:
     """The PIDs of the launcher's lighthouse processes."""
-    found = []
-    for pid in descendants(launcher):
-        try:
-            if b"lighthouse_main.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _find(events: list[dict], group: int, event: str) -> list[dict]:
-    return [e for e in events if e["group"] == group and e["event"] == event]
+    return lighthouses(descendants(launcher))
 
 
 def test_a_killed_group_costs_one_step_and_heals(tmp_path):

@@ -48,6 +48,11 @@ DEFAULT_MAX_RESTARTS = 10
 _POLL_S = 0.05
 _STORE_TIMEOUT_S = 60.0
 _GATE_TIMEOUT_S = 120.0
+_OUTER_JOB_VARS = frozenset(
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK")
+    + ("ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+)
+"""torchrun's worker variables (torch.distributed.elastic.agent.server.local_elastic_agent)."""
 _BAD_INPUT = 2
 """A worker's exit status for a ShoalError (bad input): the same in every group, never restarted."""
 
@@ -68,39 +73,58 @@ def run_replica_groups(
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     lighthouse: str | None = None,
     host: str = "127.0.0.1",
+    first: int = 0,
+    total: int | None = None,
+    lighthouse_port: int | None = None,
 ) -> dict[int, Any]:
-    """Run ``groups`` replica groups of ``entrypoint(*args)``; return what each group returned.
+    """Run ``groups`` replica groups of ``entrypoint(*args)`` here; return what each group returned.
 
-    ``lighthouse``: the URL of a lighthouse someone else runs; default, one started here on
-    ``host``. ``max_restarts``: restarts per group before the job fails. Raises ShoalError when a
-    group fails for bad input (every group would) or runs out of restarts; the others are stopped.
+    Across nodes, this node's groups are ``first`` .. ``first + groups - 1`` of the job's ``total``
+    (default: ``groups``, one node). ``host``: the address every socket of this node's groups binds.
+    ``lighthouse``: the URL of a lighthouse someone else runs (another node, or the user's); default,
+    one started here on ``host`` (port ``lighthouse_port``, default a free one). ``max_restarts``:
+    restarts per group before the job fails. Raises ShoalError when a group fails for bad input
+    (every group would) or runs out of restarts; the others are stopped.
     """
-    if groups < 2:
+    total = groups if total is None else total
+    if total < 2:
         raise ShoalError(
-            f"--fault-tolerance needs at least 2 replica groups, got {groups}",
-            "pass --nproc 2 or more (one replica group per process)",
+            f"--fault-tolerance needs at least 2 replica groups, got {total}",
+            "pass --nproc 2 or more (one replica group per process), or run on several nodes",
         )
+    layout = _Layout(groups, first, total)
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="shoal-groups-") as results_dir:
         results = Path(results_dir)
         if lighthouse is not None:
-            return _supervise(context, entrypoint, args, groups, max_restarts, lighthouse, host, results)
-        with Lighthouse(host) as served:
-            return _supervise(context, entrypoint, args, groups, max_restarts, served.url, host, results)
+            return _supervise(context, entrypoint, args, layout, max_restarts, lighthouse, host, results)
+        with Lighthouse(host, lighthouse_port) as served:
+            return _supervise(context, entrypoint, args, layout, max_restarts, served.url, host, results)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """This node's share of the job's replica groups."""
+
+    count: int
+    first: int
+    total: int
 
 
 def _supervise(
     context: Any,
     entrypoint: Callable[..., Any],
     args: tuple[Any, ...],
-    count: int,
+    layout: _Layout,
     max_restarts: int,
     lighthouse: str,
     host: str,
     results: Path,
 ) -> dict[int, Any]:
+    count = layout.count
     base = {
-        GROUPS_ENV: str(count),
+        GROUPS_ENV: str(layout.total),
+        "SHOAL_ENV": "local",  # whatever launched this launcher (mpirun, srun), a group is one process
         ADDRESS_ENV: host,
         LIGHTHOUSE_ENV: lighthouse,
         "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES),
@@ -116,23 +140,23 @@ def _supervise(
         ifname = os.environ.get(name) or interface_of(host)
         if ifname:
             base[name] = ifname
-    groups = [_Group(i) for i in range(count)]
+    groups = [_Group(layout.first + i) for i in range(count)]
     # The first start of every group meets here before its first quorum (a late group would
     # otherwise miss it and heal at step 1); a restarted group does not wait.
     gate = context.Barrier(count, timeout=_GATE_TIMEOUT_S)
     try:
         for group in groups:
             _start(context, group, entrypoint, args, base, results, gate)
-        running = set(range(count))
+        running = list(groups)
         while running:
             time.sleep(_POLL_S)
-            for group in [groups[i] for i in sorted(running)]:
+            for group in list(running):
                 code = group.process.exitcode
                 if code is None:
                     continue
                 group.process.join()
                 if code == 0:
-                    running.discard(group.index)
+                    running.remove(group)
                     continue
                 _refuse_to_restart(group, code, max_restarts)
                 write_line(
@@ -165,6 +189,10 @@ def _start(
 def _group_main(entrypoint: Callable[..., Any], args: tuple, env: dict[str, str], target: Path, gate: Any) -> None:
     die_with_parent()
     reset_inherited_signal_handlers()
+    # A group is a world of one process, also when this launcher is itself a rank of an outer job
+    # (shoal launch --hosts, torchrun): the outer job's coordinates are not the group's.
+    for name in [n for n in os.environ if n in _OUTER_JOB_VARS or n.startswith("TORCHELASTIC_")]:
+        del os.environ[name]
     os.environ.update(env)
     if gate is not None:
         set_first_quorum_gate(functools.partial(_wait_at, gate))

@@ -99,11 +99,11 @@ class TrainConfig:
     model whose training state does not fit one process; docs/SHARDING.md). fsdp takes --amp bf16
     (FSDP's mixed precision), not --amp fp16 nor --comm-hook."""
     fault_tolerance: bool = False
-    """Per-step fault tolerance (torchft): --nproc N runs N replica groups that train together; a
+    """Per-step fault tolerance (torchft): --nproc N runs N replica groups per node that train together; a
     group that dies costs the others one step, is restarted alone and heals from a live group
     (docs/FAULT_TOLERANCE.md). Needs pip install 'shoal[ft]'."""
     lighthouse: str | None = field(default=None, metadata={"metavar": "URL"})
-    """--fault-tolerance: the torchft lighthouse to use (http://HOST:PORT); default, shoal runs one."""
+    """--fault-tolerance: the torchft lighthouse to use (http://HOST:PORT); default, shoal runs one (on node 0)."""
     powersgd_rank: int = 2
     """--comm-hook powersgd: rank of each gradient matrix's approximation (1-4 typical; higher sends
     more and is closer to the exact gradient)."""

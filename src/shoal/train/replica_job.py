@@ -1,37 +1,45 @@
 """A fault-tolerant job seen from the process that starts it (``shoal train --fault-tolerance``).
 
-It checks what the replica groups need before any starts (one node, two groups at least, the
-CPU: groups are forked, and CUDA does not survive a fork), names and prepares the run directory, then runs the groups beside a
+It checks what the replica groups need before any starts (two groups at least, the master's
+address and a shared ``--out`` across nodes, the CPU: groups are forked, and CUDA does not survive
+a fork), names and prepares the run directory, then runs this node's groups, node 0's beside a
 supervised lighthouse (:func:`shoal.launch.replica_groups.run_replica_groups`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
+from shoal.console import write_line
+from shoal.env.detect import detect_environment
+from shoal.env.network import bracket, route_to
 from shoal.errors import ShoalError
 from shoal.launch.options import LaunchOptions
 from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
 from shoal.train.config import TrainConfig
-from shoal.train.entry import run_worker
+from shoal.train.entry import train_rank
 from shoal.train.outputs import default_out_dir, prepare_out_dir
 from shoal.train.trainer import TrainResult
 from shoal.workloads import short_name
 
+DEFAULT_LIGHTHOUSE_PORT = 29500
+"""Across nodes, node 0's lighthouse listens on ``--master-port``, by default torchrun's port: a
+fault-tolerant job has no other store on the master."""
+
 
 def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> None:
     """Refuse what a fault-tolerant launch cannot do yet, before anything starts."""
+    options = _as_job_rank(options)
     if device == "cuda":
         raise ShoalError(
             "--fault-tolerance runs on the CPU for now (its replica groups are forked, and CUDA does not survive a fork)",
             "drop --device cuda (docs/FAULT_TOLERANCE.md says what is built)",
         )
     if options.several_nodes:
-        raise ShoalError(
-            "--fault-tolerance runs on one node for now (its replica groups are this node's processes)",
-            "drop --nnodes (or run one group per node by hand with --lighthouse pointing at one lighthouse)",
-        )
-    if options.nproc < 2:
+        _check_nodes(options)
+    elif options.nproc < 2:
         raise ShoalError(
             "--fault-tolerance with one replica group has nobody to fail over to",
             "pass --nproc 2 or more: each process is a replica group",
@@ -41,17 +49,88 @@ def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> None:
 
 
 def run_replica_job(cfg: TrainConfig, options: LaunchOptions, *, workload: Any = None) -> TrainResult | None:
-    """Train ``cfg`` as ``options.nproc`` replica groups on the CPU; group 0's result."""
+    """Train ``cfg`` as ``options.nproc`` replica groups per node on the CPU; group 0's result
+    (None on the other nodes)."""
     check_replica_launch(options, cfg.device)
+    options = _as_job_rank(options)
     cfg = cfg.replace(device="cpu")
+    if cfg.out is None and options.several_nodes:
+        raise ShoalError(
+            "--fault-tolerance across nodes needs --out",
+            "pass --out DIR on storage every node can see (a restarted group's checkpoints and logs live there)",
+        )
     if cfg.out is None:
         cfg = cfg.replace(out=default_out_dir(short_name(cfg.workload)))
     cfg = cfg.replace(out=str(prepare_out_dir(cfg.out)))
+    place = _placement(options, cfg.lighthouse)
     results = run_replica_groups(
-        run_worker,
+        train_rank,
         (cfg, "fork", None, workload),
         groups=options.nproc,
         max_restarts=options.max_restarts or DEFAULT_MAX_RESTARTS,
-        lighthouse=cfg.lighthouse,
+        lighthouse=place.lighthouse,
+        host=place.host,
+        first=options.node_rank * options.nproc,
+        total=options.node_counts[0] * options.nproc,
+        lighthouse_port=place.lighthouse_port,
     )
     return results.get(0)
+
+
+def _as_job_rank(options: LaunchOptions) -> LaunchOptions:
+    """Started as one rank of a job another launcher started (``shoal launch --hosts``, ``shoal
+    run --nnodes``, torchrun, mpirun), this process is a node of one replica group: group RANK of
+    WORLD_SIZE, supervised here (the outer launcher never sees it fail). Rank 0 serves the
+    lighthouse on the master's port + 1: the master's port is the outer launcher's store."""
+    if options.several_nodes or options.nproc > 1:
+        return options
+    env = detect_environment()
+    if env.world_size < 2:
+        return options
+    return dataclasses.replace(
+        options,
+        nnodes=str(env.world_size),
+        node_rank=env.rank,
+        master_addr=env.main_address,
+        master_port=env.main_port + 1,
+    )
+
+
+def _check_nodes(options: LaunchOptions) -> None:
+    """Several nodes: a fixed number of them, and the master's address (node 0 hosts the lighthouse)."""
+    if options.rdzv_backend != "static" or options.master_addr is None:
+        raise ShoalError(
+            "--fault-tolerance across nodes needs --master-addr (node 0, which hosts the lighthouse)",
+            "pass --nnodes N --node-rank R --master-addr ADDR on every node (no --rdzv-backend)",
+        )
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where this node's groups listen, and the lighthouse they use (None: start one here)."""
+
+    host: str
+    lighthouse: str | None
+    lighthouse_port: int | None = None
+
+
+def _placement(options: LaunchOptions, lighthouse: str | None) -> _Placement:
+    """One node: loopback. Several: the address shoal picks toward the master (``--local-addr``
+    wins); node 0 serves the lighthouse there on ``--master-port`` (default
+    :data:`DEFAULT_LIGHTHOUSE_PORT`), the others reach it at the master's address, never a name."""
+    if not options.several_nodes:
+        return _Placement("127.0.0.1", lighthouse)
+    route = route_to(options.master_addr or "")
+    host = options.local_addr or route.addr
+    port = options.master_port or DEFAULT_LIGHTHOUSE_PORT
+    if lighthouse is None and options.node_rank != 0:
+        # The master on this machine (a name mapped to 127.x here): node 0 serves on the same
+        # outward address this node chose, not on the loopback address the name resolves to.
+        served = route.addr if route.master_is_local else route.master_ip
+        lighthouse = f"http://{bracket(served)}:{port}"
+    write_line(
+        f"shoal: network: replica groups of node {options.node_rank} on {host}"
+        f"{f' ({route.ifname})' if route.ifname else ''}; "
+        + (f"lighthouse {lighthouse}" if lighthouse else f"serving the lighthouse on {bracket(host)}:{port}")
+    )
+    return _Placement(host, lighthouse, port)
