@@ -16,11 +16,11 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from shoal.atomic import atomic_write_text
 from shoal.bench.timing import load_average
 from shoal.env.host import usable_cores
 
@@ -134,16 +134,7 @@ def write_json(path: str | os.PathLike, report: dict) -> Path:
     """Write ``report`` to ``path`` atomically (a reader never sees half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_jsonable(report), f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, json.dumps(_jsonable(report), indent=2, allow_nan=False) + "\n")
 
 
 def save_plot(path: str | os.PathLike, draw: Callable[[Any], None]) -> tuple[Path | None, str | None]:

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
+from shoal.atomic import atomic_write_text
 from shoal.errors import ShoalError
 
 EXAMPLES = """\
@@ -128,11 +129,7 @@ def check_replaceable(path: str, marker: str, *, what: str) -> None:
 def write_rendered(path: str, text: str, marker: str, *, what: str, mode: int = 0o644) -> None:
     """Write ``text`` to ``path`` atomically; an existing file is replaced only if shoal rendered it."""
     check_replaceable(path, marker, what=what)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    atomic_write_text(path, text, mode=mode)
 
 
 def count(n: int, noun: str) -> str:
