@@ -42,7 +42,7 @@ def test_a_group_killed_under_shoal_launch_heals_and_nobody_else_restarts(cluste
         )  # fmt: skip
     try:
         procs.wait_for(
-            lambda: find(events(out), 1, "joined"), timeout=240, what="group 1's first commit",
+            lambda: all(find(events(out), g, "joined") for g in (0, 1)), timeout=240, what="both groups' first commit",
             unless=lambda: proc.poll() is not None, details=log.read_text,
         )  # fmt: skip
         groups = [find(events(out), g, "start")[0]["pid"] for g in (0, 1)]

@@ -29,7 +29,7 @@ def test_a_group_killed_in_an_srun_step_heals_and_the_step_goes_on(slurm, tmp_pa
         proc = subprocess.Popen(cmd, env=slurm.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         procs.wait_for(
-            lambda: find(events(out), 1, "joined"), timeout=240, what="group 1's first commit",
+            lambda: all(find(events(out), g, "joined") for g in (0, 1)), timeout=240, what="both groups' first commit",
             unless=lambda: proc.poll() is not None, details=lambda: log.read_text() + slurm.logs(),
         )  # fmt: skip
         victim = find(events(out), 1, "start")[0]["pid"]

@@ -37,7 +37,7 @@ def test_a_killed_node_group_costs_one_step_and_heals(tmp_path):
             for rank, node in enumerate((a, b))
         ]
         procs.wait_for(
-            lambda: find(events(out), 1, "joined"), timeout=240, what="group 1's first commit",
+            lambda: all(find(events(out), g, "joined") for g in (0, 1)), timeout=240, what="both groups' first commit",
             unless=lambda: any(item.proc.poll() is not None for item in launched), details=lambda: describe(launched),
         )  # fmt: skip
         sockets = listening(a.pids() + b.pids())

@@ -100,7 +100,10 @@ def png_pixels(path: Path) -> np.ndarray:
 
 
 def tensorboard(log_dir: Path):
+    # TensorBoard without TensorFlow (installed by shoal[tensorflow]), as shoal's own backend reads it.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import shoal.tracking.tensorboard_backend  # noqa: F401
 
     accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     accumulator.Reload()

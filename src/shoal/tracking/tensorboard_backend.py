@@ -7,6 +7,8 @@ step or later (what the interrupted attempt logged after its checkpoint), so no 
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +16,13 @@ from shoal.tracking.backend import Backend, config_json, flatten
 from shoal.tracking.predictions import Predictions
 
 SUBDIR = "tensorboard"
+
+# Event files need none of TensorFlow, but TensorBoard's ``compat.tf`` imports it whenever it is
+# installed (``shoal[tensorflow]``): 1.5 s and ~0.5 GB on rank 0, environment variables of its own,
+# and a process that then builds a torch optimizer crashes (TF 2.21, torch 2.14). The module
+# ``tensorboard.compat.notf`` is TensorBoard's own switch to its TensorFlow stub
+# (tensorboard/compat/__init__.py, the ``no_tensorflow`` build target); shoal sets it.
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
 class TensorBoardBackend(Backend):

@@ -156,9 +156,10 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
 
 def _resume_note(cfg: TrainConfig, err: WorkersFailed) -> str:
     """After a signal (Ctrl-C, a worker killed or lost): a line saying that the same command
-    resumes, when the run has a checkpoint to resume from; nothing otherwise. Preempted workers
-    (SIGTERM, SIGUSR1) said where their checkpoint went themselves."""
-    if err.exit_code <= 128 or (err.exit_code in PREEMPTED_CODES and "workers stopped by" in err.message):
+    resumes, when the run has a checkpoint to resume from; nothing otherwise. After SIGTERM or
+    SIGUSR1 (to the launcher or to the workers) the workers were preempted and said where their
+    checkpoint went and that the same command resumes: said once, not again here."""
+    if err.exit_code <= 128 or err.exit_code in PREEMPTED_CODES:
         return ""
     out = Path(cfg.out or "").expanduser()
     directory = Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else out / "checkpoints"
