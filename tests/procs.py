@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import warm
+from shoal.stopping import stop_with_grace
 
 LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "PET_", "TORCHELASTIC_", "GROUP_", "ROLE_", "HOROVOD_")
 """Variables a launcher (mpirun, srun, torchrun's agent, a Kubeflow operator, horovodrun) leaves."""
@@ -162,13 +163,7 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 def stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
     """SIGTERM to those of ``procs`` still running, SIGKILL to any still there after ``grace_s``."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_with_grace(
+        procs, running=lambda p: p.poll() is None, ask=subprocess.Popen.terminate, kill=subprocess.Popen.kill,
+        grace_s=grace_s,
+    )  # fmt: skip

@@ -25,24 +25,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from ft_events import events, find, metrics
+
 
 def _shoal(*args: str) -> list[str]:
     return [sys.executable, "-m", "shoal", "train", *args, "--device", "cpu"]
 
 
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _events(out: Path) -> list[dict]:
-    path = out / "replicas.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def _step_s(out: Path, steps_key: str | None) -> float:
     """Median seconds per step over the epochs after the first (training time only where recorded)."""
     per_step = []
-    for record in _records(out)[1:]:
+    for record in metrics(out)[1:]:
         steps = record[steps_key] if steps_key else record["samples_seen"] / record["global_batch_size"]
         per_step.append(record["samples_seen"] / record["samples_per_s"] / steps)
     return statistics.median(per_step)
@@ -64,11 +57,11 @@ def one_fault(workload: str, epochs: int, out: Path) -> dict:
         stderr=subprocess.DEVNULL,
     )
     try:
-        while not [e for e in _events(out) if e["group"] == 1 and e["event"] == "joined"]:
+        while not find(events(out), 1, "joined"):
             if proc.poll() is not None:
                 raise RuntimeError(f"the run ended early ({proc.returncode})")
             time.sleep(0.02)
-        victim = next(e["pid"] for e in _events(out) if e["group"] == 1 and e["event"] == "start")
+        victim = find(events(out), 1, "start")[0]["pid"]
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         proc.wait(timeout=600)
@@ -76,13 +69,13 @@ def one_fault(workload: str, epochs: int, out: Path) -> dict:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    events = _events(out)
-    alone = next(e for e in events if e["group"] == 0 and e["event"] == "quorum" and e["t"] > killed_at)
-    second = [e for e in events if e["group"] == 1 and e["event"] == "joined" and e["pid"] != victim]
-    finished = {e["group"]: e["params"] for e in events if e["event"] == "finished"}
+    found = events(out)
+    alone = next(e for e in find(found, 0, "quorum") if e["t"] > killed_at)
+    second = [e for e in find(found, 1, "joined") if e["pid"] != victim]
+    finished = {e["group"]: e["params"] for e in found if e["event"] == "finished"}
     return {
         "survivor_next_commit_s": alone["t"] - killed_at,
-        "survivor_dropped_steps": sum(e["event"] == "dropped" for e in events if e["group"] == 0),
+        "survivor_dropped_steps": len(find(found, 0, "dropped")),
         "returning_first_commit_s": second[0]["after_s"],
         "weights_equal": finished.get(0) == finished.get(1),
     }

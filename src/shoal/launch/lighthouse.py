@@ -27,6 +27,7 @@ from shoal.console import write_line
 from shoal.errors import ShoalError
 from shoal.launch.ports import find_free_port
 from shoal.launch.process import PR_SET_PDEATHSIG
+from shoal.stopping import stop_with_grace
 
 HEARTBEAT_TIMEOUT_MS = 1000
 """A group silent this long is left out of the next quorum (torchft's default: 5000)."""
@@ -97,14 +98,11 @@ class Lighthouse:
         self._stop.set()
         if self._watch is not None:
             self._watch.join()
-        process = self._process
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if self._process is not None:
+            stop_with_grace(
+                [self._process], running=lambda p: p.poll() is None, ask=subprocess.Popen.terminate,
+                kill=subprocess.Popen.kill, grace_s=5.0,
+            )  # fmt: skip
 
     def _start(self) -> None:
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}

@@ -43,6 +43,7 @@ from shoal.launch.lighthouse import QUORUM_RETRIES, Lighthouse
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
 from shoal.launch.rendezvous.plan import SOCKET_IFNAME_VARS
 from shoal.launch.rendezvous.stores import serve_store
+from shoal.stopping import stop_with_grace
 
 DEFAULT_MAX_RESTARTS = 10
 _POLL_S = 0.05
@@ -232,17 +233,20 @@ def _how(code: int) -> str:
 
 def _stop_all(groups: list[_Group]) -> None:
     """SIGTERM the groups still running, then SIGKILL those that do not go within 5 s."""
-    live = [g.process for g in groups if g.process is not None and g.process.exitcode is None]
-    for process in live:
-        with _ignore_gone():
-            os.kill(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    for process in live:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.exitcode is None:
+
+    def send(sig: int) -> Callable[[Any], None]:
+        def to(process: Any) -> None:
             with _ignore_gone():
-                os.kill(process.pid, signal.SIGKILL)
-            process.join()
+                os.kill(process.pid, sig)
+
+        return to
+
+    started = [g.process for g in groups if g.process is not None]
+    stop_with_grace(
+        started, running=lambda p: p.is_alive(), ask=send(signal.SIGTERM), kill=send(signal.SIGKILL), grace_s=5.0
+    )
+    for process in started:
+        process.join()  # reap
 
 
 def _ignore_gone() -> contextlib.AbstractContextManager[None]:
