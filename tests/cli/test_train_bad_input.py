@@ -30,7 +30,9 @@ TORCH = re.compile(r"^import time:.*\|\s+torch$", re.M)
     [
         (["train", "imagenet"], ["unknown workload 'imagenet'", "digits"], True),
         (["train", "pkg.module:"], ["workload spec 'pkg.module:' is incomplete"], True),
-        (["train", "synthetic", "--arch", "resnet7"], ["unknown architecture 'resnet7'", "resnet18"], False),
+        (["train", "synthetic", "--arch", "resnet7"], ["unknown architecture 'resnet7'", "resnet18"], True),
+        (["train", "cifar10", "--arch", "mlp"], ["cifar10 trains a ResNet; --arch 'mlp'", "resnet18"], True),
+        (["train", "language", "--arch", "huge"], ["no model preset 'huge'", "tiny, small, large"], True),
         (["train", "digits", "--nproc", "0"], ["--nproc must be at least 1"], True),
         (["train", "digits", "--batch-size", "0"], ["--batch-size must be at least 1"], True),
         # said before torch loads where no GPU device file exists; else torch is asked

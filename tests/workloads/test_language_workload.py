@@ -14,8 +14,9 @@ import torch
 from conftest import run_shoal
 from shoal.errors import ShoalError
 from shoal.workloads import WORKLOADS, get_workload
+from shoal.workloads.archs import LANGUAGE_PRESETS
 from shoal.workloads.language import Language, as_tensors, preset_name, windows
-from shoal.workloads.language_model import TinyGPT, lm_loss, perplexity
+from shoal.workloads.language_model import PRESETS, TinyGPT, lm_loss, perplexity
 
 COMMON = ["--seed", "5", "--no-progress", "--device", "cpu", "--samples", "512", "--lr", "0.01"]
 
@@ -62,6 +63,7 @@ def test_presets_and_an_unknown_one():
     assert [preset_name(a) for a in ("resnet18", "tiny", "small", "large")] == ["tiny", "tiny", "small", "large"]
     with pytest.raises(ShoalError, match="no model preset 'huge'"):
         preset_name("huge")
+    assert tuple(PRESETS) == LANGUAGE_PRESETS  # the torch-free list the command line checks --arch against
 
 
 def test_unknown_preset_is_one_line_and_a_hint(tmp_path):

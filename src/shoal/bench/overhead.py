@@ -91,7 +91,7 @@ class OverheadConfig:
     """How the workers start: auto (fork on CPU), fork or spawn."""
 
     def __post_init__(self) -> None:
-        from shoal.workloads.synthetic import ARCHS
+        from shoal.workloads.archs import SYNTHETIC as ARCHS
 
         if self.model not in ARCHS:
             raise ShoalError(f"unknown model {self.model!r}", f"choose --model from: {', '.join(ARCHS)}")

@@ -106,7 +106,7 @@ class ScalingConfig:
 
     def __post_init__(self) -> None:
         from shoal.distributed.comm_hooks import check_comm_hook
-        from shoal.workloads.synthetic import ARCHS
+        from shoal.workloads.archs import SYNTHETIC as ARCHS
 
         if self.arch not in ARCHS:
             raise ShoalError(f"unknown architecture {self.arch!r}", f"choose --arch from: {', '.join(ARCHS)}")

@@ -23,6 +23,7 @@ from shoal.distributed.comm_hooks import COMM_HOOKS, check_comm_hook
 from shoal.env.grace import PREEMPT_GRACE_S
 from shoal.errors import ShoalError
 from shoal.tracking.spec import parse_spec, require_installed
+from shoal.workloads.archs import check_arch
 from shoal.workloads.spec import check_form
 
 LR_SCALING = ("none", "linear", "sqrt")
@@ -135,6 +136,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_form(self.workload)  # the name alone, nothing imported: bad input fails before torch loads
+        if isinstance(self.workload, str):
+            check_arch(self.workload, self.arch)  # a bundled workload's --arch, likewise
         for flag, value in (
             ("--epochs", self.epochs),
             ("--grad-accum", self.grad_accum),

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from shoal.errors import ShoalError
+from shoal.workloads.archs import check_arch
 from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings, check_or_download, data_root
 
 BATCH_DIR = "cifar-10-batches-py"
@@ -16,7 +16,6 @@ FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 LAYOUT = "DIR/cifar-10-batches-py"
-RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
 
 class CIFAR10(Workload):
@@ -34,7 +33,7 @@ class CIFAR10(Workload):
     class_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
     def prepare(self, cfg: WorkloadSettings) -> None:
-        _check_arch(cfg.arch)
+        check_arch(self.name, cfg.arch)
         root = data_root(cfg, LAYOUT)
         missing = [name for name in FILES if not (root / BATCH_DIR / name).is_file()]
 
@@ -80,13 +79,6 @@ class CIFAR10(Workload):
         return cifar_resnet(cfg.arch, num_classes)
 
 
-def _check_arch(arch: str) -> None:
-    if arch not in RESNETS:
-        raise ShoalError(
-            f"cifar10 trains a ResNet; --arch {arch!r} is not one", f"choose --arch from: {', '.join(RESNETS)}"
-        )
-
-
 def cifar_resnet(arch: str = "resnet18", num_classes: int = 10) -> nn.Module:
     """torchvision's ResNet ``arch`` with the usual CIFAR stem: a 3x3 stride-1 first conv, no max-pool.
 
@@ -95,7 +87,7 @@ def cifar_resnet(arch: str = "resnet18", num_classes: int = 10) -> nn.Module:
     """
     import torchvision.models
 
-    _check_arch(arch)
+    check_arch("cifar10", arch)
     model = getattr(torchvision.models, arch)(num_classes=num_classes)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from shoal.errors import ShoalError
+from shoal.workloads.archs import TRAINER_DEFAULT_ARCH, check_arch
 from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings
 from shoal.workloads.language_model import (
     PRESETS,
@@ -36,22 +36,14 @@ from shoal.workloads.language_model import (
 
 DEFAULT_SAMPLES = 2048
 """Training windows when ``--samples`` is not given (64 KiB of text with the tiny preset)."""
-TRAINER_DEFAULT_ARCH = "resnet18"
-"""``TrainConfig.arch``'s default (the flag is shared with synthetic and cifar10): read as ``tiny``."""
 CORPUS_SEED = 0
 """The text is fixed, whatever ``--seed`` says, so losses compare across runs."""
 
 
 def preset_name(arch: str) -> str:
     """The preset ``--arch`` names (the trainer's default means ``tiny``); unknown: a ShoalError."""
-    if arch == TRAINER_DEFAULT_ARCH:
-        return "tiny"
-    if arch not in PRESETS:
-        raise ShoalError(
-            f"the language workload has no model preset {arch!r}",
-            f"choose --arch from: {', '.join(PRESETS)} (tiny for tests, large exceeds a 1 GiB budget per worker)",
-        )
-    return arch
+    check_arch("language", arch)
+    return "tiny" if arch == TRAINER_DEFAULT_ARCH else arch
 
 
 def windows(n_train: int, n_test: int, seq_len: int) -> tuple[TokenWindows, TokenWindows]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shoal.errors import ShoalError
+from shoal.workloads.archs import SYNTHETIC, check_arch
 from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings
 
-RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-ARCHS = (*RESNETS, "mlp")
+ARCHS = SYNTHETIC
 MLP_WIDTH = 512
 NUM_CLASSES = 10
 DEFAULT_SAMPLES = 1024
@@ -21,7 +20,7 @@ class Synthetic(Workload):
     defaults = {"epochs": 1, "batch_size": 32, "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0}
 
     def prepare(self, cfg: WorkloadSettings) -> None:
-        _check_arch(cfg.arch)
+        check_arch(self.name, cfg.arch)
 
     def load(self, cfg: WorkloadSettings, device: torch.device, rank: int = 0) -> WorkloadData:
         samples = cfg.samples or DEFAULT_SAMPLES
@@ -46,7 +45,7 @@ def build_synthetic_model(arch: str, image_size: int, num_classes: int = NUM_CLA
     The MLP is the "tiny model" of the overhead benchmark: so little compute per step that any
     per-step cost of the training loop (or of the gradient all-reduce) shows.
     """
-    _check_arch(arch)
+    check_arch("synthetic", arch)
     if arch == "mlp":
         features = 3 * image_size * image_size
         return nn.Sequential(
@@ -60,8 +59,3 @@ def build_synthetic_model(arch: str, image_size: int, num_classes: int = NUM_CLA
     import torchvision.models
 
     return getattr(torchvision.models, arch)(num_classes=num_classes)
-
-
-def _check_arch(arch: str) -> None:
-    if arch not in ARCHS:
-        raise ShoalError(f"unknown architecture {arch!r}", f"choose --arch from: {', '.join(ARCHS)}")
