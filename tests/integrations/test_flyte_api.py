@@ -221,3 +221,28 @@ def test_a_failing_mirror_is_reported_once_and_training_goes_on(flyte, tmp_path,
     err = capfd.readouterr().err
     assert err.count("copying checkpoints to Flyte's checkpoint failed") == 1 and "training goes on" in err
     assert not any(t.name == "shoal-flyte-checkpoint" for t in threading.enumerate())
+
+
+BROKEN_WORKLOAD = """
+import shoal
+
+
+class Broken(shoal.Workload):
+    def load(self, cfg, device, rank=0):
+        raise ValueError(f"the user's loader fails on rank {rank}")
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_worker_whose_own_code_raises_is_not_retried(flyte, tmp_path, capfd):
+    """The workload raises in both real workers: fit() raises the report as a ShoalError (a user error
+    to Flyte, never retried: the retry would fail the same way), not FlyteRecoverableException."""
+    from flytekit.exceptions.user import FlyteRecoverableException
+
+    _, integration = flyte
+    (tmp_path / "broken.py").write_text(BROKEN_WORKLOAD)
+    with pytest.raises(ShoalError) as info:
+        integration.fit(f"{tmp_path / 'broken.py'}:Broken", nproc=2, device="cpu", out=str(tmp_path / "run"))
+    assert not isinstance(info.value, FlyteRecoverableException) and info.value.raised
+    assert "failed with exit code 2" in info.value.format()  # a shoal error, said by the worker itself:
+    assert "load() of Broken failed: ValueError: the user's loader fails on rank" in capfd.readouterr().err

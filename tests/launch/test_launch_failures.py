@@ -111,6 +111,7 @@ def test_root_cause_from_stderr_logs_not_the_consequence(tmp_path):
     assert report.traceback == TB
     assert report.message == "ValueError: boom at rank 1"
     assert report.other_ranks == [0]
+    assert report.raised  # its own exception: a retry would raise it again (a Flyte user error)
     text = report.format()
     assert text.splitlines()[0] == "shoal: rank 1 (local rank 1) failed with exit code 1; its traceback:"
     assert TB in text
@@ -135,7 +136,7 @@ def test_killed_by_signal(tmp_path):
     _log(tmp_path, 0, "epoch 1\nepoch 2\n")
     err = ChildFailedError("train.py", {3: _failure(0, -signal.SIGKILL)})
     report = describe_child_failure(err, str(tmp_path))
-    assert report.exit_code == 128 + 9 and report.signal_name == "SIGKILL"
+    assert report.exit_code == 128 + 9 and report.signal_name == "SIGKILL" and not report.raised
     text = report.format()
     assert "rank 3 (local rank 0) was killed by SIGKILL (9); the last lines of its stderr:" in text
     assert "epoch 2" in text
@@ -165,7 +166,15 @@ def test_no_logs_at_all():
         "shoal: rank 0 (local rank 0) failed with exit code 3; it left no traceback.",
         "shoal: error: rank 0 failed: exit code 3",
     ]
-    assert describe_child_failure(err).exit_code == 3
+    assert describe_child_failure(err).exit_code == 3 and describe_child_failure(err).raised
+
+
+def test_a_rank_that_lost_its_peer_did_not_raise_of_its_own(tmp_path):
+    # What a retry can fix (a Flyte recoverable error): the collective failed because a peer is gone.
+    _log(tmp_path, 0, 'Traceback (most recent call last):\n  File "x"\nRuntimeError: Connection reset by peer\n')
+    report = describe_child_failure(ChildFailedError("train.py", {0: _failure(0, 1)}), str(tmp_path))
+    assert report.exit_code == 1 and report.message == "RuntimeError: Connection reset by peer"
+    assert not report.raised
 
 
 def test_error_file_of_a_function_entrypoint(tmp_path):

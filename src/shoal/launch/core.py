@@ -61,7 +61,16 @@ SIGTERM" for every worker it stops after a failure comes from torch.multiprocess
 
 
 class WorkersFailed(ShoalError):
-    """A worker failed (or the workers were stopped); the message is the whole report to print."""
+    """A worker failed (or the workers were stopped); the message is the whole report to print.
+
+    ``raised``: the root-cause worker ended on its own with a failure status, not for a lost peer
+    (:attr:`FailureReport.raised`): its code or input failed, and a retry would fail the same way.
+    False for a kill, a preemption, a hang or a stop.
+    """
+
+    def __init__(self, message: str, hint: str = "", *, exit_code: int = 2, raised: bool = False) -> None:
+        super().__init__(message, hint, exit_code=exit_code)
+        self.raised = raised
 
     def format(self) -> str:
         return self.message
@@ -185,7 +194,7 @@ def run_workers(
         report = describe_child_failure(
             err, launch.log_dir, stderr_logs=recorder.stderrs, keep_logs=launch.keep_logs, memory_before=memory_before
         )
-        raise WorkersFailed(report.format(), exit_code=report.exit_code) from None
+        raise WorkersFailed(report.format(), exit_code=report.exit_code, raised=report.raised) from None
     except SignalException as err:
         # This launcher got the signal (Kubernetes or Slurm stopping the job, a Ctrl-C): the agent
         # has forwarded it to the workers and waited for them.

@@ -50,6 +50,8 @@ _LOG_LINE = re.compile(r"^(\[rank\d+\]:)?\[?[IWEF]\d{4} |^\[[IWEF] |^\S+:\d+: \w
 _MAX_MESSAGE_LINES = 30
 _TAIL_LINES = 20
 _NOT_AVAILABLE = "<N/A>"
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
+"""What gloo and the stores say when another rank's process or node is gone."""
 _ABORT_AT_EXIT = "terminate called without an active exception"
 _ABORT_AT_EXIT_HINT = (
     "the worker aborted while exiting, after its work: gloo's threads outlived the interpreter "
@@ -167,6 +169,14 @@ class FailureReport:
             return signal.Signals(-self.exitcode).name
         except ValueError:
             return f"signal {-self.exitcode}"
+
+    @property
+    def raised(self) -> bool:
+        """The worker ended on its own with a failure status (an exception, ``sys.exit(N)``, a shoal
+        error), not for a lost peer: what the code or its input did, which a retry would do again.
+        False when it was killed by a signal (the OOM killer, a preemption, a dead node)."""
+        said = f"{self.message}\n{self.traceback or ''}\n{self.stderr_tail or ''}"
+        return self.exitcode > 0 and not any(marker in said for marker in PEER_GONE)
 
     @property
     def exit_code(self) -> int:

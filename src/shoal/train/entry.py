@@ -8,12 +8,12 @@ from typing import Any
 
 from shoal.console import write_line
 from shoal.errors import ShoalError, first_line
+from shoal.launch.failures import PEER_GONE
 from shoal.train.config import TrainConfig
 from shoal.train.trainer import TrainResult
 from shoal.workloads.spec import Parcel
 
 QUIET_EXIT_DELAY_S = 2.0
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
 
 
 def train_rank(
@@ -65,7 +65,7 @@ def peer_gone(err: BaseException) -> bool:
 
     text = str(err)
     return isinstance(err, getattr(dist, "DistNetworkError", ())) or (
-        isinstance(err, RuntimeError) and any(marker in text for marker in _PEER_GONE)
+        isinstance(err, RuntimeError) and any(marker in text for marker in PEER_GONE)
     )
 
 

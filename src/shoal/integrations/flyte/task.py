@@ -92,9 +92,10 @@ def fit(workload: Any = "digits", **options: Any) -> TrainOutputs:
     - ``out``: default, a new directory in the task's sandbox (``current_context().working_directory``).
     - Resume: the previous attempt's checkpoints come from Flyte's checkpoint before training, and
       every new checkpoint goes there while it trains (see :mod:`~shoal.integrations.flyte.mirror`).
-    - A crashed worker or a preemption (SIGTERM) raises ``FlyteRecoverableException``: Flyte retries
-      it (``retries=N``) and the retry resumes. Bad input raises :class:`~shoal.errors.ShoalError`,
-      which Flyte does not retry.
+    - A worker killed (a signal, the OOM killer, a lost node) or a preemption (SIGTERM) raises
+      ``FlyteRecoverableException``: Flyte retries it (``retries=N``) and the retry resumes. Bad
+      input, and a worker whose own code raised (your workload's exception, a bad argument), raise
+      :class:`~shoal.errors.ShoalError`, which Flyte does not retry: a retry would fail the same way.
     """
     task_nproc = _TASK_NPROC.get()
     if task_nproc is not None:
@@ -194,6 +195,8 @@ def _recoverable(shoal_fit: Callable[..., Any], workload: Any, **options: Any) -
     try:
         return shoal_fit(workload, **options)
     except (WorkersFailed, Preempted) as err:
+        if isinstance(err, WorkersFailed) and err.raised:
+            raise  # the user's code or input failed: a retry would fail the same way (a user error to Flyte)
         raise FlyteRecoverableException(
             f"{err.format()}\nshoal: a retry of this task resumes from the last checkpoint copied to Flyte"
         ) from None
