@@ -57,6 +57,7 @@ def test_a_killed_group_costs_one_step_and_heals(tmp_path):
         procs.wait_for(lambda: len(_find(_events(out), 1, "joined")) == 2, timeout=120, what="group 1 back")
         # Then the lighthouse dies too: shoal starts it again, and the groups go on together.
         first = _lighthouses(proc.pid)
+        lighthouse_killed_at = time.time()
         os.kill(first[0], signal.SIGKILL)
         procs.wait_for(lambda: set(_lighthouses(proc.pid)) - set(first), timeout=30, what="a new lighthouse")
         stdout, stderr = proc.communicate(timeout=240)
@@ -67,17 +68,22 @@ def test_a_killed_group_costs_one_step_and_heals(tmp_path):
     assert sockets and all(is_loopback(address) for address, _, _ in sockets), sockets
     assert "torchft's lighthouse on 127.0.0.1" in stderr and "starting it again (restart 1)" in stderr, stderr
 
-    # The survivor: one process from start to end, its next commit within seconds of the kill.
-    survivor = {e["pid"] for e in events if e["group"] == 0}
-    assert len(survivor) == 1 and len(_find(events, 0, "start")) == 1, events
+    # The survivor: one process until the lighthouse was killed, its next commit within seconds of
+    # the kill. (A fresh lighthouse may issue its first quorum before it has heard from every group,
+    # which costs a group one restart and heal: docs/FAULT_TOLERANCE.md, "The lighthouse".)
+    before = [e for e in events if e["t"] < lighthouse_killed_at]
+    survivor = {e["pid"] for e in before if e["group"] == 0}
+    assert len(survivor) == 1 and len(_find(before, 0, "start")) == 1, _show(events, killed_at)
     # Its first commit in a new quorum (alone, or with group 1 back already), whether the kill hit
     # the all-reduce (a dropped step) or fell between two steps.
     after = [e for e in _find(events, 0, "quorum") if e["t"] > killed_at]
     assert after and after[0]["t"] - killed_at < SURVIVOR_COMMIT_S, _show(events, killed_at)
 
     # The victim: restarted by the launcher (a new pid), healed from the survivor, committed again.
-    starts = _find(events, 1, "start")
-    assert [e["starts"] for e in starts] == [1, 2] and starts[1]["pid"] != victim, events
+    starts = _find(before, 1, "start")
+    assert [e["starts"] for e in starts] == [1, 2] and starts[1]["pid"] != victim, _show(events, killed_at)
+    # After the lighthouse's restart: at most one more restart of each group.
+    assert len(_find(events, 0, "start")) <= 2 and len(_find(events, 1, "start")) <= 3, _show(events, killed_at)
     assert f"replica group 1 (pid {victim}) was killed by SIGKILL" in stderr
     healed = [e for e in _find(events, 1, "healed") if e["pid"] == starts[1]["pid"]]
     assert healed and healed[0]["step"] >= 1, _show(events, killed_at)

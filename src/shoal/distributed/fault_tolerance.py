@@ -35,7 +35,7 @@ from torch import nn
 
 from shoal.distributed.torchft_check import INSTALL_HINT
 from shoal.env.replica import ReplicaCoordinates, pass_first_quorum_gate, replica_coordinates
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, first_line
 
 
 def require_torchft() -> Any:
@@ -122,8 +122,19 @@ class Replicas:
         return (text.splitlines() or [""])[0][:200]
 
     def start_step(self) -> int:
-        """Join this step's quorum (healing from a live group first if behind); the committed steps."""
-        self.manager.start_quorum()
+        """Join this step's quorum (healing from a live group first if behind); the committed steps.
+
+        No quorum within the quorum timeout (the lighthouse gone for good, or a quorum that never
+        formed) is a ShoalError: one line, and this group's launcher restarts it."""
+        try:
+            self.manager.start_quorum()
+        except (TimeoutError, RuntimeError) as err:
+            raise ShoalError(
+                f"replica group {self.coordinates.group}: no quorum from torchft's lighthouse at "
+                f"{self.coordinates.lighthouse}: {first_line(err)}",
+                "the launcher restarts this group, which heals from a live one; if every group says this, "
+                "check that the lighthouse runs and that this node reaches it",
+            ) from None
         self.participants = self.manager.num_participants()
         return self.manager.current_step()
 
