@@ -48,19 +48,20 @@ def can_make_pods():
 
 
 def _run_mpijob(
-    tmp_path: Path, name: str, command: tuple[str, ...], workers: int = 2, sshd_late_s: float = 0.0
+    tmp_path: Path,
+    name: str,
+    command: tuple[str, ...],
+    workers: int = 2,
+    sshd_late_s: float = 0.0,
+    env: tuple[tuple[str, str | None], ...] = (),
 ) -> tuple[int, str, Path, sim_mpijob.MPIJobPods]:
     """Render, validate, simulate and run an MPIJob: (launcher exit status, its output, the claim, pods).
 
     ``sshd_late_s``: start the workers' sshd this long after the launcher, as when the launcher pod
     comes up first; the operator's ``OMPI_MCA_plm_rsh_args=-o ConnectionAttempts=10`` bridges it.
+    ``env``: ``shoal launch k8s --env`` (the launcher's container, handed on by mpirun ``-x``).
     """
-    spec = JobSpec(
-        command=command,
-        job_name=name,
-        nodes=workers,
-        nproc=1,
-    )
+    spec = JobSpec(command=command, job_name=name, nodes=workers, nproc=1, env=env)
     manifest = render_mpijob(
         spec, PodOptions(image="shoal:test", namespace=NAMESPACE, volumes=(VolumeClaim("shared", SHARED),))
     )
@@ -136,3 +137,15 @@ def test_an_mpijob_gives_a_torchrun_script_torchruns_contract(tmp_path, can_make
         ("1", "0", "1"),
     ]
     assert {v["MASTER_ADDR"] for v in ranks} == {f"{job.workers[0].hostname}.contract.{NAMESPACE}.svc"}  # worker 0
+
+
+def test_an_mpijob_with_shoal_tf_config_gives_every_rank_tf_config(tmp_path, can_make_pods):
+    """``--env SHOAL_TF_CONFIG=1`` on an MPIJob: the launcher's plain mpirun runs each rank through
+    the shim, rank 0's shim serves the exchange; each rank advertises its own worker pod's address."""
+    from launch.tf_config_checks import PRINT, check_tf_config, tf_config_reports
+
+    command = ("python", str(PRINT), SHARED)
+    status, output, shared, job = _run_mpijob(tmp_path, "tfconfig", command, env=(("SHOAL_TF_CONFIG", "1"),))
+    assert status == 0, output
+    hosts = check_tf_config(tf_config_reports(shared, 2), 2)
+    assert hosts[0] != hosts[1] and all(host.startswith("10.77.") for host in hosts), hosts  # one per pod

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from test_tf_config_paths import PRINT, _check, _reports
+from tf_config_checks import PRINT, check_tf_config, tf_config_reports
 
 pytestmark = pytest.mark.multiprocess
 
@@ -23,7 +23,7 @@ def test_srun_through_the_shim_gives_each_task_tf_config(slurm, tmp_path):
         timeout=180,
     )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{slurm.logs()}"
-    reports = _reports(tmp_path, 2)
-    hosts = _check(reports, 2)
+    reports = tf_config_reports(tmp_path, 2)
+    hosts = check_tf_config(reports, 2)
     assert {r["MASTER_ADDR"] for r in reports} == {slurm.hostname}
     assert len(set(hosts)) == 1  # both tasks on the one node, on its address toward the master
