@@ -186,8 +186,14 @@ def two_nodes(tmp_path_factory):
         yield net, server
 
 
-@pytest.mark.parametrize("via", ["ssh", "mpirun"])
-@pytest.mark.parametrize("name", list(SCRIPTS))
+ACROSS_HOSTS = [*((name, "mpirun") for name in SCRIPTS), ("lightning_ddp", "ssh")]
+"""Every library under mpirun (each rank gets its variables from shoal's torchrun shim, beside MPI's
+own, which Lightning and Accelerate also look at); over ssh, where each host runs a ``shoal run``
+and a script sees what it sees under test_shoal_run_nproc_2 (tests/contract), Lightning alone: of
+the three it reads the most of its environment (its cluster plugins: SLURM, MPI, Kubeflow, LSF)."""
+
+
+@pytest.mark.parametrize("name, via", ACROSS_HOSTS)
 def test_shoal_launch_hosts(name, via, library_path, two_nodes, tmp_path):
     net, server = two_nodes
     results = tmp_path / "results.jsonl"
@@ -209,10 +215,12 @@ def test_shoal_launch_hosts(name, via, library_path, two_nodes, tmp_path):
     assert not left, f"processes left behind: {left}"
 
 
-@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("name", ["lightning_ddp"])
 def test_pytorchjob_pods(name, library_path, tmp_path):
     """A PyTorchJob of 2 pods x 1 process: each pod runs the rendered command (``shoal run SCRIPT``),
-    which reads the operator's MASTER_ADDR, RANK, PET_* and starts its worker."""
+    which reads the operator's MASTER_ADDR, RANK, PET_* and starts its worker. Lightning alone: its
+    worker sees the operator's variables beside shoal run's (its Kubeflow plugin reads them); the
+    other scripts read only torchrun's variables, the same as under test_shoal_run_nproc_2."""
     if reason := pods_unavailable():
         pytest.skip(reason)
     results = f"{SHARED}/results.jsonl"
