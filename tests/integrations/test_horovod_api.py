@@ -62,7 +62,10 @@ def _check(ranks: list[dict], n: int) -> None:
         _check_alltoall(ranks, r, n)
         accumulate = seen["accumulate"]
         assert accumulate["pass_1_stayed_local"] and accumulate["reduced_is_average_of_local_sums"]
-        assert seen["step_after_synchronize_warns"] is True
+        # Horovod's test_synchronize_step_warning: exactly one warning, with Horovod's words
+        (warning,) = seen["step_after_synchronize_warns"]
+        assert warning.startswith("optimizer.step() called without optimizer.skip_synchronize()"), warning
+        _check_optimizer_cases(seen, n)
         if n > 1:  # one process registers no hooks and checks nothing, as in Horovod
             assert seen["buckets"] == 2
             assert accumulate["in_flight_after_pass_1"] == 0  # pass 1 of 2: nothing sent
@@ -75,6 +78,29 @@ def _check(ranks: list[dict], n: int) -> None:
         assert seen["after_join_allreduce"] == n
     if n > 1:  # the last rank's last step ran alone: Average still divides by size
         assert ranks[-1]["alone_step_is_local_over_size"]
+
+
+def _check_optimizer_cases(seen: dict, n: int) -> None:
+    """Horovod's test_optimizer_no_named_parameters, test_broadcast_state_no_grad, test_sparse_embeddings."""
+    assert seen["default_names"] == {
+        "names": ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0", "allreduce.noname.1.1"],
+        "same_on_every_rank": True,
+    }
+    # a fresh optimizer: trainable parameters get a zero gradient (as Horovod's state step leaves
+    # them), the frozen one none; no step is taken, so the weights and the state stay as they were
+    assert seen["fresh_state"] == {
+        "frozen_grad": "None",
+        "trainable_grad": [0.0] * 4,
+        "broadcast_grad_equal": True,
+        "weights_unmoved": True,
+        "state_empty": True,
+    }
+    # every step's gradients are the average of the ranks' own, the embedding's still sparse
+    sparse = seen["sparse"]
+    assert sparse["embedding/False"] == sparse["embedding/True"] == {"steps": [[True, True]] * 2, "same_weights": True}
+    # then rank r takes r more steps and joins: the last rank's last step is its own rows over n
+    alone = {"alone": True} if n > 1 and seen["rank"] == n - 1 else {}
+    assert sparse["mixed"] == {"steps": [[True, True]] * 3, "same_weights": True, "join_last": n - 1, **alone}
 
 
 def _check_alltoall(ranks: list[dict], r: int, n: int) -> None:

@@ -53,7 +53,51 @@ ERRORS = {  # the same line on every rank, in Horovod's exception types
     "was still pending (Horovod's DUPLICATE_NAME_ERROR)",
     "duplicate_on_some_ranks": USAGE + "hvd.allreduce 'once': rank 1 submitted it while an earlier op named "
     "'once' was still pending (Horovod's DUPLICATE_NAME_ERROR)",
+    **{  # Horovod's *_duplicate_name_error: the first op's handle was dropped, its name is still pending
+        f"dropped_{kind}": USAGE + f"hvd.{kind} 'dup.{kind}': rank 0 submitted it while an earlier op named "
+        f"'dup.{kind}' was still pending (Horovod's DUPLICATE_NAME_ERROR)"
+        for kind in ("allreduce", "allgather", "broadcast", "reducescatter")
+    },
 }
+ALWAYS = {k for k in ERRORS if k == "duplicate" or k.startswith("dropped_")}
+"""Raised with one process too: a duplicate name needs no peer."""
+JOINED = "rank {first} has called hvd.join(), and "
+
+
+def _even_split(n: int) -> str:
+    """Horovod's test_horovod_alltoall_equal_split_length_error: n + 1 rows and no splits."""
+    return USAGE + (
+        f"hvd.alltoall: rank 0: splits not given and the tensor's {n + 1} rows do not split evenly among {n} ranks"
+    )
+
+
+def _check_joins(ranks: list[dict], n: int) -> None:
+    """Horovod's test_horovod_join_allreduce/_allgather/_broadcast, without a DistributedOptimizer.
+
+    Rank ``first`` joins; the others' allreduces count its zeros (Average divides by n), other
+    collectives raise HorovodInternalError on every active rank; join returns the same rank
+    everywhere, not ``first`` (ties go to the higher rank).
+    """
+    for first in range(n):
+        last = max(q for q in range(n) if q != first) if n > 1 else 0
+        for r, seen in enumerate(ranks):
+            joined = seen["joins"][first]
+            assert joined["ret"] == last and joined["everyone"] == [last] * n, joined
+            if r == first:
+                continue
+            assert joined["average"] == ["ok", "ok"] and joined["grouped_sum"] == "ok", joined
+            prefix = MISMATCH + "hvd.{call}: " + JOINED.format(first=first)
+            assert joined["allgather"] == prefix.format(call="allgather") + (
+                "only allreduce and barrier go on beside a joined rank (Horovod: 'Allgather is not supported with "
+                "Join at this time')"
+            )
+            assert joined["broadcast"] == prefix.format(call="broadcast") + (
+                "only allreduce and barrier go on beside a joined rank (Horovod: 'Broadcast is not supported with "
+                "Join at this time')"
+            )
+            assert joined["max"] == prefix.format(call="allreduce") + (
+                "op=Max cannot go on beside a joined rank: its zeros would count as values"
+            )
 
 
 def _check(ranks: list[dict], n: int) -> None:
@@ -63,9 +107,11 @@ def _check(ranks: list[dict], n: int) -> None:
         assert not failed, f"rank {seen['rank']}: {failed}"
         if n > 1:  # bad input one rank found in its own arguments is raised on every rank too
             splits = f"splits={[3] * n} do not divide the tensor's {2 * n} rows among {n} ranks"
-            assert seen["errors"] == {**ERRORS, "splits": USAGE + f"hvd.alltoall: rank 1: {splits}"}
-        else:  # one process has no peer to disagree with; a duplicate name is still refused
-            assert seen["errors"] == {k: ERRORS[k] if k == "duplicate" else "no error" for k in ERRORS}
+            expected = {**ERRORS, "splits": USAGE + f"hvd.alltoall: rank 1: {splits}", "even_split": _even_split(n)}
+            assert seen["errors"] == expected
+        else:  # one process has no peer to disagree with, and 2 rows split over 1; a duplicate name is still refused
+            assert seen["errors"] == {k: ERRORS[k] if k in ALWAYS else "no error" for k in [*ERRORS, "even_split"]}
+    _check_joins(ranks, n)
 
 
 def test_one_process_under_plain_python(tmp_path):

@@ -245,8 +245,58 @@ if r == 0:
 errors["duplicate_on_some_ranks"] = caught(lambda: hvd.allreduce(torch.ones(1), name="once"))
 hvd.synchronize(pending)
 check("after_errors/allreduce", hvd.allreduce(torch.ones(1), name="once", op=hvd.Sum), torch.tensor([float(n)]))
+# A dropped handle does not end its op: the name stays pending (Horovod's *_duplicate_name_error).
+dropped = torch.zeros(2 * n, 3)
+for kind, submit in {
+    "allreduce": lambda: hvd.allreduce_async(dropped, name="dup.allreduce"),
+    "allgather": lambda: hvd.allgather_async(dropped, name="dup.allgather"),
+    "broadcast": lambda: hvd.broadcast_async(dropped, 0, name="dup.broadcast"),
+    "reducescatter": lambda: hvd.reducescatter_async(dropped, name="dup.reducescatter"),
+}.items():
+    submit()  # handle dropped at once
+    errors[f"dropped_{kind}"] = caught(submit)
+errors["even_split"] = caught(lambda: hvd.alltoall(torch.zeros(n + 1, 2)))  # no splits: rows must divide evenly
+
+
+# ---- join without a DistributedOptimizer: allreduces go on beside the joined rank, the rest is refused ----
+def outcome(actual, expected) -> str:
+    try:
+        torch.testing.assert_close(actual, expected)
+        return "ok"
+    except AssertionError as err:
+        return str(err).strip().splitlines()[0]
+
+
+def beside(joined: int, dtype: torch.dtype, *shape: int) -> list[torch.Tensor]:
+    """Every rank's input, zeros for the joined rank (what Horovod's joined rank contributes)."""
+    zeros = torch.zeros(shape, dtype=dtype, device=DEVICE)
+    return [make(q, dtype, *shape) if q != joined else zeros for q in range(n)]
+
+
+joins = []
+for first in range(n):
+    seen: dict = {}
+    if r == first:
+        seen["ret"] = hvd.join()
+    else:
+        inputs = [beside(first, torch.float32, 5), beside(first, torch.int64, 5)]  # int64 Average truncates
+        handles = [hvd.allreduce_async(everyone[r], name=f"join.{i}") for i, everyone in enumerate(inputs)]
+        seen["average"] = [
+            outcome(hvd.synchronize(h), reduce_expected(e, hvd.Average)) for h, e in zip(handles, inputs)
+        ]
+        group = [beside(first, torch.float32, 5), beside(first, torch.int16, 3), beside(first, torch.float32, 2, 2)]
+        summed = [reduce_expected(everyone, hvd.Sum) for everyone in group]  # int16 travels as int32
+        seen["grouped_sum"] = outcome(hvd.grouped_allreduce([everyone[r] for everyone in group], op=hvd.Sum), summed)
+        hvd.barrier()
+        seen["allgather"] = caught(lambda: hvd.allgather(torch.zeros(1, 2)))
+        root = (first + 1) % n  # an active rank
+        seen["broadcast"] = caught(lambda: hvd.broadcast(torch.zeros(2), root_rank=root))  # noqa: B023
+        seen["max"] = caught(lambda: hvd.allreduce(torch.zeros(2), op=hvd.Max))
+        seen["ret"] = hvd.join()
+    seen["everyone"] = hvd.allgather_object(seen["ret"])
+    joins.append(seen)
 
 json_path = os.path.join(sys.argv[1], f"rank{r}.json")
 with open(json_path, "w") as f:
-    json.dump({"rank": r, "size": n, "checks": checks, "errors": errors}, f, indent=1)
+    json.dump({"rank": r, "size": n, "checks": checks, "errors": errors, "joins": joins}, f, indent=1)
 hvd.shutdown()

@@ -17,8 +17,9 @@ The modules, by concept:
 - :mod:`~.buckets`: packing many tensors into few flat buffers (one collective per bucket).
 - :mod:`~.compression`: ``Compression.none`` / ``Compression.fp16``.
 - :mod:`~.reducer`: the gradient buckets' asynchronous all-reduces, started from hooks during backward.
+- :mod:`~.sparse_grads`: the optimizer's sparse gradients, gathered as indices and values.
 - :mod:`~.optimizer`: ``DistributedOptimizer``: the wrapped optimizer's ``step()`` after the reducer's work.
-- :mod:`~.join`: ``join()``: ranks out of data contribute zero gradients until every rank has joined.
+- :mod:`~.join`: ``join()``: ranks out of data answer the others' all-reduces with zeros until every rank has joined.
 - :mod:`~.unsupported`: what shoal cannot offer (Adasum, the timeline, elastic), named with the
   shoal equivalent; the ``HOROVOD_*`` settings it ignores, named in one warning.
 - :mod:`~.recipe`: the tutorial's setup in one call, for benchmarks and examples.

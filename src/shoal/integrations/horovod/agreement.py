@@ -18,10 +18,17 @@ that differs from rank 0 and what differs, e.g. ``hvd.allreduce 'grad.w': rank 1
 rank 0 has [4, 3]``. The DistributedOptimizer's gradient buckets do not come through here: their
 layout is checked once when it is built, and every step's reductions follow it by construction.
 
-Duplicate names: a named op is pending until :func:`~.ops.synchronize` (or until its handle is
-dropped); submitting another under the same name before that is Horovod's ``DUPLICATE_NAME_ERROR``
-(``horovod/common/common.h``). The flag travels in the digest, so every rank raises, not only the
-one that erred while the others wait in the next collective.
+Duplicate names: a named op is pending until :func:`~.ops.synchronize` (a dropped handle does not
+end it: the job keeps the handle until then); submitting another under the same name before
+that is Horovod's ``DUPLICATE_NAME_ERROR`` (``horovod/common/common.h``). The flag travels in the
+digest, so every rank raises, not only the one that erred while the others wait in the next
+collective.
+
+Joined ranks: a rank inside ``hvd.join()`` with no DistributedOptimizer to shadow takes part in
+every round with the :data:`JOINED` marker instead of a digest (:func:`listen`). The others then
+gather the full descriptions, so the joined rank learns what they run: an allreduce (op Sum or
+Average) it answers with zeros, a barrier needs nothing more, anything else every active rank
+refuses with the same error (Horovod: "... is not supported with Join at this time").
 """
 
 from __future__ import annotations
@@ -45,6 +52,13 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 INLINE_FIRSTS = 8
 """First dimensions that travel in the digest's vector; a grouped allgather of more takes one more round."""
+
+JOINED = -0x4A4F494E4544
+"""The digest slot of a rank inside ``hvd.join()`` (:func:`listen`); a real digest equals it with odds 2**-64."""
+
+BESIDE_JOINED = {"allreduce", "grouped_allreduce", "barrier"}
+"""The calls that go on while a rank has joined: allreduces, as Horovod lets them through (here with
+op Sum or Average only: Min, Max and Product would take the joined rank's zeros as values), and barrier."""
 
 
 @dataclass(frozen=True)
@@ -153,25 +167,116 @@ def agree(
         if mine.duplicate or mine.problem:
             raise explain([mine])
         return [firsts]
-    group = state.object_group()
+    count = len(tensors)
     inline = firsts[:INLINE_FIRSTS]
-    padding = [0] * (INLINE_FIRSTS - len(inline))
-    vector = torch.tensor([mine.digest(), len(tensors), *inline, *padding], dtype=torch.int64)
-    everyone = torch.empty(world * vector.numel(), dtype=torch.int64)
-    _all_gather(everyone, vector, group=group)
-    rows = everyone.view(world, -1).tolist()
-    if any(row[0] != rows[0][0] for row in rows):
-        submissions: list[Any] = [None] * world
-        dist.all_gather_object(submissions, mine, group=group)
-        raise explain(submissions)
+    rows = _round([mine.digest(), count, *inline])
+    joined = any(row[0] == JOINED for row in rows)
+    if joined or any(row[0] != rows[0][0] for row in rows):
+        submissions = _gather_submissions(mine)
+        error = explain(submissions) if not joined else beside_joined(submissions)
+        if error is not None:
+            raise error
+        return [row[2 : 2 + count] for row in rows]  # only allreduces and barriers get here: firsts unused
     if mine.duplicate or mine.problem:  # equal digests: every rank has the same flag
         raise explain([mine] * world)
-    count = len(tensors)
     if count <= INLINE_FIRSTS:
         return [row[2 : 2 + count] for row in rows]
     gathered = torch.empty(world * count, dtype=torch.int64)
-    _all_gather(gathered, torch.tensor(firsts, dtype=torch.int64), group=group)
+    _all_gather(gathered, torch.tensor(firsts, dtype=torch.int64), group=state.object_group())
     return gathered.view(world, count).tolist()
+
+
+def _round(values: list[int]) -> list[list[int]]:
+    """Every rank's ``values`` (a digest or :data:`JOINED`, then up to 9 numbers), one all_gather.
+
+    Counts the round in ``rounds`` of the job: every rank counts the same rounds, so ``hvd.join()``
+    can tell which rank joined last.
+    """
+    job = state.job("agree")
+    vector = torch.tensor(values + [0] * (2 + INLINE_FIRSTS - len(values)), dtype=torch.int64)
+    everyone = torch.empty(job.context.world_size * vector.numel(), dtype=torch.int64)
+    _all_gather(everyone, vector, group=state.object_group())
+    job.rounds += 1
+    return everyone.view(job.context.world_size, -1).tolist()
+
+
+def _gather_submissions(mine: Submission | None) -> list[Submission | None]:
+    """Every rank's full description (None from a joined rank), in rank order."""
+    submissions: list[Any] = [None] * state.size()
+    dist.all_gather_object(submissions, mine, group=state.object_group())
+    return submissions
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What one :func:`listen` round asks of the joined rank."""
+
+    done: bool
+    """Every rank is inside ``hvd.join()``: leave."""
+    last: int = -1
+    """When done: the rank that joined last (the latest round, ties to the higher rank)."""
+    reduce: Submission | None = None
+    """The others run this allreduce: answer it with zeros (:func:`~.ops.reduce_zeros`)."""
+
+
+def listen(joined_at: int) -> Joined:
+    """One round of a rank inside ``hvd.join()`` with no DistributedOptimizer: the others' next call.
+
+    ``joined_at`` is the round at which this rank joined; it travels in the marker so that, once
+    every rank has joined, all of them name the same last rank without another collective.
+    """
+    rows = _round([JOINED, joined_at])
+    if all(row[0] == JOINED for row in rows):
+        last = max(range(len(rows)), key=lambda rank: (rows[rank][1], rank))
+        return Joined(done=True, last=last)
+    submissions = _gather_submissions(None)
+    active = next(sub for sub in submissions if sub is not None)
+    if beside_joined(submissions) is None and active.call != "barrier":
+        return Joined(done=False, reduce=active)
+    return Joined(done=False)
+
+
+def beside_joined(submissions: Sequence[Submission | None]) -> ShoalError | None:
+    """The error every active rank raises for a call made while the ranks at None have joined, or None.
+
+    Ranks that disagree among themselves get the usual error; beyond that only :data:`BESIDE_JOINED`
+    calls go on, allreduces only with op Sum or Average (a joined rank's zeros mean nothing to Min,
+    Max or Product).
+    """
+    found = first_error(submissions)
+    if found is not None:
+        return found
+    joined = next(rank for rank, sub in enumerate(submissions) if sub is None)
+    active = next(sub for sub in submissions if sub is not None)
+    op = dict(active.settings).get("op")
+    if active.call in BESIDE_JOINED and op in (None, "Sum", "Average"):
+        return None
+    who = f"hvd.{active.call}" + (f" {active.name!r}" if active.name else "")
+    head = f"{who}: rank {joined} has called hvd.join(), and "
+    if active.call in BESIDE_JOINED:
+        return HorovodMismatchError(
+            head + f"op={op} cannot go on beside a joined rank: its zeros would count as values",
+            "reduce with op=hvd.Sum or hvd.Average while a rank has joined, or call hvd.join() on every rank first",
+        )
+    kind = _HOROVOD_KIND.get(active.call.removeprefix("grouped_"))
+    horovod = f" (Horovod: '{kind} is not supported with Join at this time')" if kind else ""
+    return HorovodMismatchError(
+        head + "only allreduce and barrier go on beside a joined rank" + horovod,
+        f"call hvd.join() on every rank first, then hvd.{active.call}",
+    )
+
+
+_HOROVOD_KIND = {
+    "allgather": "Allgather",
+    "allgather_object": "Allgather",
+    "sparse_allreduce": "Allgather",  # Horovod gathers sparse tensors
+    "broadcast": "Broadcast",
+    "broadcast_object": "Broadcast",
+    "broadcast_parameters": "Broadcast",
+    "alltoall": "Alltoall",
+    "reducescatter": "Reducescatter",
+}
+"""How Horovod's coordinator names each collective it refuses beside a joined rank."""
 
 
 # ---- the error ------------------------------------------------------------------------------------
@@ -185,52 +290,66 @@ _SETTING_HINTS = {
 _ORDER_HINT = "every rank must issue the same collectives, with the same names, in the same order"
 
 
-def explain(submissions: Sequence[Submission]) -> ShoalError:
+def explain(submissions: Sequence[Submission | None]) -> ShoalError:
     """The error every rank raises for these submissions (rank r's at index r): the same text on each."""
-    ref = submissions[0]
+    found = first_error(submissions)
+    if found is not None:
+        return found
+    ref = next(sub for sub in submissions if sub is not None)
     head = f"hvd.{ref.call}" + (f" {ref.name!r}" if ref.name else "")
-    for rank, sub in enumerate(submissions):
+    return HorovodMismatchError(f"{head}: the ranks submitted different collectives", _ORDER_HINT)
+
+
+def first_error(submissions: Sequence[Submission | None]) -> ShoalError | None:
+    """The first problem, duplicate name or difference from the first rank's submission, or None.
+
+    None entries (ranks inside ``hvd.join()``) are skipped; the first other rank is the reference.
+    """
+    present = [(rank, sub) for rank, sub in enumerate(submissions) if sub is not None]
+    ref_rank, ref = present[0]
+    head = f"hvd.{ref.call}" + (f" {ref.name!r}" if ref.name else "")
+    for rank, sub in present:
         if sub.problem:
             message, hint = sub.problem
             return HorovodUsageError(f"{head}: " + (f"rank {rank}: " if len(submissions) > 1 else "") + message, hint)
-    for rank, sub in enumerate(submissions):
+    for rank, sub in present:
         if sub.duplicate:
             return HorovodUsageError(
                 f"{head}: rank {rank} submitted it while an earlier op named {sub.name!r} was still pending "
                 "(Horovod's DUPLICATE_NAME_ERROR)",
                 "call hvd.synchronize(handle) on the earlier op first, or give each op in flight its own name",
             )
-    for rank, sub in enumerate(submissions[1:], start=1):
-        found = _difference(rank, sub, ref)
+    for rank, sub in present[1:]:
+        found = _difference(rank, sub, ref_rank, ref)
         if found is not None:
             what, hint = found
             return HorovodMismatchError(f"{head}: {what}", hint)
-    return HorovodMismatchError(f"{head}: the ranks submitted different collectives", _ORDER_HINT)
+    return None
 
 
-def _difference(rank: int, sub: Submission, ref: Submission) -> tuple[str, str] | None:
-    """How rank ``rank``'s ``sub`` differs from rank 0's ``ref`` (the first difference), and the hint."""
-    who = f"rank {rank}"
+def _difference(rank: int, sub: Submission, ref_rank: int, ref: Submission) -> tuple[str, str] | None:
+    """How rank ``rank``'s ``sub`` differs from rank ``ref_rank``'s ``ref`` (the first difference), and the hint."""
+    who, them = f"rank {rank}", f"rank {ref_rank}"
     if sub.call != ref.call:
-        return f"{who} called hvd.{sub.call}, rank 0 hvd.{ref.call} (Horovod: 'Mismatched operations')", _ORDER_HINT
+        return f"{who} called hvd.{sub.call}, {them} hvd.{ref.call} (Horovod: 'Mismatched operations')", _ORDER_HINT
     if sub.name != ref.name:
-        return f"{who} named it {sub.name!r}, rank 0 {ref.name!r}", _ORDER_HINT
+        return f"{who} named it {sub.name!r}, {them} {ref.name!r}", _ORDER_HINT
     if len(sub.tensors) != len(ref.tensors):
-        return f"{who} passed {len(sub.tensors)} tensors, rank 0 {len(ref.tensors)}", _SAME_LIST_HINT
+        return f"{who} passed {len(sub.tensors)} tensors, {them} {len(ref.tensors)}", _SAME_LIST_HINT
     for (key, value), (_, ref_value) in zip(sub.settings, ref.settings):
         if value != ref_value:
             hint = _SETTING_HINTS.get(key, f"pass the same {key} on every rank")
-            return f"{who} has {key}={value}, rank 0 {key}={ref_value}", hint
+            return f"{who} has {key}={value}, {them} {key}={ref_value}", hint
     grouped = len(ref.tensors) > 1 or ref.call.startswith("grouped_")
     for index, ((shape, dtype, device), (ref_shape, ref_dtype, ref_device)) in enumerate(zip(sub.tensors, ref.tensors)):
         which = f"tensor {index}: {who}" if grouped else who
         if dtype != ref_dtype:
-            return f"{which} has dtype {dtype}, rank 0 {ref_dtype}", _DTYPE_HINT
+            return f"{which} has dtype {dtype}, {them} {ref_dtype}", _DTYPE_HINT
         if sub.compared_shape(shape) != ref.compared_shape(ref_shape):
             hint = _RAGGED_SHAPE_HINT if ref.ragged else _SHAPE_HINT
-            return f"{which} has shape {list(shape)}, rank 0 has {list(ref_shape)}", hint
+            return f"{which} has shape {list(shape)}, {them} has {list(ref_shape)}", hint
         if device != ref_device:
-            return f"{which} has it on {device}, rank 0 on {ref_device}", _DEVICE_HINT
+            return f"{which} has it on {device}, {them} on {ref_device}", _DEVICE_HINT
     return None
 
 
@@ -243,4 +362,17 @@ _DEVICE_HINT = (
 )
 
 
-__all__ = ["Submission", "agree", "describe", "explain", "hold", "is_pending", "release"]
+__all__ = [
+    "JOINED",
+    "Joined",
+    "Submission",
+    "agree",
+    "beside_joined",
+    "describe",
+    "explain",
+    "first_error",
+    "hold",
+    "is_pending",
+    "listen",
+    "release",
+]

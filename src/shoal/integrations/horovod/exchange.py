@@ -31,7 +31,14 @@ def start_gather(call: str, tensors: list[torch.Tensor], name: str | None) -> Ha
     The ranks agree first (:mod:`.agreement`), which also tells each rank every first dimension;
     all_gather moves equal sizes, so each tensor is padded to the longest and trimmed after.
     """
-    job = check_ready(f"{call}()")
+    check_ready(f"{call}()")
+    return gather_ragged(call, tensors, name)
+
+
+def gather_ragged(call: str, tensors: list[torch.Tensor], name: str | None) -> Handle:
+    """:func:`start_gather` without the check that no rank has joined (the DistributedOptimizer's
+    sparse gradients, which a joined rank answers with empty ones)."""
+    job = state.job(f"{call}()")
     problem = None
     for tensor in tensors:
         if tensor.dim() == 0 or tensor.dim() > _MAX_DIMS:
@@ -172,13 +179,23 @@ def broadcast(
 
 
 def _even_splits(rows: int, world: int) -> list[int]:
-    """Horovod's default: ``rows`` spread over the ranks, the first ``rows % world`` one larger."""
+    """``rows`` spread over the ranks, the first ``rows % world`` one larger (sent only when even)."""
     return [rows // world + (1 if r < rows % world else 0) for r in range(world)]
 
 
 def _check_splits(splits: Any, rows: int, world: int) -> tuple[list[int], tuple[str, str] | None]:
-    """The rows to send to each rank, and the problem with ``splits`` (message, hint) or None."""
+    """The rows to send to each rank, and the problem with ``splits`` (message, hint) or None.
+
+    Without ``splits`` the rows must split evenly, as Horovod requires ("splits not provided, but
+    first dimension of tensor is not an even multiple of the number of workers").
+    """
     if splits is None:
+        if rows % world:
+            return _even_splits(rows, world), (
+                f"splits not given and the tensor's {rows} rows do not split evenly among {world} ranks",
+                f"pass splits= (one row count per rank, adding up to {rows}), or a tensor whose first "
+                f"dimension is a multiple of hvd.size() ({world})",
+            )
         return _even_splits(rows, world), None
     values = [int(v) for v in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     if len(values) != world or any(v < 0 for v in values) or sum(values) != rows:
@@ -255,8 +272,12 @@ def alltoall(
 
 
 def barrier(process_set: Any = state.global_process_set) -> None:
-    """Wait until every rank has reached this call."""
-    job = check_ready("barrier()")
+    """Wait until every rank has reached this call.
+
+    The wait is the agreement round itself (an all_gather waits for every rank), so a rank that
+    called another collective meanwhile gets the mismatch error instead of a hang, and a rank
+    inside ``hvd.join()`` answers it.
+    """
+    check_ready("barrier()")
     state.check_process_set(process_set, "barrier")
-    if job.context.world_size > 1:
-        dist.barrier(group=job.cpu_group)
+    agreement.agree("barrier", [])

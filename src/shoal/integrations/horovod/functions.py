@@ -6,7 +6,8 @@
   ``lr``) loaded into every rank's optimizer. Unlike Horovod, a fresh optimizer is not first given
   a zero-gradient ``step()`` to create its state: that step advances Adam's step count (and moves
   weights under weight decay), so the run would differ from the same run under DDP. A fresh
-  optimizer's state stays empty on every rank, as it is on the root.
+  optimizer's state stays empty on every rank, as it is on the root; its trainable parameters
+  without a gradient get a zero one, as Horovod's step leaves them.
 - :func:`broadcast_object` / :func:`allgather_object`: any picklable object (torch's pickle-based
   object collectives; Horovod's used cloudpickle, so lambdas do not travel here).
 """
@@ -20,21 +21,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.integrations.horovod import buckets, dtypes, state
+from shoal.integrations.horovod import agreement, buckets, dtypes, state
 from shoal.integrations.horovod.errors import HorovodUsageError
 from shoal.integrations.horovod.exchange import check_root
 from shoal.integrations.horovod.ops import check_ready
 
 
-def check_same_on_every_rank(signature: list[Any], what: str, hint: str) -> None:
-    """One collective: every rank's ``signature`` (a list) must equal rank 0's.
+def check_same_on_every_rank(signature: list[Any], what: str, hint: str, *, call: str = "broadcast") -> None:
+    """Every rank's ``signature`` (a list) must equal rank 0's; ``call`` names the collective it precedes.
 
     All ranks compare the same gathered lists, so all of them raise the same HorovodUsageError
-    (naming the first rank and entry that differ) or none does: no rank is left waiting.
+    (naming the first rank and entry that differ) or none does: no rank is left waiting. An
+    agreement round comes first (:mod:`.agreement`): a rank in another collective, or inside
+    ``hvd.join()``, gets a clear error instead of a mismatched gather.
     """
     job = state.job("check")
     if job.context.world_size == 1:
         return
+    agreement.agree(call, [])
     everyone: list[Any] = [None] * job.context.world_size
     dist.all_gather_object(everyone, signature, group=state.object_group())
     reference = everyone[0]
@@ -123,6 +127,7 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
         tensor_signature(named),
         "hvd.broadcast_parameters: the tensors",
         "build the same model (same layers in the same order) on every rank before broadcasting it",
+        call="broadcast_parameters",
     )
     broadcast_tensors_([tensor for _, tensor in named], root_rank)
 
@@ -174,6 +179,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
             "hvd.broadcast_optimizer_state: torch.optim.LBFGS state cannot be broadcast (as in Horovod)",
             "broadcast the model with hvd.broadcast_parameters and let each rank start LBFGS afresh",
         )
+    if not optimizer.state:
+        _zero_missing_gradients(optimizer, model)
     if state.size() == 1:
         return
     is_root = state.rank() == root_rank
@@ -201,6 +208,37 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
                 f"{state.rank()}'s optimizer: {str(err).splitlines()[0]}",
                 "create the same optimizer (same parameter groups, same parameters) on every rank",
             ) from None
+
+
+def _zero_missing_gradients(optimizer: torch.optim.Optimizer, model: Any) -> None:
+    """A zero gradient for each trainable parameter that has none, as Horovod leaves a fresh optimizer.
+
+    (Horovod sets them to run its state-creating step; shoal takes no step, and a gradient already
+    there is kept.) Sparse for ``SparseAdam`` and, as Horovod, for SGD over ``model``'s sparse
+    embeddings, so that the next backward still accumulates a sparse gradient.
+    """
+    sparse_ids = set()
+    if model is not None:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding) and module.sparse:
+                sparse_ids.update(id(p) for p in module.parameters())
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if not param.requires_grad or param.grad is not None:
+                    continue
+                sparse = param.dim() > 0 and (
+                    isinstance(optimizer, torch.optim.SparseAdam)
+                    or (isinstance(optimizer, torch.optim.SGD) and id(param) in sparse_ids)
+                )
+                param.grad = _empty_sparse_like(param) if sparse else torch.zeros_like(param)
+
+
+def _empty_sparse_like(param: torch.Tensor) -> torch.Tensor:
+    """A sparse zero shaped like ``param``, in an embedding gradient's layout (rows sparse, the rest dense)."""
+    indices = torch.zeros((1, 0), dtype=torch.int64, device=param.device)
+    values = param.new_zeros((0, *param.shape[1:]))
+    return torch.sparse_coo_tensor(indices, values, param.shape)
 
 
 def _index(slot: _Slot) -> int:
@@ -231,6 +269,7 @@ def broadcast_object(
     check_root(root_rank, "broadcast_object()")
     if job.context.world_size == 1:
         return obj
+    agreement.agree("broadcast_object", [], name, {"root_rank": root_rank})
     box = [obj if state.rank() == root_rank else None]
     dist.broadcast_object_list(box, src=root_rank, group=state.object_group())
     return box[0]
@@ -242,6 +281,7 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = state
     state.check_process_set(process_set, "allgather_object")
     if job.context.world_size == 1:
         return [obj]
+    agreement.agree("allgather_object", [], name)
     everyone: list[Any] = [None] * job.context.world_size
     dist.all_gather_object(everyone, obj, group=state.object_group())
     return everyone

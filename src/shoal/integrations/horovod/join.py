@@ -1,8 +1,20 @@
-"""``hvd.join()``: a rank whose data is done keeps the others' gradient all-reduces company.
+"""``hvd.join()``: a rank whose data is done keeps the others' all-reduces company.
 
 Horovod's coordinator lets a joined rank answer every all-reduce with zeros. shoal has no
-coordinator: collectives pair up by order. What a joined rank can still answer is what it can
-predict, the DistributedOptimizer's gradient buckets (it has the same model, so the same buckets):
+coordinator: collectives pair up by order, so a joined rank must take part in whatever the others
+issue next. It does so in one of two ways.
+
+Without a DistributedOptimizer (:func:`agreement.listen`): every ``shoal.horovod`` collective
+begins with an agreement round, and the joined rank takes part in each with a marker. The others
+then send their full descriptions; an ``allreduce`` or ``grouped_allreduce`` with op Sum or Average
+the joined rank answers with zeros (the Average still divides by ``size()``, as Horovod's), a
+``barrier`` needs nothing more, and anything else (allgather, broadcast, alltoall, reducescatter,
+other ops) every active rank refuses with the same ``HorovodInternalError``, as Horovod's
+coordinator does ("... is not supported with Join at this time"). The round in which each rank
+joined travels in its marker; once every rank sends the marker they all leave, naming the same last rank.
+
+With one DistributedOptimizer the joined rank answers its gradient buckets instead, which start
+without an agreement round (the optimizer's step stays one all-reduce per bucket):
 
 - Every synchronisation's first bucket carries a flag element, 1 from each rank still training
   and 0 from each joined one, so its sum is the number of active ranks, learnt by every rank at
@@ -13,11 +25,9 @@ predict, the DistributedOptimizer's gradient buckets (it has the same model, so 
 - When the count is 0 every rank is inside ``join()``; they leave together, agree on the rank that
   joined last (one small all-reduce) and return it.
 
-Without a DistributedOptimizer the loop is one small all-reduce per round, so every rank must
-call ``join()`` at the same point: it is then a barrier that returns the last rank. With more than
-one DistributedOptimizer a joined rank could not tell whose buckets come next: refused.
 Collectives other than the gradient buckets are refused on the active ranks once they have seen
-that a rank joined (Horovod supports allreduce there; here it would meet the joined rank's bucket).
+that a rank joined (the joined rank waits in the next bucket, not in an agreement round). With
+more than one DistributedOptimizer a joined rank could not tell whose buckets come next: refused.
 """
 
 from __future__ import annotations
@@ -25,15 +35,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from shoal.integrations.horovod import state
+from shoal.integrations.horovod import agreement, state
 from shoal.integrations.horovod.errors import HorovodOrderError, HorovodUnsupported
+from shoal.integrations.horovod.ops import reduce_zeros
 
 
 def join(device: int = -1) -> int:
-    """Wait, answering the others' gradient all-reduces with zeros, until every rank has joined.
+    """Wait, answering the others' all-reduces with zeros, until every rank has joined.
 
     Returns the rank that joined last (the same on every rank). ``device`` (Horovod: where its zero
-    tensors live) is not needed: the zeros live where the buckets do.
+    tensors live) is not needed: the zeros live where the others' tensors do.
     """
     job = state.job("join()")
     world = job.context.world_size
@@ -53,8 +64,10 @@ def join(device: int = -1) -> int:
             "call optimizer.step() first, then hvd.join() once this rank has no more batches",
         )
     joined_at = job.rounds
+    if engine is None:
+        return _listen_until_all_joined(joined_at)
     while True:
-        active = engine.shadow_round() if engine is not None else _control_round(job)
+        active = engine.shadow_round()
         job.rounds += 1
         if active == 0:
             break
@@ -65,12 +78,11 @@ def join(device: int = -1) -> int:
     return int(key.item()) % world
 
 
-def _control_round(job: state._Job) -> int:
-    """A round without an optimizer: every rank here sends 0, so the count is 0 once all have joined.
-
-    An odd size (7 doubles) keeps it from pairing silently with a user's small all-reduce: a
-    mismatch fails at once in gloo ("Received data size doesn't match expected size").
-    """
-    flag = torch.zeros(7, dtype=torch.float64)  # on the CPU: the default group is gloo, or cpu_group is
-    dist.all_reduce(flag, group=job.cpu_group)
-    return round(float(flag[0]))
+def _listen_until_all_joined(joined_at: int) -> int:
+    """Answer the others' collectives (module docstring) until every rank has joined; the last rank."""
+    while True:
+        heard = agreement.listen(joined_at)
+        if heard.done:
+            return heard.last
+        if heard.reduce is not None:
+            reduce_zeros(heard.reduce)

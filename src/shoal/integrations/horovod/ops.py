@@ -18,6 +18,7 @@ divided with truncation, as Horovod does). ``prescale_factor`` multiplies before
 from __future__ import annotations
 
 import enum
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -74,7 +75,8 @@ def resolve_op(op: Any, average: bool | None, call: str) -> ReduceOp:
 
 
 def check_ready(call: str) -> state._Job:
-    """The job, after checking that a collective may run now (after init, no rank has joined)."""
+    """The job, after checking that a collective may run now (after init; no rank joined while the
+    DistributedOptimizer's gradient all-reduces are all it can answer, see :mod:`.join`)."""
     job = state.job(call)
     if job.peers_joined():
         raise HorovodUnsupported(
@@ -112,7 +114,8 @@ class Handle:
     """An operation in flight: :func:`synchronize` waits and returns its result, :func:`poll` asks.
 
     Calling the handle also waits and returns the result (Horovod's ``sparse_allreduce_async``
-    returns a function to call). A named handle keeps its name pending until it is waited for.
+    returns a function to call). A named handle keeps its name pending until it is waited for,
+    whether or not the caller kept the handle.
     """
 
     def __init__(self, work: Any, finish: Callable[[], Any], name: str | None = None) -> None:
@@ -123,6 +126,10 @@ class Handle:
         self._result: Any = None
         self._name = name
         agreement.hold(name, self)
+        # A dropped handle's op is still in flight: the job keeps it until waited for (name pending).
+        self._keeper: set[Handle] | None = state.job("an async op").unsynchronized if name else None
+        if self._keeper is not None:
+            self._keeper.add(self)
 
     def poll(self) -> bool:
         return self._done or all(bool(w.is_completed()) for w in self._works)
@@ -135,6 +142,8 @@ class Handle:
             self._done = True
             self._works, self._finish = [], None  # type: ignore[assignment]
             agreement.release(self._name, self)
+            if self._keeper is not None:
+                self._keeper.discard(self)
         return self._result
 
     __call__ = wait
@@ -206,6 +215,24 @@ def start_reduce(
         return tensors
 
     return Handle(works, finish, name)
+
+
+def reduce_zeros(submission: agreement.Submission) -> None:
+    """A joined rank's part of the allreduce the others submitted: zeros, in the same collectives.
+
+    Mirrors :func:`start_reduce`: one flat buffer per device and dtype, in the order of their first
+    tensor, in the dtype that travels (:mod:`.dtypes`), summed (Sum and Average both sum).
+    """
+    numels: dict[tuple[str, str], int] = {}
+    for shape, dtype, device in submission.tensors:
+        numels[(device, dtype)] = numels.get((device, dtype), 0) + math.prod(shape)
+    works = []
+    for (device, dtype), numel in numels.items():
+        where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+        flat = torch.zeros(numel, dtype=dtypes.wire_dtype(getattr(torch, dtype)), device=where)
+        works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=state.group_for(flat), async_op=True))
+    for work in works:
+        work.wait()
 
 
 def allreduce_async_(

@@ -61,9 +61,11 @@ class _DistributedOptimizerMixin:
     def step(self, closure: Any = None) -> Any:
         if self._hvd_should_synchronize:
             if self._hvd_synchronized:
+                # Horovod's tests look for the words up to "skip_synchronize()".
                 warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() without optimizer.skip_synchronize(): "
-                    "the gradients are reduced twice, which costs time; wrap step() in skip_synchronize()",
+                    "optimizer.step() called without optimizer.skip_synchronize() after optimizer.synchronize(): "
+                    "the gradients are all-reduced a second time, which costs time (and with op=hvd.Sum scales "
+                    "them again); wrap step() in `with optimizer.skip_synchronize():`",
                     stacklevel=2,
                 )
             self.synchronize()
@@ -192,6 +194,7 @@ def DistributedOptimizer(  # Horovod's name: a function that returns an optimize
     # Share the wrapped optimizer's fields (param_groups, state, defaults, hooks); not an instance
     # ``step`` that an LR scheduler may have patched in: it would call the old object's step.
     wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in ("step", "_opt_called")})
+    wrapped._parameter_names = names  # Horovod's attribute: parameter -> name, unique, the same on every rank
     wrapped.backward_passes_per_step = backward_passes_per_step
     wrapped.op = reduce_op
     wrapped.gradient_predivide_factor = gradient_predivide_factor
@@ -205,6 +208,7 @@ def DistributedOptimizer(  # Horovod's name: a function that returns an optimize
             "hvd.DistributedOptimizer: the parameters to reduce (name, shape, dtype)",
             "build the same model on every rank (same layers in the same order, same requires_grad) and "
             "create the optimizer over the same parameters before wrapping it",
+            call="DistributedOptimizer",
         )
         if params:
             engine = GradientReducer(

@@ -21,6 +21,10 @@ How a step goes (more than one process):
 The first bucket carries one extra element, 1 on every rank still training and 0 on a rank that
 has called :func:`~shoal.integrations.horovod.join.join`: its sum tells every rank how many are
 still active, at no extra collective (see :mod:`.join`).
+
+Sparse gradients (``nn.Embedding(sparse=True)``) leave the buckets after the first synchronisation
+and travel as indices and values, as Horovod's do, unless ``sparse_as_dense=True``
+(:mod:`.sparse_grads`).
 """
 
 from __future__ import annotations
@@ -30,20 +34,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.integrations.horovod import buckets, state
-from shoal.integrations.horovod.errors import HorovodOrderError, HorovodUsageError
+from shoal.integrations.horovod import buckets, sparse_grads, state
+from shoal.integrations.horovod.errors import HorovodOrderError
 from shoal.integrations.horovod.ops import ReduceOp
 
 
 class _Bucket:
     """Parameters whose gradients travel together, and the flat buffer they travel in."""
 
-    def __init__(self, index: int, params: list[torch.Tensor], with_flag: bool) -> None:
+    def __init__(self, index: int, params: list[torch.Tensor], with_flag: bool, like: torch.Tensor) -> None:
         self.index = index
         self.params = params
         self.numel = buckets.total_numel(params)
-        # Bucket 0 carries the join flag in one extra element at the end.
-        self.flat = torch.zeros(self.numel + (1 if with_flag else 0), dtype=params[0].dtype, device=params[0].device)
+        # Bucket 0 carries the join flag in one extra element at the end (alone when every gradient is sparse).
+        kind = params[0] if params else like
+        self.flat = torch.zeros(self.numel + (1 if with_flag else 0), dtype=kind.dtype, device=kind.device)
         self.views = buckets.views(self.flat, params)
         """Each parameter's slice of ``flat``, shaped like the parameter."""
         self.ready = 0
@@ -72,18 +77,25 @@ class GradientReducer:
         self.op = op
         self.predivide = predivide
         self.passes_per_step = passes
-        self.sparse_as_dense = sparse_as_dense
-        first_cap, cap = buckets.bucket_caps()
-        order = list(reversed(params))
-        self.buckets = [
-            _Bucket(i, [order[j] for j in indices], with_flag=(i == 0))
-            for i, indices in enumerate(buckets.plan_buckets(order, first_cap, cap))
-        ]
-        self.bucket_of = {p: b for b in self.buckets for p in b.params}
+        self.params = params
+        self.sparse: list[torch.Tensor] | None = [] if sparse_as_dense else None
+        """The parameters whose gradients travel sparse; None until the first synchronisation settles it."""
+        self._plan(params)
         self.passes: dict[torch.Tensor, int] = dict.fromkeys(params, 0)
         self.next_to_start = 0
         self.in_flight: list[tuple[_Bucket, Any, torch.Tensor, Any]] = []
         self.hooks: list[Any] = []
+
+    def _plan(self, dense: list[torch.Tensor]) -> None:
+        """Lay the buckets out for the gradients reduced densely (reverse order); bucket 0 always exists."""
+        first_cap, cap = buckets.bucket_caps()
+        order = list(reversed(dense))
+        groups = buckets.plan_buckets(order, first_cap, cap) or [[]]
+        self.buckets = [
+            _Bucket(i, [order[j] for j in indices], with_flag=(i == 0), like=self.params[0])
+            for i, indices in enumerate(groups)
+        ]
+        self.bucket_of = {p: b for b in self.buckets for p in b.params}
 
     # -- during backward ---------------------------------------------------------------------------
 
@@ -97,8 +109,8 @@ class GradientReducer:
                 "or raise backward_passes_per_step to accumulate more",
             )
         self.passes[param] = seen
-        if seen == self.passes_per_step:
-            bucket = self.bucket_of[param]
+        bucket = self.bucket_of.get(param)  # None for a sparse gradient: gathered in synchronize()
+        if seen == self.passes_per_step and bucket is not None:
             bucket.ready += 1
             while self.next_to_start < len(self.buckets) and self._full(self.buckets[self.next_to_start]):
                 self.start(self.buckets[self.next_to_start])
@@ -133,12 +145,7 @@ class GradientReducer:
         grad = param.grad
         if grad is None:
             return torch.zeros_like(param)
-        if grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise HorovodUsageError(
-                    "hvd.DistributedOptimizer: a parameter has a sparse gradient (nn.Embedding(sparse=True))",
-                    "pass sparse_as_dense=True to hvd.DistributedOptimizer, or use a dense embedding",
-                )
+        if grad.is_sparse:  # sparse_as_dense, or before the first synchronisation settled the sparse ones
             return grad.to_dense()
         return grad
 
@@ -186,7 +193,7 @@ class GradientReducer:
         """Start what has not started (in order), wait for all, write back; note a joined peer."""
         while self.next_to_start < len(self.buckets):
             self.start(self.buckets[self.next_to_start])
-        flag = self.finish()
+        flag = self._finish_with_sparse(active=True)
         job = state.job("synchronize()")
         job.rounds += 1
         job.active_flag = flag
@@ -195,7 +202,7 @@ class GradientReducer:
         """A joined rank's part of one synchronisation: zeros for every bucket; the active count.
 
         The active count arrives with bucket 0; when it is 0 every rank is in ``join()`` and the
-        other buckets are not sent (by anyone).
+        other buckets are not sent (by anyone), nor sparse gradients.
         """
         self.reset()
         self.start(self.buckets[0], active=False)
@@ -203,8 +210,29 @@ class GradientReducer:
         if active > 0:
             for bucket in self.buckets[1:]:
                 self.start(bucket, active=False)
-            self.finish()
+            self._finish_with_sparse(active=False)
         return active
+
+    def _finish_with_sparse(self, *, active: bool) -> torch.Tensor | None:
+        """:meth:`finish`, with the sparse gradients' exchange beside it (:mod:`.sparse_grads`).
+
+        Called once every bucket has started, in the same order on every rank: the settling
+        all-reduce (first time only) and the sparse gather go after the buckets. The local
+        gradients are read before :meth:`finish` writes the dense results over them.
+        """
+        settling = self.sparse is None
+        if settling:
+            self.sparse = sparse_grads.settle(self.params, active)
+        exchange = sparse_grads.start_exchange(self.sparse, active) if self.sparse else None
+        flag = self.finish()
+        if exchange is not None:
+            divide_by = self.world if self.op is ReduceOp.Average else 1
+            with torch.no_grad():
+                sparse_grads.write_back(self.sparse, exchange.wait(), divide_by)
+        if settling and self.sparse:
+            gathered = set(self.sparse)
+            self._plan([p for p in self.params if p not in gathered])
+        return flag
 
     def remove_hooks(self) -> None:
         for handle in self.hooks:
