@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,11 +120,15 @@ def test_sigterm_stops_a_node_whose_store_host_vanished(nodes, tmp_path):
         lambda: "starting rank 1 of 2" in node_b.output, 120, 0.2, "node B starting its rank",
         unless=lambda: node_b.proc.poll() is not None, details=lambda: node_b.output,
     )  # fmt: skip
-    time.sleep(2)  # B's worker is in init_process_group, B's agent polls A's store
+    # B's worker is in init_process_group: connected to the workers' store on A.
+    wait_for(
+        lambda: _worker_connected(b, a.addr), 120, 0.2, "node B's worker connected to A's store",
+        unless=lambda: node_b.proc.poll() is not None, details=lambda: node_b.output,
+    )  # fmt: skip
     subprocess.run(["ip", "-n", a.name, "link", "set", a.ifname, "down"], check=True)  # no FIN, no RST
     node_a.proc.kill()
     node_a.proc.wait()
-    time.sleep(2)
+    time.sleep(2)  # a duration on purpose: B's agent's next calls to A's store go unanswered meanwhile
     started = time.monotonic()
     node_b.proc.terminate()
     node_b.wait(timeout=120)
@@ -133,3 +138,15 @@ def test_sigterm_stops_a_node_whose_store_host_vanished(nodes, tmp_path):
     assert took < 15, f"node B took {took:.1f} s to stop after SIGTERM:\n{node_b.output}"
     left = b.pids()
     assert not left, f"processes left in node B: {left}"
+
+
+def _worker_connected(node, address: str) -> bool:
+    """Whether a process of ``node`` running the peer script holds a connection to ``address`` (any port)."""
+    listed = node.run(["ss", "-Htnp", "state", "established", "dst", address], capture_output=True, text=True).stdout
+    for pid in re.findall(r"pid=(\d+)", listed):
+        try:
+            if b"peer.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
