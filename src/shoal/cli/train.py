@@ -10,6 +10,7 @@ options' defaults (:mod:`shoal.env.operator`).
 from __future__ import annotations
 
 import argparse
+import os
 
 from shoal.cli.fields import add_fields, given_fields
 from shoal.errors import ShoalError
@@ -96,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
     launch = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
     check_resume(cfg.resume)
+    if cfg.fault_tolerance:
+        # Before torch loads (torch reads its C++ log level once, at import; the replica groups are
+        # forked from this process): the two C++ warnings every group prints are noise to a user.
+        # torchft's gloo group calls a deprecated sequence-number setter, and DDP's
+        # find_unused_parameters (set on purpose: it keeps buckets from being rebuilt,
+        # torchft/ddp.py) finds none.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if cfg.device == "cuda" and not _gpu_device_files():
         from shoal.distributed.device import NO_CUDA
 

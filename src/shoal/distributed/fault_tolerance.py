@@ -125,7 +125,8 @@ class Replicas:
         """Join this step's quorum (healing from a live group first if behind); the committed steps.
 
         No quorum within the quorum timeout (the lighthouse gone for good, or a quorum that never
-        formed) is a ShoalError: one line, and this group's launcher restarts it."""
+        formed) is a ShoalError with exit status 1: one line, and this group's launcher restarts it
+        (status 2, bad input, would stop the job)."""
         try:
             self.manager.start_quorum()
         except (TimeoutError, RuntimeError) as err:
@@ -134,6 +135,7 @@ class Replicas:
                 f"{self.coordinates.lighthouse}: {first_line(err)}",
                 "the launcher restarts this group, which heals from a live one; if every group says this, "
                 "check that the lighthouse runs and that this node reaches it",
+                exit_code=1,
             ) from None
         self.participants = self.manager.num_participants()
         return self.manager.current_step()

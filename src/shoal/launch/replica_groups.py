@@ -130,10 +130,6 @@ def _supervise(
         LIGHTHOUSE_ENV: lighthouse,
         "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES),
         "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
-        # torch's C++ warnings here are two known ones every group prints, noise to a user: torchft's
-        # gloo group calls a deprecated sequence-number setter, and DDP's find_unused_parameters
-        # (set on purpose: it keeps buckets from being rebuilt, torchft/ddp.py) finds none.
-        "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
     }
     # Each group is a world of one process: without this it would take every core for itself, and
     # N groups would oversubscribe the node (14x slower steps measured with 2 groups on 2 cores).
