@@ -91,10 +91,10 @@ class OverheadConfig:
     """How the workers start: auto (fork on CPU), fork or spawn."""
 
     def __post_init__(self) -> None:
-        from shoal.workloads.archs import SYNTHETIC as ARCHS
+        from shoal.workloads.archs import SYNTHETIC
 
-        if self.model not in ARCHS:
-            raise ShoalError(f"unknown model {self.model!r}", f"choose --model from: {', '.join(ARCHS)}")
+        if self.model not in SYNTHETIC:
+            raise ShoalError(f"unknown model {self.model!r}", f"choose --model from: {', '.join(SYNTHETIC)}")
         require_at_least(self, 1, "batch_size", "epochs", "nproc", "repeat", "threads")
         require_at_least(self, 0, "image_size", "samples", "warmup")
         if self.warmup >= self.epochs:

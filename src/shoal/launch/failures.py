@@ -50,8 +50,15 @@ _LOG_LINE = re.compile(r"^(\[rank\d+\]:)?\[?[IWEF]\d{4} |^\[[IWEF] |^\S+:\d+: \w
 _MAX_MESSAGE_LINES = 30
 _TAIL_LINES = 20
 _NOT_AVAILABLE = "<N/A>"
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
-"""What gloo and the stores say when another rank's process or node is gone."""
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
+
+
+def says_peer_gone(text: str) -> bool:
+    """Whether ``text`` (an error, a traceback) is what gloo and the stores say when another rank's
+    process or node is gone."""
+    return any(marker in text for marker in _PEER_GONE)
+
+
 _ABORT_AT_EXIT = "terminate called without an active exception"
 _ABORT_AT_EXIT_HINT = (
     "the worker aborted while exiting, after its work: gloo's threads outlived the interpreter "
@@ -176,7 +183,7 @@ class FailureReport:
         error), not for a lost peer: what the code or its input did, which a retry would do again.
         False when it was killed by a signal (the OOM killer, a preemption, a dead node)."""
         said = f"{self.message}\n{self.traceback or ''}\n{self.stderr_tail or ''}"
-        return self.exitcode > 0 and not any(marker in said for marker in PEER_GONE)
+        return self.exitcode > 0 and not says_peer_gone(said)
 
     @property
     def exit_code(self) -> int:

@@ -17,7 +17,6 @@ import functools
 import multiprocessing
 import os
 import pickle
-import signal
 import tempfile
 import threading
 import time
@@ -233,21 +232,10 @@ def _how(code: int) -> str:
 
 def _stop_all(groups: list[_Group]) -> None:
     """SIGTERM the groups still running, then SIGKILL those that do not go within 5 s."""
-
-    def send(sig: int) -> Callable[[Any], None]:
-        def to(process: Any) -> None:
-            with _ignore_gone():
-                os.kill(process.pid, sig)
-
-        return to
-
     started = [g.process for g in groups if g.process is not None]
+    # Process.terminate/kill send SIGTERM/SIGKILL and ignore a process already gone.
     stop_with_grace(
-        started, running=lambda p: p.is_alive(), ask=send(signal.SIGTERM), kill=send(signal.SIGKILL), grace_s=5.0
+        started, running=lambda p: p.is_alive(), ask=lambda p: p.terminate(), kill=lambda p: p.kill(), grace_s=5.0
     )
     for process in started:
         process.join()  # reap
-
-
-def _ignore_gone() -> contextlib.AbstractContextManager[None]:
-    return contextlib.suppress(ProcessLookupError)

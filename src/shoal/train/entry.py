@@ -8,7 +8,7 @@ from typing import Any
 
 from shoal.console import write_line
 from shoal.errors import ShoalError, first_line
-from shoal.launch.failures import PEER_GONE
+from shoal.launch.failures import says_peer_gone
 from shoal.train.config import TrainConfig
 from shoal.train.trainer import TrainResult
 from shoal.workloads.spec import Parcel
@@ -63,9 +63,8 @@ def peer_gone(err: BaseException) -> bool:
     """A collective failed because another rank's process or node is gone."""
     import torch.distributed as dist
 
-    text = str(err)
     return isinstance(err, getattr(dist, "DistNetworkError", ())) or (
-        isinstance(err, RuntimeError) and any(marker in text for marker in PEER_GONE)
+        isinstance(err, RuntimeError) and says_peer_gone(str(err))
     )
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shoal.workloads.archs import SYNTHETIC, check_arch
+from shoal.workloads.archs import check_arch
 from shoal.workloads.base import Workload, WorkloadData, WorkloadSettings
 
-ARCHS = SYNTHETIC
 MLP_WIDTH = 512
 NUM_CLASSES = 10
 DEFAULT_SAMPLES = 1024
