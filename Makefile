@@ -39,8 +39,8 @@ demo: $(STAMP)
 PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) clients
 	bash scripts/install-system-deps.sh
-	$(BIN)/ruff check src tests examples scripts/bench-slow-link scripts/gpu
-	$(BIN)/ruff format --check src tests examples scripts/bench-slow-link scripts/gpu
+	$(BIN)/ruff check src benchmarks tests examples scripts/bench-slow-link scripts/gpu
+	$(BIN)/ruff format --check src benchmarks tests examples scripts/bench-slow-link scripts/gpu
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## On a lent GPU machine (docs/GPU.md): every gpu-marked test and a short CUDA benchmark set, one report

@@ -1,7 +1,7 @@
 """The GPU check's benchmark set: which commands run, and the figures read back from what they wrote.
 
 Each figure stands against a baseline measured in the same run, by shoal's own benchmarks where one
-exists (``shoal bench allreduce``, ``shoal bench memory``), else by scripts/gpu/resnet_ddp.py, the
+exists (``shoal bench allreduce``, ``python -m benchmarks.memory``), else by scripts/gpu/resnet_ddp.py, the
 plain DDP script under torchrun:
 
 * ``shoal train synthetic`` (ResNet-50, bf16, channels-last) samples/s vs the plain DDP script's;
@@ -91,7 +91,7 @@ def steps(device: str, out: Path, nproc: int) -> list[Step]:
             "nccl all-reduce vs copy",
         )
     )
-    memory = [*shoal, "bench", "memory", "--device", device, "--world-sizes", n, *size["memory"]]
+    memory = [PY, "-m", "benchmarks.memory", "--device", device, "--world-sizes", n, *size["memory"]]
     memory += ["--amp", "bf16" if device == "cuda" else "off", "--json", str(out / "memory.json")]
     plan.append(Step("memory", memory, 120, "FSDP2 vs DDP per-rank memory"))
     if device == "cuda" and nproc == 1:

@@ -149,10 +149,11 @@ def dry_run(plan: list[Step], test_files: list[str], env: dict[str, str], cuda: 
 
 def _check_shoal(env: dict[str, str]) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-c", "import shoal, shoal.bench.allreduce, shoal.bench.memory; print(shoal.__file__)"],
+        [sys.executable, "-c", "import shoal, shoal.bench.allreduce, benchmarks.memory; print(shoal.__file__)"],
         capture_output=True,
         text=True,
         env=env,
+        cwd=ROOT,  # benchmarks/ beside the package: imported from the repository root
     )
     if done.returncode != 0:
         return [f"shoal does not import: {done.stderr.strip().splitlines()[-1:]}"]

@@ -41,16 +41,21 @@ class Step:
         problems = [f"{path.relative_to(ROOT)} is missing" for path in self.needs if not path.exists()]
         if self.cmd[:2] == [sys.executable, "-m"]:
             module = self.cmd[2]
-            if importlib.util.find_spec(module.split(".")[0]) is None or not _module_found(module):
+            if not _module_found(module):
                 problems.append(f"python -m {module}: no such module")
         return problems
 
 
 def _module_found(name: str) -> bool:
+    """Whether ``python -m NAME`` finds ``name`` where the steps run: from the repository root, which
+    ``-m`` puts first on the path (the project's ``benchmarks`` live there, beside the package)."""
+    sys.path.insert(0, str(ROOT))
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:
         return False
+    finally:
+        sys.path.remove(str(ROOT))
 
 
 def run_step(step: Step, env: dict[str, str], deadline: float) -> dict:

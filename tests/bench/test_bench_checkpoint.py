@@ -1,4 +1,4 @@
-"""``shoal bench checkpoint``: every variant saves and loads the same state, checked (never its speed)."""
+"""``python -m benchmarks.checkpoint``: every variant saves and loads the same state, checked (never its speed)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import random
 from pathlib import Path
 
 import pytest
+from benchmark_command import run_benchmark
 
-from conftest import run_shoal
+from benchmarks.checkpoint import BENCHMARK, VARIANTS, CheckpointConfig
+from benchmarks.checkpoint_state import build_state, same
 from shoal.atomic import TMP_PREFIX
-from shoal.bench.checkpoint import BENCHMARK, VARIANTS, CheckpointConfig
-from shoal.bench.checkpoint_state import build_state, same
 from shoal.errors import ShoalError
 
 
@@ -55,7 +55,7 @@ def test_smoke_run_in_a_given_directory(tmp_path: Path):
     report = BENCHMARK.run(
         BENCHMARK.configure(smoke=True, directory=str(tmp_path)),
         log=lines.append,
-        argv=["shoal", "bench", "checkpoint", "--smoke"],
+        argv=["python", "-m", "benchmarks.checkpoint", "--smoke"],
     )
     _check_report(report)
     assert report["config"]["model"] == "mb:2" and report["config"]["state_bytes"] == 2_000_000
@@ -127,14 +127,27 @@ def test_smoke_overrides_win():
     assert CheckpointConfig() == CheckpointConfig(model="resnet18", directory=None, repeat=5, warmup=1)
 
 
-def test_smoke_checkpoint_report_through_the_cli(tmp_path: Path):
+def test_smoke_checkpoint_report_through_its_command_with_a_flag_that_wins(tmp_path: Path):
     out = tmp_path / "c.json"
     work = tmp_path / "disk"
     work.mkdir()
-    proc = run_shoal("bench", "checkpoint", "--smoke", "--dir", str(work), "--json", str(out), timeout=120)
+    argv = ["--smoke", "--repeat", "3", "--dir", str(work), "--json", str(out)]
+    proc = run_benchmark("checkpoint", *argv, timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "shoal atomic save: " in proc.stdout and "shoal_manager" in proc.stdout
+    assert "python -m benchmarks.checkpoint (smoke: tiny sizes, the numbers mean nothing)" in proc.stderr
     report = json.loads(out.read_text())
     _check_report(report)
-    assert report["config"]["smoke"] is True and report["config"]["directory"] == str(work)
-    assert list(work.iterdir()) == []
+    cfg = report["config"]
+    assert (cfg["smoke"], cfg["model"], cfg["repeat"], cfg["warmup"]) == (True, "mb:2", 3, 0)
+    assert cfg["directory"] == str(work) and list(work.iterdir()) == []
+    assert report["meta"]["command"] == "python -m benchmarks.checkpoint " + " ".join(argv)
+
+
+def test_bad_input_is_one_line_and_a_hint():
+    proc = run_benchmark("checkpoint", "--repeat", "0", timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "shoal: error: --repeat must be at least 1 and --warmup at least 0, got 0 and 1",
+        "HINT: pass e.g. --repeat 5 --warmup 1",
+    ]

@@ -1,22 +1,25 @@
-"""``shoal bench NAME`` flags: generated from each config dataclass's fields and docstrings."""
+"""``shoal bench NAME`` and ``python -m benchmarks.NAME`` flags: generated from each config dataclass's
+fields and docstrings; ``shoal bench`` lists the user's tools only."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import subprocess
 import sys
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 import pytest
+from benchmark_command import ROOT
 
-from conftest import run_shoal
 from shoal.bench import BENCHMARKS, benchmark
 from shoal.bench.harness import flag
 from shoal.bench.report import parse_size
-from shoal.cli.bench import add_config_flags, register
+from shoal.cli.bench import add_benchmark_arguments, add_config_flags, register
 from shoal.cli.fields import field_docs, given_fields
+
+PROJECT_BENCHMARKS = ("overhead", "data", "startup", "checkpoint", "memory")
+"""The project's own benchmarks beside the package: ``python -m benchmarks.NAME``, not ``shoal bench``."""
 
 
 def bench_parser() -> argparse.ArgumentParser:
@@ -25,23 +28,45 @@ def bench_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def any_benchmark(name: str):
+    """``shoal bench NAME``'s benchmark, or the project's own ``benchmarks.NAME``."""
+    return benchmark(name) if name in BENCHMARKS else importlib.import_module(f"benchmarks.{name}").BENCHMARK
+
+
+def module_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m benchmarks.NAME`` (what :func:`shoal.cli.bench.main` builds)."""
+    bench = any_benchmark(name)
+    parser = argparse.ArgumentParser(prog=bench.command, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_benchmark_arguments(parser, bench, bench.command.split())
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed by the real parser: ``shoal bench ARGV``, or ``python -m benchmarks.ARGV[0] ARGV[1:]``."""
+    if argv[0] in BENCHMARKS:
+        return bench_parser().parse_args(["bench", *argv])
+    return module_parser(argv[0]).parse_args(argv[1:])
+
+
 def config_from(argv: list[str]):
-    """The config ``shoal bench ARGV`` would run (parsed by the real parser, nothing measured)."""
-    args = bench_parser().parse_args(["bench", *argv])
-    bench = benchmark(argv[0])
+    """The config the command would run (parsed by the real parser, nothing measured)."""
+    args = parse(argv)
+    bench = any_benchmark(argv[0])
     return bench.configure(smoke=args.smoke, **given_fields(args, [f.name for f in fields(bench.config)]))
 
 
 def help_of(name: str) -> str:
+    if name not in BENCHMARKS:
+        return module_parser(name).format_help()
     sub = next(a for a in bench_parser()._actions if isinstance(a, argparse._SubParsersAction))
     benches = next(a for a in sub.choices["bench"]._actions if isinstance(a, argparse._SubParsersAction))
     return benches.choices[name].format_help()
 
 
-@pytest.mark.parametrize("name", list(BENCHMARKS))
+@pytest.mark.parametrize("name", [*BENCHMARKS, *PROJECT_BENCHMARKS])
 def test_every_field_is_a_flag_with_its_docstring_as_help(name, monkeypatch):
     monkeypatch.setenv("COLUMNS", "500")  # argparse wraps help at hyphens too ("--min-" / "iters")
-    bench = benchmark(name)
+    bench = any_benchmark(name)
     text = help_of(name)
     squashed = " ".join(text.split())
     docs = field_docs(bench.config)
@@ -97,8 +122,32 @@ def test_smoke_starts_from_tiny_sizes_and_a_given_flag_wins():
 )
 def test_malformed_values_are_refused_by_the_parser(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
-        bench_parser().parse_args(["bench", *argv])
+        parse(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_shoal_bench_lists_the_users_tools_only(capsys):
+    with pytest.raises(SystemExit):
+        bench_parser().parse_args(["bench", "--help"])
+    text = capsys.readouterr().out
+    assert "scaling" in text and "allreduce" in text
+    assert not any(name in text for name in PROJECT_BENCHMARKS)
+    with pytest.raises(SystemExit) as exit_:
+        bench_parser().parse_args(["bench", "startup"])
+    assert exit_.value.code == 2 and "invalid choice: 'startup'" in capsys.readouterr().err
+
+
+def test_a_project_benchmark_answers_help_without_importing_torch():
+    """``python -m benchmarks.NAME --help``, as the project's developer runs it from the repository root."""
+    argv = [sys.executable, "-X", "importtime", "-m", "benchmarks.startup", "--help"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m benchmarks.startup [-h] [--smoke]")
+    assert proc.stdout.rstrip().endswith(
+        "python -m benchmarks.startup --smoke  # torchrun and shoal run once, 1 worker"
+    )
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert "benchmarks.peers" in imported and "shoal.cli.bench" in imported and "torch" not in imported
 
 
 def test_a_new_option_is_one_field():
@@ -131,7 +180,7 @@ from shoal.cli.bench import register
 parser = argparse.ArgumentParser(prog="shoal")
 register(parser.add_subparsers())
 before = sorted(m for m in sys.modules if m.startswith("shoal.bench."))
-for name in ("scaling", "allreduce", "overhead", "data", "startup", "checkpoint"):
+for name in ("scaling", "allreduce"):
     try:
         parser.parse_args(["bench", name, "--help"])
     except SystemExit:
@@ -141,13 +190,4 @@ print(before, "torch" in sys.modules)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[] False"
-    assert "shoal bench checkpoint --smoke --json ckpt.json" in proc.stdout
-
-
-def test_smoke_through_the_command_line_with_a_flag_that_wins(tmp_path: Path):
-    out = tmp_path / "c.json"
-    proc = run_shoal("bench", "checkpoint", "--smoke", "--repeat", "3", "--json", str(out), timeout=180)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    cfg = json.loads(out.read_text())["config"]
-    assert (cfg["smoke"], cfg["model"], cfg["repeat"], cfg["warmup"]) == (True, "mb:2", 3, 0)
-    assert "shoal bench checkpoint (smoke: tiny sizes, the numbers mean nothing)" in proc.stderr
+    assert "shoal bench allreduce --smoke" in proc.stdout

@@ -1,4 +1,4 @@
-"""``shoal bench data``: the three loaders are measured on the same data (never their speed)."""
+"""``python -m benchmarks.data``: the three loaders are measured on the same data (never their speed)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from benchmark_command import run_benchmark
 
-from conftest import run_shoal
-from shoal.bench.data import BENCHMARK, DataConfig, write_fake_mnist
+from benchmarks.data import BENCHMARK, DataConfig, write_fake_mnist
 from shoal.errors import ShoalError
 
 
@@ -44,7 +44,7 @@ def test_bad_batch_size():
 
 def test_smoke_data_report_through_the_cli(tmp_path: Path):
     out = tmp_path / "data.json"
-    proc = run_shoal("bench", "data", "--smoke", "--json", str(out), timeout=120)
+    proc = run_benchmark("data", "--smoke", "--json", str(out), timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "per_sample" in proc.stdout and "slicing" in proc.stdout
     report = json.loads(out.read_text())
@@ -58,7 +58,7 @@ def test_smoke_on_real_mnist(mnist_root: Path):
 
     threads = torch.get_num_threads()
     cfg = BENCHMARK.configure(smoke=True, data=str(mnist_root))
-    report = BENCHMARK.run(cfg, log=lambda _: None, argv=["shoal", "bench", "data"])
+    report = BENCHMARK.run(cfg, log=lambda _: None, argv=["python", "-m", "benchmarks.data"])
     assert torch.get_num_threads() == threads  # the caller's thread count is left alone
     _check_report(report)
     assert report["config"]["dataset_size"] == 60000 and "real MNIST" in report["config"]["source"]

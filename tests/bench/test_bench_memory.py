@@ -1,4 +1,4 @@
-"""``shoal bench memory``: per-rank bytes under DDP and FSDP, counted from real ranks (never their speed)."""
+"""``python -m benchmarks.memory``: per-rank bytes under DDP and FSDP, counted from real ranks (never their speed)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from benchmark_command import ROOT, run_benchmark
 
-from conftest import run_shoal
-from shoal.bench.memory import BENCHMARK, MemoryConfig
+from benchmarks.memory import BENCHMARK, MemoryConfig
 from shoal.errors import ShoalError
 from shoal.workloads.language_model import PRESETS
 
@@ -17,7 +17,7 @@ from shoal.workloads.language_model import PRESETS
 @pytest.mark.multiprocess
 def test_smoke_run_counts_what_each_rank_holds(tmp_path):
     out = tmp_path / "memory.json"
-    proc = run_shoal("bench", "memory", "--smoke", "--json", str(out), timeout=600)
+    proc = run_benchmark("memory", "--smoke", "--json", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["benchmark"] == "memory" and report["config"]["smoke"] is True
@@ -60,5 +60,5 @@ def test_bad_config_is_one_line_with_a_hint():
 
 
 def test_importing_the_benchmark_imports_no_torch():
-    code = "import sys, shoal.bench.memory; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    code = "import sys, benchmarks.memory; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)

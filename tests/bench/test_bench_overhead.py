@@ -1,4 +1,4 @@
-"""``shoal bench overhead``: the same job through a plain DDP loop, shoal's trainer, the peers and shoal.horovod.
+"""``python -m benchmarks.overhead``: the same job through a plain DDP loop, shoal's trainer, the peers and shoal.horovod.
 
 What is checked is the machinery and the correctness claim (shoal's trainer ends with weights
 bit-identical to the hand-written DDP loop), never speed.
@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_command import ROOT, run_benchmark
 
 import warm
-from conftest import run_shoal
-from shoal.bench import overhead, overhead_workers
-from shoal.bench.harness import PEERS
+from benchmarks import overhead, overhead_workers
+from benchmarks.peers import PEERS
 from shoal.errors import ShoalError
 
 
@@ -48,14 +48,28 @@ def test_plain_loop_schedule_is_shoal_schedule():
             assert overhead_workers.cosine_lr(job, epoch + step * 16 / 64) == schedule.at(epoch + step * 16 / 64)
 
 
+def test_peers_are_kept_when_installed_and_skipped_with_a_note_when_not(monkeypatch):
+    from benchmarks.peers import skip_missing_peers
+
+    installed = [v for v, package in PEERS.items() if importlib.util.find_spec(package) is not None]
+    kept, notes = skip_missing_peers(["plain", *installed])
+    assert kept == ["plain", *installed] and notes == []
+    # A framework that is really not installed (no such package exists).
+    monkeypatch.setitem(PEERS, "fabric", "shoal_test_no_such_package")
+    kept, notes = skip_missing_peers(["plain", "fabric", "shoal"])
+    assert kept == ["plain", "shoal"]
+    assert notes == [
+        "fabric: skipped, shoal_test_no_such_package is not installed (pip install -r benchmarks/requirements.txt)"
+    ]
+
+
 @pytest.mark.multiprocess
 def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
     out = tmp_path / "overhead.json"
     variants = ["plain", "shoal"] + [v for v, pkg in PEERS.items() if importlib.util.find_spec(pkg)] + ["horovod"]
     # Two rounds: the second forks workers again after the first round's results came back, which
     # is where a parent that had run torch ops would hang (the report would never be written).
-    proc = run_shoal(
-        "bench",
+    proc = run_benchmark(
         "overhead",
         "--smoke",
         "--repeat",
@@ -86,13 +100,13 @@ def test_smoke_overhead_report_with_bit_identical_weights(tmp_path: Path):
     assert "horovod / plain: " in proc.stdout and "horovod" in report["weights"]
 
 
-# Both jobs from one fresh interpreter that forks their workers, as ``shoal bench overhead`` does on CPU
+# Both jobs from one fresh interpreter that forks their workers, as benchmarks/overhead.py does on CPU
 # (not from pytest, whose earlier tests may have started an OpenMP pool a forked worker would hang in).
 TWO_JOBS = """
 import json, sys
 from pathlib import Path
 
-from shoal.bench import overhead, overhead_workers
+from benchmarks import overhead, overhead_workers
 from shoal.bench.harness import launch_workers
 
 overhead._preimport(["plain"])  # what measure() imports once before it forks workers, and
@@ -111,7 +125,7 @@ def test_a_different_job_is_detected(tmp_path: Path):
     """The check can fail: two different jobs do not end with the same digest."""
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
     cmd = [sys.executable, "-c", TWO_JOBS, str(tmp_path)]
-    proc = warm.run(cmd, script=True, capture_output=True, text=True, timeout=180, env=env)
+    proc = warm.run(cmd, script=True, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
     results = json.loads(line.removeprefix("RESULTS "))

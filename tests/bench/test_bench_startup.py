@@ -1,4 +1,4 @@
-"""``shoal bench startup``: what is timed and how it is compared with torchrun (never its speed)."""
+"""``python -m benchmarks.startup``: what is timed and how it is compared with torchrun (never its speed)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from benchmark_command import ROOT, run_benchmark
 
 import warm
-from conftest import run_shoal
-from shoal.bench import startup
+from benchmarks import startup
 from shoal.errors import ShoalError
 from shoal.launch.ports import find_free_port
 
@@ -32,7 +32,7 @@ def test_missing_optional_launchers_are_skipped_with_a_note(monkeypatch, tmp_pat
     cfg = startup.StartupConfig(variants=("torchrun", "accelerate", "fabric"))
     commands, notes = startup._commands(cfg, tmp_path / "probe.py", tmp_path)
     assert list(commands) == ["torchrun"]
-    assert len(notes) == 2 and all("is not installed" in n and "shoal[bench]" in n for n in notes)
+    assert len(notes) == 2 and all("is not installed" in n and "benchmarks/requirements.txt" in n for n in notes)
 
 
 def test_commands_are_the_documented_ones(tmp_path: Path):
@@ -50,7 +50,7 @@ def test_commands_are_the_documented_ones(tmp_path: Path):
 @pytest.mark.multiprocess
 def test_smoke_startup_report(tmp_path: Path):
     out = tmp_path / "startup.json"
-    proc = run_shoal("bench", "startup", "--smoke", "--json", str(out), timeout=240)
+    proc = run_benchmark("startup", "--smoke", "--json", str(out), timeout=240)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     report = json.loads(out.read_text())
     assert report["benchmark"] == "startup" and report["config"]["variants"] == ["torchrun", "shoal_run"]
@@ -67,12 +67,15 @@ def test_smoke_startup_report(tmp_path: Path):
     assert " run --nproc 1 " in rows["shoal_run"]["command"]
 
 
-def test_function_probe_stamps_every_rank(tmp_path: Path):
-    """The launch_* variants run the probe file's own probe as a function entrypoint (forked workers)."""
-    code = f"from shoal.bench.probes.startup_probe import launch_probe; launch_probe('fork', 2, {str(tmp_path)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    stamps = [float((tmp_path / f"rank{r}.txt").read_text()) for r in (0, 1)]
+def test_function_probe_stamps_every_rank(tmp_path: Path, monkeypatch):
+    """The launch_* variants run the probe file's own probe as a function entrypoint (forked workers),
+    importing it from the repository root whatever the directory the benchmark was started in."""
+    monkeypatch.chdir(tmp_path)
+    cfg = startup.StartupConfig(nproc=2, variants=("launch_fork",))
+    command = startup._commands(cfg, startup.PROBE, tmp_path)[0]["launch_fork"](tmp_path / "o")
+    result = startup._run_once(command, tmp_path / "o")
+    assert 0 < result["first_step_s"] <= result["exit_s"]
+    stamps = [float((tmp_path / "o" / f"rank{r}.txt").read_text()) for r in (0, 1)]
     assert all(s > 0 for s in stamps)
 
 
@@ -85,8 +88,8 @@ def _stamps(out: Path, ranks: int, since: float) -> list[float]:
 def test_the_probe_is_a_file_whose_import_costs_no_torch():
     """The launch_* variants import the probe in the parent that forks: it must not import torch there."""
     assert startup.PROBE.is_file() and startup.PROBE.suffix == ".py"
-    code = "import sys, shoal.bench.probes.startup_probe as p; print(p.__file__, 'torch' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = "import sys, benchmarks.startup_probe as p; print(p.__file__, 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(startup.PROBE), "False"]
 

@@ -1,7 +1,9 @@
-"""The harness every benchmark goes through: paired ratios, --smoke, peers, and the report it writes."""
+"""The harness every benchmark goes through (``shoal bench``'s and the project's own beside the package):
+paired ratios, --smoke, and the report it writes."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import time
@@ -11,16 +13,17 @@ from pathlib import Path
 import pytest
 
 from shoal.bench import BENCHMARKS, benchmark
-from shoal.bench.harness import (
-    PEERS,
-    Benchmark,
-    Measured,
-    paired_ratio,
-    paired_ratios,
-    run_and_write,
-    skip_missing_peers,
-)
+from shoal.bench.harness import Benchmark, Measured, paired_ratio, paired_ratios, run_and_write
 from shoal.errors import ShoalError
+
+PROJECT_BENCHMARKS = ("overhead", "data", "startup", "checkpoint", "memory")
+"""The project's own benchmarks beside the package (``python -m benchmarks.NAME``)."""
+
+
+def _any_benchmark(name: str) -> Benchmark:
+    if name in BENCHMARKS:
+        return benchmark(name)
+    return importlib.import_module(f"benchmarks.{name}").BENCHMARK
 
 
 def test_paired_ratios_pair_by_position_or_by_round():
@@ -33,16 +36,18 @@ def test_paired_ratios_pair_by_position_or_by_round():
 
 
 def test_every_benchmark_is_registered_with_its_module():
-    for name in BENCHMARKS:
-        bench = benchmark(name)
-        assert bench.name == name and bench.examples.startswith("examples:\n")
-        assert all(f"shoal bench {name}" in line for line in bench.examples.splitlines()[1:])
+    assert list(BENCHMARKS) == ["scaling", "allreduce"]  # what a user runs; the rest is the project's own
+    for name in [*BENCHMARKS, *PROJECT_BENCHMARKS]:
+        bench = _any_benchmark(name)
+        command = f"shoal bench {name}" if name in BENCHMARKS else f"python -m benchmarks.{name}"
+        assert bench.name == name and bench.command == command and bench.examples.startswith("examples:\n")
+        assert all(line.startswith(f"  {command}") for line in bench.examples.splitlines()[1:])
         assert set(bench.smoke) <= {f.name for f in fields(bench.config)}
 
 
-@pytest.mark.parametrize("name", list(BENCHMARKS))
+@pytest.mark.parametrize("name", [*BENCHMARKS, *PROJECT_BENCHMARKS])
 def test_smoke_gives_tiny_sizes_and_explicit_values_win(name):
-    bench = benchmark(name)
+    bench = _any_benchmark(name)
     assert bench.configure() == bench.config()
     smoke = bench.configure(smoke=True)
     assert {k: getattr(smoke, k) for k in bench.smoke} == dict(bench.smoke)
@@ -54,24 +59,11 @@ def test_smoke_gives_tiny_sizes_and_explicit_values_win(name):
 
 
 def test_a_bad_value_is_refused_with_or_without_smoke():
-    bench = benchmark("checkpoint")
+    bench = benchmark("scaling")
     for smoke in (False, True):
         with pytest.raises(ShoalError, match="--repeat must be at least 1") as err:
             bench.configure(smoke=smoke, repeat=0)
         assert err.value.hint
-
-
-def test_peers_are_kept_when_installed_and_skipped_with_a_note_when_not(monkeypatch):
-    import importlib.util
-
-    installed = [v for v, package in PEERS.items() if importlib.util.find_spec(package) is not None]
-    kept, notes = skip_missing_peers(["plain", *installed])
-    assert kept == ["plain", *installed] and notes == []
-    # A framework that is really not installed (no such package exists).
-    monkeypatch.setitem(PEERS, "fabric", "shoal_test_no_such_package")
-    kept, notes = skip_missing_peers(["plain", "fabric", "shoal"])
-    assert kept == ["plain", "shoal"]
-    assert notes == ["fabric: skipped, shoal_test_no_such_package is not installed (pip install 'shoal[bench]')"]
 
 
 # A small real benchmark, to see the whole pipeline: config -> measure -> report -> table, JSON, plot.

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: cluster.
 from cluster.helpers import clean_env
 from cluster.pods import PodSpec, pod_network
 
-PROBE = str(Path(__file__).resolve().parents[2] / "src" / "shoal" / "bench" / "probes" / "startup_probe.py")
+PROBE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "startup_probe.py")
 MARKERS = ("rendezvous done; starting", "workers on this node, rendezvous")
 
 

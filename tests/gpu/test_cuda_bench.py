@@ -1,13 +1,16 @@
-"""The benchmarks' CUDA options the GPU check runs: nccl all-reduce within one GPU, and the per-rank
-memory of FSDP2 in bf16 against DDP with the peak of GPU memory (the CPU variant runs in CI)."""
+"""The benchmarks' CUDA options the GPU check runs: nccl all-reduce within one GPU (``shoal bench
+allreduce``), and the per-rank memory of FSDP2 in bf16 against DDP with the peak of GPU memory
+(``python -m benchmarks.memory``; the CPU variant runs in CI)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_shoal
+from conftest import ROOT, run_shoal
 from shoal.bench.allreduce import AllreduceConfig
 from shoal.errors import ShoalError
 
@@ -38,10 +41,10 @@ def test_nccl_all_reduce_within_one_gpu_against_a_device_copy(tmp_path):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_memory_bench_in_bf16_reports_fsdp_against_ddp(tmp_path, device):
     out = tmp_path / "memory.json"
-    proc = run_shoal(
-        "bench", "memory", "--smoke", "--world-sizes", "1", "--device", device, "--amp", "bf16", "--json", str(out),
-        timeout=300,
-    )  # fmt: skip
+    argv = ["--smoke", "--world-sizes", "1", "--device", device, "--amp", "bf16", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.memory", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     report = json.loads(out.read_text())
     assert report["config"]["amp"] == "bf16" and report["config"]["device"] == device

@@ -5,19 +5,19 @@ frozen config dataclass (a docstring under each field: ``shoal bench NAME --help
 them), the tiny sizes of ``--smoke``, ``measure(cfg, log)`` returning :class:`Measured`, the lines of
 its text form and the drawing of its plot. The rest is done here, once: ``--smoke`` (tiny sizes, any
 option given explicitly still wins), the report's common head (:mod:`shoal.bench.report`), the text
-form's header and notes, ``--json PATH`` with a PNG beside it, and ``--plot PATH``.
+form's header and notes, ``--json PATH`` with a PNG beside it, and ``--plot PATH``. The project's
+own measurements beside the package (``benchmarks/``, ``python -m benchmarks.NAME``) go through the
+same pipeline.
 
-Helpers the benchmarks share: :func:`paired_ratios` (comparisons paired by round), :func:`skip_missing_peers`
-(the rows of other frameworks, when installed), :func:`launch_workers` (shoal's own launcher),
-:func:`require_at_least` (config checks) and :func:`flag` (a field whose command-line flag is
-spelled or parsed otherwise than its type says). Nothing here imports torch.
+Helpers the benchmarks share: :func:`paired_ratios` (comparisons paired by round), :func:`launch_workers`
+(shoal's own launcher), :func:`require_at_least` (config checks) and :func:`flag` (a field whose
+command-line flag is spelled or parsed otherwise than its type says). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,6 @@ from shoal.bench.timing import load_average, median
 from shoal.errors import ShoalError
 
 Log = Callable[[str], None]
-
-PEERS = {"accelerate": "accelerate", "fabric": "lightning"}
-"""Variants that run another framework -> the package each needs (``pip install 'shoal[bench]'``)."""
 
 
 @dataclass
@@ -71,7 +68,7 @@ def flag(**options: Any) -> dict[str, Flag]:
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One benchmark, as the harness and ``shoal bench NAME`` see it."""
+    """One benchmark, as the harness and its command line (``shoal bench NAME``) see it."""
 
     name: str
     config: type
@@ -88,6 +85,13 @@ class Benchmark:
     :data:`shoal.bench.BENCHMARKS`)."""
     examples: str
     """The end of ``shoal bench NAME --help``: worked examples."""
+    command: str = ""
+    """The command that runs it, as its log and ``--help`` name it: ``shoal bench NAME`` (the default),
+    or ``python -m benchmarks.NAME`` for the project's own measurements beside the package."""
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            object.__setattr__(self, "command", f"shoal bench {self.name}")
 
     def configure(self, *, smoke: bool = False, **given: Any) -> Any:
         """The config: its defaults, or ``--smoke``'s tiny sizes, with every value ``given`` winning."""
@@ -130,13 +134,13 @@ def run_and_write(
     argv: Sequence[str] | None = None,
     log: Log | None = None,
 ) -> dict[str, Any]:
-    """What ``shoal bench NAME`` does: run, print the table, write the JSON and the plot.
+    """What ``shoal bench NAME`` (or ``bench.command``) does: run, print the table, write the JSON and the plot.
 
     The plot goes to ``plot_path``, or beside ``json_path`` as a PNG. Progress goes to ``log``
     (stderr by default), the table to stdout.
     """
     log = log or _stderr
-    log(f"shoal bench {bench.name}{' (smoke: tiny sizes, the numbers mean nothing)' if smoke else ''}")
+    log(f"{bench.command}{' (smoke: tiny sizes, the numbers mean nothing)' if smoke else ''}")
     report = bench.run(cfg, log=log, argv=argv)
     report["config"]["smoke"] = bool(smoke)
     plot_path = plot_path or (str(Path(json_path).with_suffix(".png")) if json_path else None)
@@ -171,18 +175,6 @@ def paired_ratios(
 def paired_ratio(values: Mapping[Any, float] | Sequence[float], base: Mapping[Any, float] | Sequence[float]) -> float:
     """The median of :func:`paired_ratios` (NaN when no round has both)."""
     return median(paired_ratios(values, base))
-
-
-def skip_missing_peers(variants: Iterable[str]) -> tuple[list[str], list[str]]:
-    """``variants`` without those whose framework (:data:`PEERS`) is not installed, and a note for each."""
-    kept, notes = [], []
-    for name in variants:
-        package = PEERS.get(name)
-        if package and importlib.util.find_spec(package) is None:
-            notes.append(f"{name}: skipped, {package} is not installed (pip install 'shoal[bench]')")
-        else:
-            kept.append(name)
-    return kept, notes
 
 
 def launch_workers(entrypoint: Callable[..., Any], args: tuple[Any, ...], nproc: int, start_method: str) -> Any:

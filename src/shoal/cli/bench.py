@@ -1,9 +1,10 @@
-"""``shoal bench scaling|allreduce|overhead|data|startup|checkpoint|memory``: measured numbers, as a table, JSON and a plot.
+"""``shoal bench scaling|allreduce``: measured numbers, as a table, JSON and a plot.
 
 Each benchmark's flags are generated from its config dataclass (:mod:`shoal.cli.fields`: a field is a
 flag, its docstring the help); the description and examples come from the benchmark's ``BENCHMARK``
 and :func:`shoal.bench.harness.run_and_write` does the rest. ``--smoke`` starts from tiny sizes
-(seconds; the numbers mean nothing) and any flag given explicitly still wins.
+(seconds; the numbers mean nothing) and any flag given explicitly still wins. :func:`main` gives
+the project's own measurements beside the package (``python -m benchmarks.NAME``) the same command line.
 
 A benchmark's parser is filled in only when that benchmark is named: ``shoal --help`` and
 ``shoal bench --help`` import no benchmark module, and no path here imports torch.
@@ -13,21 +14,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from typing import Any
 
 from shoal.cli.fields import add_fields, field_docs, flag_name, given_fields
+from shoal.errors import ShoalError
 
 EXAMPLES = """\
 examples:
-  shoal bench scaling                          # ResNet-18 32x32 on 1..cores processes, with controls
-  shoal bench allreduce --nproc 2              # 4 KB .. 256 MB all-reduce vs memcpy
-  shoal bench overhead                         # shoal's trainer vs a hand-written DDP loop (and peers)
-  shoal bench data --data ~/data               # shoal's loader vs the tutorials' MNIST pipeline
-  shoal bench startup                          # time to the first step vs torchrun
-  shoal bench checkpoint                       # atomic, durable save/load MB/s vs torch.save
-  shoal bench memory                           # per-rank bytes and step time, FSDP vs DDP at 1, 2, 4 ranks
-  shoal bench scaling --smoke --json out.json  # seconds; also writes out.png when matplotlib is installed
+  shoal bench scaling                            # ResNet-18 32x32 on 1..cores processes, with controls
+  shoal bench scaling --comm-hook bf16,powersgd  # what gradient compression is worth on this link
+  shoal bench allreduce --nproc 2                # 4 KB .. 256 MB all-reduce vs memcpy
+  shoal bench scaling --smoke --json out.json    # seconds; also writes out.png when matplotlib is installed
 """
 
 
@@ -36,9 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: scaling, allreduce, overhead, data, startup, checkpoint, memory (tables, JSON, plots)",
-        description="Measure how fast a job runs, how well it scales over processes and why not better. "
-        "Every figure is measured in the same run as its baseline.",
+        help="benchmarks: scaling over processes or nodes, all-reduce bandwidth (tables, JSON, plots)",
+        description="Measure how well a job scales over processes or nodes on this machine or cluster, and why "
+        "not better. Every figure is measured in the same run as its baseline.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -63,12 +62,7 @@ class _BenchmarkParser(argparse.ArgumentParser):
         from shoal.bench import benchmark
 
         bench, self._unfilled = benchmark(self._unfilled), None
-        self.description, self.epilog = bench.description, bench.examples
-        self.add_argument("--smoke", action="store_true", help="tiny sizes: runs in seconds, the numbers mean nothing")
-        self.add_argument("--json", metavar="PATH", help="write the report as JSON (and a PNG plot beside it)")
-        self.add_argument("--plot", metavar="PATH", help="write the plot here (PNG; needs matplotlib)")
-        names = add_config_flags(self, bench.config)
-        self.set_defaults(func=lambda args: _run(bench, names, args))
+        add_benchmark_arguments(self, bench, ["shoal", *sys.argv[1:]])
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self._fill()
@@ -81,6 +75,34 @@ class _BenchmarkParser(argparse.ArgumentParser):
     def format_help(self) -> str:
         self._fill()
         return super().format_help()
+
+
+def main(bench: Any, argv: list[str] | None = None) -> int:
+    """``bench.command ARGV``: the whole command line of one benchmark, for a benchmark run as its own
+    program (``python -m benchmarks.NAME``); a ShoalError is its one line and HINT, as ``shoal``'s."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog=bench.command, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_benchmark_arguments(parser, bench, [*shlex.split(bench.command), *argv])
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except ShoalError as err:
+        print(err.format(), file=sys.stderr, flush=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"{bench.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def add_benchmark_arguments(parser: argparse.ArgumentParser, bench: Any, command: list[str]) -> None:
+    """Fill ``parser`` from ``bench``: its description and examples, ``--smoke``, ``--json``, ``--plot``
+    and one flag per config field; parsing then runs it, its report naming ``command`` (the argv given)."""
+    parser.description, parser.epilog = bench.description, bench.examples
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: runs in seconds, the numbers mean nothing")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON (and a PNG plot beside it)")
+    parser.add_argument("--plot", metavar="PATH", help="write the plot here (PNG; needs matplotlib)")
+    names = add_config_flags(parser, bench.config)
+    parser.set_defaults(func=lambda args: _run(bench, names, args, command))
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
@@ -113,11 +135,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
     return names
 
 
-def _run(bench: Any, names: list[str], args: argparse.Namespace) -> int:
+def _run(bench: Any, names: list[str], args: argparse.Namespace, command: list[str]) -> int:
     from shoal.bench.harness import run_and_write
 
     cfg = bench.configure(smoke=args.smoke, **given_fields(args, names))
-    run_and_write(bench, cfg, smoke=args.smoke, json_path=args.json, plot_path=args.plot, argv=["shoal", *sys.argv[1:]])
+    run_and_write(bench, cfg, smoke=args.smoke, json_path=args.json, plot_path=args.plot, argv=command)
     return 0
 
 

@@ -3,7 +3,8 @@
 :class:`TensorBatchLoader` gathers each batch with one ``index_select`` per tensor instead of
 collating sample by sample: on CPU that is ~3x faster than ``t[idx]`` (advanced indexing) and far
 faster than a ``DataLoader`` over a ``TensorDataset``, which builds a batch from ``B`` single-sample
-indexings. ``shoal bench data`` measures it against raw slicing and ``index_select`` loops.
+indexings. ``benchmarks/data.py`` (beside the package) measures it against raw slicing and
+``index_select`` loops.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Building blocks of a small decoder-only language model: the model, its text, its datasets, its loss.
 
 The pieces are what the bundled ``language`` workload (:mod:`shoal.workloads.language`), the FSDP
-tests and ``shoal bench memory`` use.
+tests and ``benchmarks/memory.py`` use.
 
 The text is made offline and deterministically (no download, nothing large committed): a synthetic
 English-like corpus of sentences drawn from a small fixed grammar by a seeded 64-bit linear

@@ -1,4 +1,4 @@
-"""``shoal bench data``: samples/s of shoal's in-memory loader against the tutorials' MNIST pipeline.
+"""``python -m benchmarks.data``: samples/s of shoal's in-memory loader against the tutorials' MNIST pipeline.
 
 Three ways to get shuffled MNIST batches of the same size, in one process, interleaved pass by
 pass (median of ``--repeat``):
@@ -44,7 +44,7 @@ VARIANTS = ("shoal", "per_sample", "slicing", "index_select")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """What ``shoal bench data`` measures."""
+    """What ``python -m benchmarks.data`` measures."""
 
     data: str | None = None
     """Real MNIST root (torchvision's layout: DIR/MNIST/raw); default: random images in MNIST's files."""
@@ -271,6 +271,7 @@ def draw(ax: Any, report: dict[str, Any]) -> None:
 
 BENCHMARK = Benchmark(
     name="data",
+    command="python -m benchmarks.data",
     config=DataConfig,
     smoke=SMOKE,
     measure=measure,
@@ -281,10 +282,16 @@ BENCHMARK = Benchmark(
     "X[perm[i:i+B]] slicing (the ceiling).",
     examples="""\
 examples:
-  shoal bench data                                      # random images in MNIST's files (no download)
-  shoal bench data --data ~/data                        # real MNIST in ~/data/MNIST/raw
-  shoal bench data --batch-size 128 --samples 20000 --repeat 5
-  shoal bench data --num-workers 2                      # give the per-sample pipeline worker processes
-  shoal bench data --smoke --json data.json
+  python -m benchmarks.data                  # random images in MNIST's files (no download)
+  python -m benchmarks.data --data ~/data    # real MNIST in ~/data/MNIST/raw
+  python -m benchmarks.data --batch-size 128 --samples 20000 --repeat 5
+  python -m benchmarks.data --num-workers 2  # give the per-sample pipeline worker processes
+  python -m benchmarks.data --smoke --json data.json
 """,
 )
+
+
+if __name__ == "__main__":
+    from benchmarks import main
+
+    raise SystemExit(main("data"))

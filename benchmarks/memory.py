@@ -1,4 +1,4 @@
-"""``shoal bench memory``: per-rank bytes of parameters, gradients and optimizer state, DDP vs FSDP.
+"""``python -m benchmarks.memory``: per-rank bytes of parameters, gradients and optimizer state, DDP vs FSDP.
 
 The same TinyGPT (:mod:`shoal.workloads.language_model`; a preset by ``--model``) trains with Adam
 under DDP (every rank holds the whole model, its gradients and both Adam moments: 16 bytes per
@@ -38,7 +38,7 @@ TARGETS = {2: 0.55, 4: 0.30}
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """What ``shoal bench memory`` measures."""
+    """What ``python -m benchmarks.memory`` measures."""
 
     model: str = "small"
     """TinyGPT preset: tiny (43 K parameters), small (3.3 M) or large (99.8 M: 1.6 GB of Adam state
@@ -315,6 +315,7 @@ def draw(ax: Any, report: dict[str, Any]) -> None:
 
 BENCHMARK = Benchmark(
     name="memory",
+    command="python -m benchmarks.memory",
     config=MemoryConfig,
     smoke=SMOKE,
     measure=measure,
@@ -326,9 +327,15 @@ BENCHMARK = Benchmark(
     "(targets: <= 0.55x at 2 ranks, <= 0.30x at 4).",
     examples="""\
 examples:
-  shoal bench memory                                # small TinyGPT (3.3 M parameters) at 1, 2, 4 ranks
-  shoal bench memory --model large --world-sizes 4  # 99.8 M parameters: 1.6 GB per rank under DDP
-  shoal bench memory --smoke --json memory.json     # tiny model at 1 and 2 ranks, seconds
-  shoal bench memory --device cuda --amp bf16 --world-sizes 1,2   # GPUs (nccl), FSDP2 bf16 vs DDP autocast
+  python -m benchmarks.memory                                # small TinyGPT (3.3 M parameters) at 1, 2, 4 ranks
+  python -m benchmarks.memory --model large --world-sizes 4  # 99.8 M parameters: 1.6 GB per rank under DDP
+  python -m benchmarks.memory --smoke --json memory.json     # tiny model at 1 and 2 ranks, seconds
+  python -m benchmarks.memory --device cuda --amp bf16 --world-sizes 1,2  # GPUs (nccl), FSDP2 bf16 vs DDP autocast
 """,
 )
+
+
+if __name__ == "__main__":
+    from benchmarks import main
+
+    raise SystemExit(main("memory"))

@@ -1,4 +1,4 @@
-"""The state ``shoal bench checkpoint`` saves, built from one seed, and the check of every load."""
+"""The state ``python -m benchmarks.checkpoint`` saves, built from one seed, and the check of every load."""
 
 from __future__ import annotations
 

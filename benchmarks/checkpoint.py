@@ -1,4 +1,4 @@
-"""``shoal bench checkpoint``: save and load MB/s of shoal's checkpoint writer against plain ``torch.save``.
+"""``python -m benchmarks.checkpoint``: save and load MB/s of shoal's checkpoint writer against plain ``torch.save``.
 
 A checkpoint is worth something only if a crash at any instant leaves a loadable one on disk. Two
 things buy that, and both cost time:
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checkpoint_state import build_state, same, synthetic_bytes, tensors_in, torchvision_models
 from shoal.bench import report as rep
-from shoal.bench.checkpoint_state import build_state, same, synthetic_bytes, tensors_in, torchvision_models
 from shoal.bench.harness import Benchmark, Log, Measured, flag
 from shoal.bench.timing import median, rotations
 from shoal.errors import ShoalError
@@ -63,7 +63,7 @@ ATOMIC = {"torch_save": False, "torch_save_fsync": False, "shoal_atomic": True, 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """What ``shoal bench checkpoint`` measures."""
+    """What ``python -m benchmarks.checkpoint`` measures."""
 
     model: str = "resnet18"
     """A torchvision model whose state dict and SGD-momentum state are saved, or mb:N for N MB
@@ -341,6 +341,7 @@ def draw(ax: Any, report: dict[str, Any]) -> None:
 
 BENCHMARK = Benchmark(
     name="checkpoint",
+    command="python -m benchmarks.checkpoint",
     config=CheckpointConfig,
     smoke=SMOKE,
     measure=measure,
@@ -352,9 +353,15 @@ BENCHMARK = Benchmark(
     "(target: shoal's atomic save >= 0.8x).",
     examples="""\
 examples:
-  shoal bench checkpoint                                # resnet18 state, the system temp dir
-  shoal bench checkpoint --dir /data/ckpt               # the disk your checkpoints really go to
-  shoal bench checkpoint --model mb:1000 --repeat 3     # 1 GB of tensors
-  shoal bench checkpoint --smoke --json ckpt.json       # 2 MB, seconds
+  python -m benchmarks.checkpoint                             # resnet18 state, the system temp dir
+  python -m benchmarks.checkpoint --dir /data/ckpt            # the disk your checkpoints really go to
+  python -m benchmarks.checkpoint --model mb:1000 --repeat 3  # 1 GB of tensors
+  python -m benchmarks.checkpoint --smoke --json ckpt.json    # 2 MB, seconds
 """,
 )
+
+
+if __name__ == "__main__":
+    from benchmarks import main
+
+    raise SystemExit(main("checkpoint"))

@@ -1,5 +1,5 @@
-"""The workers of ``shoal bench overhead``: the same job as a hand-written DDP loop, as ``shoal train``,
-through Accelerate and Lightning Fabric, and with ``shoal.horovod`` (see :mod:`shoal.bench.overhead`).
+"""The workers of ``python -m benchmarks.overhead``: the same job as a hand-written DDP loop, as ``shoal
+train``, through Accelerate and Lightning Fabric, and with ``shoal.horovod`` (see :mod:`benchmarks.overhead`).
 
 Module-level and picklable (workers may be spawned); torch is imported inside the workers only.
 """
@@ -160,6 +160,7 @@ def train_config(job: Job):
         lr=job.lr,
         optimizer="sgd",
         weight_decay=0.0,
+        warmup_epochs=0.0,  # the plain loop's schedule: cosine from the first step, no warm-up
         seed=job.seed,
         device="cpu",
         out=str(Path(job.out) / "shoal-run"),

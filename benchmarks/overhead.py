@@ -1,4 +1,4 @@
-"""``shoal bench overhead``: what shoal's trainer costs per step against a hand-written DDP loop.
+"""``python -m benchmarks.overhead``: what shoal's trainer costs per step against a hand-written DDP loop.
 
 The same job four ways, each as its own launch of ``nproc`` worker processes through shoal's
 launcher: same model and initial weights (seeded), same pre-loaded tensors, same per-rank batches
@@ -13,8 +13,9 @@ launcher: same model and initial weights (seeded), same pre-loaded tensors, same
   progress-based lr schedule, loss tally, preemption check, everything a real run does; no
   checkpoints, the per-epoch evaluation outside the timed part, and ResNets in the plain loop's
   memory format: ``--no-channels-last``, or the arithmetic would differ).
-* ``accelerate`` and ``fabric`` (when installed: ``pip install 'shoal[bench]'``): the plain loop with
-  Hugging Face Accelerate's ``prepare``/``backward`` or Lightning Fabric's ``setup``/``backward``.
+* ``accelerate`` and ``fabric`` (when installed: ``pip install -r benchmarks/requirements.txt``): the
+  plain loop with Hugging Face Accelerate's ``prepare``/``backward`` or Lightning Fabric's
+  ``setup``/``backward``.
 * ``horovod``: the plain loop on the bare model with a Horovod script's setup through
   ``shoal.horovod`` (``shoal.integrations.horovod.recipe.prepare``: ``hvd.init()``, broadcasts from
   rank 0, ``hvd.DistributedOptimizer`` averaging the gradients with bucketed asynchronous
@@ -27,7 +28,7 @@ median over its timed epochs. Launches are interleaved and rotated round by roun
 ...), and the reported ratio to ``plain`` is the median over rounds of the ratio measured in the
 same round (a shared machine's slow spells hit both sides of a pair).
 
-The workers live in :mod:`shoal.bench.overhead_workers`; this module plans, launches and reports.
+The workers live in :mod:`benchmarks.overhead_workers`; this module plans, launches and reports.
 
 Correctness is part of the result: ``plain`` and ``shoal`` must end with bit-identical weights
 (``torch.equal`` on every tensor), checked every round; the report says so, or the run fails.
@@ -43,17 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from benchmarks.overhead_workers import WORKERS, Job
+from benchmarks.peers import skip_missing_peers
 from shoal.bench import report as rep
-from shoal.bench.harness import (
-    Benchmark,
-    Log,
-    Measured,
-    launch_workers,
-    paired_ratios,
-    require_at_least,
-    skip_missing_peers,
-)
-from shoal.bench.overhead_workers import WORKERS, Job
+from shoal.bench.harness import Benchmark, Log, Measured, launch_workers, paired_ratios, require_at_least
 from shoal.bench.timing import load_average, median, rotations
 from shoal.env.host import usable_cores
 from shoal.errors import ShoalError
@@ -65,7 +59,7 @@ BASELINE = "plain"
 
 @dataclass(frozen=True)
 class OverheadConfig:
-    """What ``shoal bench overhead`` measures."""
+    """What ``python -m benchmarks.overhead`` measures."""
 
     model: str = "mlp"
     """mlp (tiny: per-step costs show) or a torchvision ResNet (resnet18 ...)."""
@@ -139,7 +133,7 @@ def largest_difference(a_path: str, b_path: str) -> float:
         if a.keys() != b.keys():
             raise ShoalError(
                 f"weights of {a_path} and {b_path} have different keys",
-                "this is a bug in shoal bench overhead; please report it",
+                "this is a bug in benchmarks/overhead.py; please report it",
             )
         return max(((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel()), default=0.0)
     finally:
@@ -317,6 +311,7 @@ def _weights_cell(report: dict[str, Any], name: str) -> str:
 
 BENCHMARK = Benchmark(
     name="overhead",
+    command="python -m benchmarks.overhead",
     config=OverheadConfig,
     smoke=SMOKE,
     measure=measure,
@@ -333,10 +328,16 @@ BENCHMARK = Benchmark(
     "bit-identical weights; the others report their largest weight difference.",
     examples="""\
 examples:
-  shoal bench overhead                                  # tiny MLP, 2 processes: per-step cost shows
-  shoal bench overhead --model resnet18 --repeat 7      # ResNet-18 32x32
-  shoal bench overhead --variants plain,shoal           # without Accelerate / Fabric / Horovod
-  shoal bench overhead --variants plain,horovod --model resnet18   # shoal.horovod against DDP
-  shoal bench overhead --smoke --json o.json            # seconds; checks the bit-identical weights
+  python -m benchmarks.overhead                              # tiny MLP, 2 processes: per-step cost shows
+  python -m benchmarks.overhead --model resnet18 --repeat 7  # ResNet-18 32x32
+  python -m benchmarks.overhead --variants plain,shoal       # without Accelerate / Fabric / Horovod
+  python -m benchmarks.overhead --variants plain,horovod --model resnet18  # shoal.horovod against DDP
+  python -m benchmarks.overhead --smoke --json o.json        # seconds; checks the bit-identical weights
 """,
 )
+
+
+if __name__ == "__main__":
+    from benchmarks import main
+
+    raise SystemExit(main("overhead"))

@@ -1,4 +1,4 @@
-"""The probe of ``shoal bench startup``: join the group, finish one DDP training step, stamp the time.
+"""The probe of ``python -m benchmarks.startup``: join the group, finish one DDP training step, stamp the time.
 
 One definition, three ways in:
 

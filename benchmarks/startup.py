@@ -1,4 +1,4 @@
-"""``shoal bench startup``: wall time from the command to the first step completed on every rank.
+"""``python -m benchmarks.startup``: wall time from the command to the first step completed on every rank.
 
 Every variant starts ``--nproc`` workers that join a gloo process group and finish one DDP training
 step of a tiny model (forward, backward with its gradient all-reduce, an SGD step: the first
@@ -15,7 +15,7 @@ machine). A failed run (a port taken by another job, say) is counted and reporte
 
 Variants (``--variants``, comma-separated):
 
-The probe is a real file, :mod:`shoal.bench.probes.startup_probe`: the script variants run it, the
+The probe is a real file, :mod:`benchmarks.startup_probe`: the script variants run it, the
 function variants import it.
 
 * ``torchrun``: ``python -m torch.distributed.run --standalone --nproc-per-node N startup_probe.py`` (baseline);
@@ -28,7 +28,7 @@ function variants import it.
   upper bound that also holds loading the data, one step and a tiny evaluation;
 * ``accelerate``: ``accelerate launch --multi_gpu --num_processes N probe.py`` (delegates to torchrun;
   on CPU too), and ``fabric``: Lightning's ``fabric run --accelerator cpu --devices N probe.py``:
-  each skipped with a note when the package is not installed (``pip install 'shoal[bench]'``);
+  each skipped with a note when the package is not installed (``pip install -r benchmarks/requirements.txt``);
 * ``import_torch``: ``python startup_probe.py --import-only``, one process that imports
   ``torch.distributed``: the floor every worker pays.
 """
@@ -50,8 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peers import skip_missing_peers
 from shoal.bench import report as rep
-from shoal.bench.harness import Benchmark, Log, Measured, paired_ratio, skip_missing_peers
+from shoal.bench.harness import Benchmark, Log, Measured, paired_ratio
 from shoal.bench.timing import load_average, median, rotations
 from shoal.errors import ShoalError
 from shoal.launch.ports import find_free_port
@@ -70,13 +71,15 @@ ALL_VARIANTS = (
 BASELINE = "torchrun"
 RUN_TIMEOUT_S = 180.0
 
-PROBE = Path(__file__).with_name("probes") / "startup_probe.py"
-"""The probe the script variants run (:mod:`shoal.bench.probes.startup_probe`)."""
+PROBE = Path(__file__).with_name("startup_probe.py")
+"""The probe the script variants run (:mod:`benchmarks.startup_probe`)."""
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root, where every command starts: the function variants import ``benchmarks`` from there."""
 
 
 @dataclass(frozen=True)
 class StartupConfig:
-    """What ``shoal bench startup`` measures."""
+    """What ``python -m benchmarks.startup`` measures."""
 
     nproc: int = 2
     """Workers per launch."""
@@ -165,7 +168,7 @@ def _display(argv: list[str]) -> str:
 
 
 def _probe_call(method: str, nproc: int, out: Path) -> str:
-    return f"from shoal.bench.probes.startup_probe import launch_probe; launch_probe({method!r}, {nproc}, {str(out)!r})"
+    return f"from benchmarks.startup_probe import launch_probe; launch_probe({method!r}, {nproc}, {str(out)!r})"
 
 
 def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
@@ -176,7 +179,13 @@ def _run_once(cmd: _Command, out: Path) -> dict[str, float]:
     used_before = _children_cpu_s()
     start = time.time()
     proc = subprocess.Popen(
-        cmd.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=_env()
+        cmd.argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=_env(),
+        cwd=ROOT,
     )
     lines: list[str] = []
 
@@ -356,6 +365,7 @@ def _short(command: str) -> str:
 
 BENCHMARK = Benchmark(
     name="startup",
+    command="python -m benchmarks.startup",
     config=StartupConfig,
     smoke=SMOKE,
     measure=measure,
@@ -371,9 +381,15 @@ BENCHMARK = Benchmark(
     "median seconds to the first step and the ratio to torchrun.",
     examples="""\
 examples:
-  shoal bench startup                                   # every variant, median of 5 interleaved rounds
-  shoal bench startup --variants torchrun,shoal_run,launch_spawn,launch_fork --repeat 9
-  shoal bench startup --nproc 4 --json startup.json
-  shoal bench startup --smoke                           # torchrun and shoal run once, 1 worker
+  python -m benchmarks.startup          # every variant, median of 5 interleaved rounds
+  python -m benchmarks.startup --variants torchrun,shoal_run,launch_spawn,launch_fork --repeat 9
+  python -m benchmarks.startup --nproc 4 --json startup.json
+  python -m benchmarks.startup --smoke  # torchrun and shoal run once, 1 worker
 """,
 )
+
+
+if __name__ == "__main__":
+    from benchmarks import main
+
+    raise SystemExit(main("startup"))
