@@ -4,6 +4,8 @@
   ``no_sync`` (gradients all-reduced only on the last one), then the optimizer step;
 - :class:`EpochTally`: the running sums of the current epoch (checkpointed, so an epoch resumed in
   the middle still reports its whole loss);
+- :class:`StepTimer`: the training pass's clock (each step's compute and waits for the watchdog's
+  record, the epoch's training seconds for its tally);
 - :class:`GeneratorState`: a per-rank ``torch.Generator`` (augmentation) as a checkpointable object;
 - channels-last helpers: move conv models and their 4-D batches to NHWC memory.
 """
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +23,10 @@ from torch import nn
 
 from shoal.distributed import collectives
 from shoal.distributed.collectives import all_reduce_sum
+
+if TYPE_CHECKING:
+    from shoal.preemption import PreemptionWatch
+    from shoal.progress import ProgressWriter
 
 
 class Step:
@@ -104,6 +111,77 @@ class EpochTally:
             state["count"].to(self.device) if rank0 else torch.zeros((), dtype=torch.float64, device=self.device)
         )
         self.samples, self.train_s = int(state["samples"]), float(state["train_s"])
+
+
+class StepTimer:
+    """The training pass's clock: each step's compute and waits for the watchdog's record (with the
+    phase between them: ``data`` while a batch is awaited), and the pass's seconds for the epoch's
+    tally (a checkpoint saved in the pass holds them so far).
+
+    The loop tells it where it is: :meth:`start`, then per micro-batch :meth:`fetched`, then
+    :meth:`micro_batch_done` (gradients accumulate) or :meth:`computed` and :meth:`step_done` (the
+    optimizer stepped), then :meth:`fetching` for the next batch; :meth:`stop` at the end. A step's
+    compute runs from its batch's arrival to the end of its backward (and optimizer step); its wait
+    is the time spent awaiting batches plus what follows the compute (the trackers' reduction, the
+    preemption check). ``perf_counter`` reads the clock without a system call."""
+
+    def __init__(self, progress: ProgressWriter, tally: EpochTally) -> None:
+        self.progress, self.tally = progress, tally
+        self._started = self._fetching = self._begun = self._computed = 0.0
+        self._samples, self._compute_s, self._wait_s = 0, 0.0, 0.0
+
+    def start(self, step: int) -> None:
+        """The pass starts (or resumes) after optimizer step ``step``: its seconds run from now."""
+        self._started = perf_counter()
+        self.fetching(step)
+
+    def fetching(self, step: int) -> None:
+        """After optimizer step ``step``: the loop awaits its next batch."""
+        self.progress.phase("data", step)
+        self._fetching = perf_counter()
+
+    def fetched(self) -> None:
+        """A batch arrived: the wait for it ends, its compute begins."""
+        begun = perf_counter()
+        self._wait_s += begun - self._fetching
+        self._begun = begun
+
+    def micro_batch_done(self, samples: int) -> None:
+        """A micro-batch of ``samples`` that ends no step is done (gradients accumulate): its compute
+        ends, the wait for the next batch begins."""
+        fetching = perf_counter()
+        self._compute_s += fetching - self._begun
+        self._samples += samples
+        self.progress.phase("data")
+        self._fetching = fetching
+
+    def computed(self, samples: int) -> None:
+        """The step's last micro-batch (``samples``) and its optimizer step are done: compute ends."""
+        computed = perf_counter()
+        self._compute_s += computed - self._begun
+        self._samples += samples
+        self._computed = computed
+
+    def step_done(self, preemption: PreemptionWatch) -> int:
+        """The step ends on every rank with the preemption check (a collective now and then, so
+        marked as one); then its samples, compute and wait go to the watchdog's record. Returns the
+        signal every rank agreed to stop for (0: none)."""
+        progress = self.progress
+        progress.collective()
+        signum = preemption.requested()
+        progress.step_done(self._samples, self._compute_s, self._wait_s + perf_counter() - self._computed)
+        self._samples, self._compute_s, self._wait_s = 0, 0.0, 0.0
+        return signum
+
+    def to_tally(self) -> None:
+        """The pass's seconds so far into the epoch's tally (before a checkpoint, which holds them)."""
+        now = perf_counter()
+        self.tally.train_s += now - self._started
+        self._started = now
+
+    def stop(self) -> None:
+        """The pass is over: its last seconds into the epoch's tally."""
+        self.tally.train_s += perf_counter() - self._started
 
 
 class GeneratorState:

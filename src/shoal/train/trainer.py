@@ -33,8 +33,8 @@ from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs, default_out_dir, prepare_out_dir
 from shoal.train.reporting import Reports, first_samples
 from shoal.train.run_state import RunState
-from shoal.train.step import EpochTally, GeneratorState, Step, has_conv2d, in_channels_last
-from shoal.workloads import get_workload, short_name
+from shoal.train.step import EpochTally, GeneratorState, Step, StepTimer, has_conv2d, in_channels_last
+from shoal.workloads import short_name
 from shoal.workloads.base import Workload
 from shoal.workloads.blame import blame, checked_loss
 
@@ -84,19 +84,18 @@ class TrainResult:
 def train(
     cfg: TrainConfig,
     *,
-    workload: Workload | None = None,
+    workload: Workload,
     started_by: str | None = None,
     launch_record: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Run one training job in this process (one rank of it).
 
-    ``workload``: the instance to train (``shoal.fit(MyWorkload(...))``); default, the one
-    ``cfg.workload`` names. ``started_by``: how a local launcher started this worker
-    (``fork``/``spawn``); ``launch_record``: the launch options it was given, as a dict. Both only
-    go on the record (config.json's ``launch``).
+    ``cfg``: resolved against ``workload`` (:meth:`TrainConfig.resolved`), by the process that
+    started the job (:func:`shoal.train.job.run_training`); ``workload``: the instance to train.
+    ``started_by``: how a local launcher started this worker (``fork``/``spawn``);
+    ``launch_record``: the launch options it was given, as a dict. Both only go on the record
+    (config.json's ``launch``).
     """
-    workload = get_workload(workload if workload is not None else cfg.workload)
-    cfg = cfg.resolved(workload)
     ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
     reports: Reports | None = None
     failed = True
@@ -105,54 +104,17 @@ def train(
             raise ShoalError("--amp fp16 needs a CUDA device", "use --amp bf16 or --amp off on CPU")
         out, outputs, checkpoints = _open_run(cfg, ctx, prepared=started_by is not None)
         reports = Reports(cfg, ctx, out)
-        with blame(workload, "load()", "fix the error in your workload's load() or Dataset at that line"):
-            data = workload.load(cfg, ctx.device, rank=ctx.rank)
-        with blame(workload, "build_model()", "fix the error in your workload's build_model() at that line"):
-            model = workload.build_model(cfg, data.num_classes)
-        if not isinstance(model, nn.Module):
-            raise ShoalError(
-                f"{type(workload).__name__}.build_model() returned a {type(model).__name__}, not a torch.nn.Module",
-                "return the model (an nn.Module) from build_model()",
-            )
-        loss_fn = checked_loss(workload)
-        fsdp = cfg.strategy == "fsdp"
-        # FSDP2 shards contiguous parameters only: no channels-last weights under fsdp (refused by
-        # the config when asked for).
-        channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model) and not fsdp
-        if channels_last:
-            model = model.to(memory_format=torch.channels_last)
-            data.train_transform = in_channels_last(data.train_transform)
-            data.test_transform = in_channels_last(data.test_transform)
-        # Under FSDP, --amp bf16 is FSDP's mixed precision (bf16 compute, float32 reduce and shards):
-        # its policy casts, so no autocast on top.
-        model = ctx.wrap(model, strategy=cfg.strategy, **({"mixed_precision": cfg.amp} if fsdp else {}))
-        if cfg.eval_samples is not None:
-            data.test = _first(data.test, cfg.eval_samples)
-        options = data.loader_options
-        train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform, **options)
-        eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
-        test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform, **options)
+        # Keep this order: the data and the initial weights draw from the generators init_context seeded.
+        data = _load_data(cfg, ctx, workload)
+        model, channels_last = _build_model(cfg, ctx, workload, data)
+        train_loader, test_loader = _loaders(cfg, ctx, data)
         plan = _train_plan(cfg, ctx, len(train_loader))
-        # A no-op without DDP (one process); PowerSGD starts after 10% of the run, as torch advises.
-        start = powersgd_start(plan.steps_per_epoch * plan.epochs)
-        comm_hook = register_comm_hook(model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start)
-        # After wrapping: FSDP's parameters are DTensor shards, and the optimizer must hold those.
-        optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
-        schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
-        progress = ctx.progress()  # the watchdog's view of this rank; a no-op without a launcher's directory
-        step = Step(model, optimizer, "off" if fsdp else cfg.amp, ctx.device, loss_fn=loss_fn, progress=progress)
-        state = {"model": model, "optimizer": optimizer, "scaler": step.scaler, "loader": train_loader}
-        state["tally"] = EpochTally(ctx.device)
-        per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
-        per_rank["comm_hook"] = comm_hook  # PowerSGD's error feedback and memories: exact resume
+        step, schedule, comm_hook = _build_step(cfg, ctx, model, plan, checked_loss(workload))
+        state, per_rank = _checkpointed(ctx, step, train_loader, data, comm_hook)
         run = RunState(cfg, ctx, plan, out, outputs, checkpoints, state, per_rank, reports)
-        run.workload, run.loss_fn = workload, loss_fn
-        if fsdp:  # a rank short of test batches runs its extra collective forwards on the first sample
-            first = first_samples(data.test, 1, ctx.device)
-            run.eval_filler = (data.test_transform(first) if data.test_transform else first)[0]
+        run.workload, run.loss_fn, run.eval_filler = workload, step.loss_fn, _eval_filler(cfg, ctx, data)
         run.resume()
-        derived = {"channels_last": channels_last, "start_method": started_by}
-        _announce(run, derived, launch_record)
+        _announce(run, {"channels_last": channels_last, "start_method": started_by}, launch_record)
         record: dict[str, Any] = {}
         with PreemptionWatch(grace_s=cfg.preempt_grace) as preemption:
             while run.epoch <= plan.epochs:
@@ -166,22 +128,9 @@ def train(
                 # trackers' state it holds is flushed to disk (a kill right after it loses nothing).
                 run.save(epoch_end=True)
                 run.next_epoch()
-        run.wait_for_checkpoint()
-        model_path = None
-        if not run.trained_now:
-            ctx.print(f"shoal: the run in {out} is already complete ({plan.epochs} epochs): nothing to do")
-        # On every rank: under FSDP gathering the whole model is collective (rank 0 gets it, the
-        # others {}); under DDP it is the state dict's references, no copy.
-        run.sync_buffers()
-        progress.phase("checkpoint")
-        weights = model_state_dict(model)
-        if outputs:
-            if run.trained_now or not outputs.finished:
-                ctx.print(f"saved {outputs.save_model(weights)} and metrics in {outputs.directory}")
-            model_path = outputs.model_path
-        metrics = outputs.logged_epochs() if outputs else ([record] if record else [])
+        result = _finish_run(run, model, record)
         failed = False
-        return TrainResult(run_dir=out, metrics=metrics, model_path=model_path, config=cfg)
+        return result
     except Preempted as err:
         err.quiet = not ctx.is_main  # the same message from every rank: print it once
         failed = False  # preempted, not failed: the trackers' runs continue on resume
@@ -195,32 +144,195 @@ def train(
 _FIX_HINT = "fix your workload's code at that line (its Dataset, model or loss), then run the same command again"
 
 
+def _open_run(cfg: TrainConfig, ctx: Context, *, prepared: bool) -> tuple[Path, RunOutputs | None, CheckpointManager]:
+    """The run directory, rank 0's writer for it, and its checkpoints.
+
+    Named and prepared once: by the launcher that started this worker (``prepared``: ``shoal train
+    --nproc``, ``shoal.fit``; it names the directory before the first attempt so that a restarted
+    group finds it), else here, on rank 0, shared with the others (every rank of a torchrun, srun or
+    mpirun job runs the command itself)."""
+    named = cfg.out or broadcast_object(default_out_dir(short_name(cfg.workload)) if ctx.is_main else None)
+    out = Path(named).expanduser()
+    outputs = RunOutputs(out if prepared else prepare_out_dir(out)) if ctx.is_main else None
+    directory = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else out / "checkpoints"
+    # FSDP's model and optimizer are sharded: every rank writes its shards (DCP). An async save is a
+    # DCP save too, whatever the strategy.
+    manager = CheckpointManager(
+        directory,
+        every=cfg.cadence,
+        keep=cfg.keep,
+        sharded=cfg.strategy == "fsdp",
+        async_save=cfg.async_checkpoint,
+    )
+    return out, outputs, manager
+
+
+def _load_data(cfg: TrainConfig, ctx: Context, workload: Workload) -> Any:
+    """The workload's data (its train and test sets, transforms, loader options)."""
+    with blame(workload, "load()", "fix the error in your workload's load() or Dataset at that line"):
+        return workload.load(cfg, ctx.device, rank=ctx.rank)
+
+
+def _build_model(cfg: TrainConfig, ctx: Context, workload: Workload, data: Any) -> tuple[nn.Module, bool]:
+    """The workload's model, channels-last where that pays (the data's transforms follow), wrapped
+    for the strategy (DDP or FSDP); and whether it went channels-last."""
+    with blame(workload, "build_model()", "fix the error in your workload's build_model() at that line"):
+        model = workload.build_model(cfg, data.num_classes)
+    if not isinstance(model, nn.Module):
+        raise ShoalError(
+            f"{type(workload).__name__}.build_model() returned a {type(model).__name__}, not a torch.nn.Module",
+            "return the model (an nn.Module) from build_model()",
+        )
+    fsdp = cfg.strategy == "fsdp"
+    # FSDP2 shards contiguous parameters only: no channels-last weights under fsdp (refused by the
+    # config when asked for).
+    channels_last = cfg.channels_last if cfg.channels_last is not None else has_conv2d(model) and not fsdp
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        data.train_transform = in_channels_last(data.train_transform)
+        data.test_transform = in_channels_last(data.test_transform)
+    # Under FSDP, --amp bf16 is FSDP's mixed precision (bf16 compute, float32 reduce and shards):
+    # its policy casts, so no autocast on top.
+    model = ctx.wrap(model, strategy=cfg.strategy, **({"mixed_precision": cfg.amp} if fsdp else {}))
+    return model, channels_last
+
+
+def _loaders(cfg: TrainConfig, ctx: Context, data: Any) -> tuple[Any, Any]:
+    """This rank's train loader (its shard, resumable) and the evaluation loader (``--eval-samples``
+    cuts the test set first)."""
+    if cfg.eval_samples is not None:
+        data.test = _first(data.test, cfg.eval_samples)
+    options = data.loader_options
+    train_loader = ctx.loader(data.train, cfg.batch_size, transform=data.train_transform, **options)
+    eval_batch = cfg.eval_batch_size or 4 * cfg.batch_size
+    test_loader = ctx.eval_loader(data.test, eval_batch, transform=data.test_transform, **options)
+    return train_loader, test_loader
+
+
+def _first(data: Any, n: int) -> Any:
+    """The first ``n`` samples of a workload's test set (tensors sliced, a Dataset as a Subset)."""
+    if isinstance(data, tuple):
+        return tuple(t[:n] for t in data)
+    return data if n >= len(data) else torch.utils.data.Subset(data, range(n))
+
+
+def _train_plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> TrainPlan:
+    return TrainPlan(
+        world_size=ctx.world_size,
+        batch_size=cfg.batch_size,
+        grad_accum=cfg.grad_accum,
+        global_batch_size=cfg.batch_size * ctx.world_size * cfg.grad_accum,
+        steps_per_epoch=-(-batches_per_epoch // cfg.grad_accum),
+        epochs=cfg.epochs,
+        base_lr=cfg.lr,
+        lr=scaled_lr(cfg.lr, cfg.lr_scaling, ctx.world_size),
+    )
+
+
+def _build_step(
+    cfg: TrainConfig, ctx: Context, model: nn.Module, plan: TrainPlan, loss_fn: Any
+) -> tuple[Step, LRSchedule, Any]:
+    """The step (optimizer, AMP, the phases it tells the watchdog), the lr schedule and the
+    gradient communication hook."""
+    # A no-op without DDP (one process); PowerSGD starts after 10% of the run, as torch advises.
+    start = powersgd_start(plan.steps_per_epoch * plan.epochs)
+    comm_hook = register_comm_hook(model, cfg.comm_hook, rank=cfg.powersgd_rank, start_iter=start)
+    # After wrapping: FSDP's parameters are DTensor shards, and the optimizer must hold those.
+    optimizer = build_optimizer(cfg.optimizer, model.parameters(), plan.lr, cfg.weight_decay)
+    schedule = LRSchedule(plan.lr, plan.epochs, cfg.warmup_epochs)
+    amp = "off" if cfg.strategy == "fsdp" else cfg.amp
+    step = Step(model, optimizer, amp, ctx.device, loss_fn=loss_fn, progress=ctx.progress())
+    return step, schedule, comm_hook
+
+
+def _checkpointed(
+    ctx: Context, step: Step, train_loader: Any, data: Any, comm_hook: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a checkpoint holds for exact resume: the run's objects (model, optimizer, AMP scaler, the
+    loader's position, the epoch's tally) and each rank's own (its augmentation generator;
+    PowerSGD's error feedback and memories)."""
+    state = {
+        "model": step.model,
+        "optimizer": step.optimizer,
+        "scaler": step.scaler,
+        "loader": train_loader,
+        "tally": EpochTally(ctx.device),
+    }
+    per_rank = {"augment": GeneratorState(data.generator)} if data.generator is not None else {}
+    per_rank["comm_hook"] = comm_hook
+    return state, per_rank
+
+
+def _eval_filler(cfg: TrainConfig, ctx: Context, data: Any) -> torch.Tensor | None:
+    """FSDP: the input of a rank's extra evaluation forwards when it is short of test batches (they
+    are collective): the first test sample. None otherwise."""
+    if cfg.strategy != "fsdp":
+        return None
+    first = first_samples(data.test, 1, ctx.device)
+    return (data.test_transform(first) if data.test_transform else first)[0]
+
+
+def _announce(run: RunState, derived: dict[str, Any], launch_record: dict[str, Any] | None) -> None:
+    """Rank 0's start lines, and config.json (the resolved config, what was derived, the machine)."""
+    cfg, ctx, plan = run.cfg, run.ctx, run.plan
+    started = derived.get("start_method")
+    ctx.print(f"shoal train {cfg.workload}: {ctx.describe()}" + (f" | workers started by {started}" if started else ""))
+    ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
+    if cfg.comm_hook != "none":
+        ctx.print(f"  comm hook {cfg.comm_hook}: {run.per_rank['comm_hook'].description}")
+    kind = ", sharded" if run.checkpoints.sharded else ""
+    kind += ", written in the background" if run.checkpoints.async_save else ""
+    ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep}{kind})")
+    if cfg.strategy == "fsdp":
+        ctx.print(
+            f"  model sharded by FSDP over {ctx.world_size} processes"
+            + (" (bf16 compute)" if cfg.amp == "bf16" else "")
+        )
+    if run.resumed_from is not None:
+        where = "training" if not run.epoch_trained else "evaluation"
+        ctx.print(f"  resuming from {run.resumed_from}: epoch {run.epoch}, step {run.global_step} ({where})")
+    if run.outputs:
+        env = ctx.environment
+        config = cfg.to_dict()
+        config["out"] = str(run.out)
+        if launch_record is not None:
+            config["launch"] = launch_record
+        config["extra"] = {
+            **{k: v for k, v in derived.items() if v is not None},
+            "environment": env.scheme,
+            "world_size": ctx.world_size,
+            "num_nodes": env.num_nodes,
+            "device": str(ctx.device),
+            "backend": ctx.backend,
+            "global_batch_size": plan.global_batch_size,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "scaled_lr": plan.lr,
+            "shoal_version": shoal_version,
+            "torch_version": torch.__version__,
+        }
+        run.outputs.write_config(config)
+        run.reports.config(config)
+        ctx.print(f"  output: {run.outputs.directory}")
+
+
 def _train_epoch(run: RunState, step: Step, loader: Any, schedule: LRSchedule, preemption: PreemptionWatch) -> None:
     """This rank's pass over the rest of the epoch's shard, checkpointing on the cadence."""
-    ctx, cfg, tally = run.ctx, run.cfg, run.tally
+    cfg, tally, reports = run.cfg, run.tally, run.reports
     step.model.train()
     sampler = loader.sampler
     num_samples = sampler.num_samples
     batches = len(loader)
     accum = cfg.grad_accum
-    bar = _progress_bar(cfg, ctx, batches, run.epoch, run.plan.epochs)
+    bar = _progress_bar(cfg, run.ctx, batches, run.epoch, run.plan.epochs)
     postfix_every = max(1, batches // 10)
     remaining = sampler.num_remaining if not sampler.epoch_done else num_samples
     position = num_samples - remaining  # global samples of this epoch before the next step
     step_cadence = run.checkpoints.every.unit == "step"
-    reports = run.reports
     reports.epoch_started()
-    # The watchdog's record: the phase of every part of the step, and per step its compute time and
-    # its waits (for data; in the collectives the trainer calls itself). perf_counter reads the
-    # clock without a system call.
-    progress, clock = run.progress, time.perf_counter
-    step_samples, compute_s, wait_s = 0, 0.0, 0.0
-    started = clock()
-    progress.phase("data", run.global_step)
-    fetching = clock()
+    timer = StepTimer(run.progress, tally)
+    timer.start(run.global_step)
     for index, (inputs, targets) in enumerate(loader):
-        begun = clock()
-        wait_s += begun - fetching
+        timer.fetched()
         window_start = index - index % accum
         window = min(accum, batches - window_start)  # the last window of an epoch may be shorter
         last = index == window_start + window - 1
@@ -228,16 +340,13 @@ def _train_epoch(run: RunState, step: Step, loader: Any, schedule: LRSchedule, p
         size = targets.shape[0]
         tally.loss_sum += loss.double() * size
         tally.count += size
-        step_samples += size
         reports.micro_batch(loss, size)
         if bar is not None:
             bar.update(1)
             if index % postfix_every == 0:  # the only host sync of the step, and only now and then
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if not last:
-            fetching = clock()
-            compute_s += fetching - begun
-            progress.phase("data")
+            timer.micro_batch_done(size)
             continue
         schedule.apply(step.optimizer, run.epoch - 1 + position / num_samples)
         step.apply()
@@ -246,35 +355,42 @@ def _train_epoch(run: RunState, step: Step, loader: Any, schedule: LRSchedule, p
         remaining = sampler.num_remaining
         position = num_samples - remaining
         run.epoch_trained = sampler.epoch_done and index == batches - 1
-        computed = clock()
-        compute_s += computed - begun
+        timer.computed(size)
         reports.step(run.global_step, step.optimizer.param_groups[0]["lr"], tally.samples)
-        progress.collective()  # every rank agrees on a preemption (an all-reduce now and then)
-        signum = preemption.requested()
-        progress.step_done(step_samples, compute_s, wait_s + clock() - computed)
-        step_samples, compute_s, wait_s = 0, 0.0, 0.0
+        signum = timer.step_done(preemption)  # every rank agrees on a preemption
         if signum or step_cadence:
-            now = clock()
-            tally.train_s += now - started
-            started = now
+            timer.to_tally()
             path = run.save(epoch_end=False, force=bool(signum))
             if signum:
                 run.wait_for_checkpoint()  # an async save must be on disk before the process exits
                 raise _preempted(run, signum, path)
-        progress.phase("data", run.global_step)
-        fetching = clock()
+        timer.fetching(run.global_step)
     if bar is not None:
         bar.close()
-    tally.train_s += clock() - started
+    timer.stop()
     run.epoch_trained = True
     run.trained_now = True
 
 
-def _first(data: Any, n: int) -> Any:
-    """The first ``n`` samples of a workload's test set (tensors sliced, a Dataset as a Subset)."""
-    if isinstance(data, tuple):
-        return tuple(t[:n] for t in data)
-    return data if n >= len(data) else torch.utils.data.Subset(data, range(n))
+def _progress_bar(cfg: TrainConfig, ctx: Context, total: int, epoch: int, epochs: int):
+    """Rank 0's tqdm bar over the epoch's batches (``--progress``; by default when stderr is a
+    terminal), or None. Not the watchdog's progress record (``run.progress``)."""
+    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    if not (ctx.is_main and show):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True, file=sys.stderr)
+
+
+def _preempted(run: RunState, signum: int, path: Path | None) -> Preempted:
+    name = signal.Signals(signum).name
+    where = f" to {path}" if path else ""
+    return Preempted(
+        f"preempted by {name} in epoch {run.epoch} after step {run.global_step}; checkpoint saved{where}",
+        f"run the same command again to resume (--resume auto finds the newest checkpoint in {run.out})",
+        exit_code=128 + signum,
+    )
 
 
 def _finish_epoch(run: RunState, model: nn.Module, test_loader: Any, step: Step) -> dict[str, Any]:
@@ -329,99 +445,22 @@ def _finish_epoch(run: RunState, model: nn.Module, test_loader: Any, step: Step)
     return record
 
 
-def _preempted(run: RunState, signum: int, path: Path | None) -> Preempted:
-    name = signal.Signals(signum).name
-    where = f" to {path}" if path else ""
-    return Preempted(
-        f"preempted by {name} in epoch {run.epoch} after step {run.global_step}; checkpoint saved{where}",
-        f"run the same command again to resume (--resume auto finds the newest checkpoint in {run.out})",
-        exit_code=128 + signum,
-    )
-
-
-def _train_plan(cfg: TrainConfig, ctx: Context, batches_per_epoch: int) -> TrainPlan:
-    return TrainPlan(
-        world_size=ctx.world_size,
-        batch_size=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        global_batch_size=cfg.batch_size * ctx.world_size * cfg.grad_accum,
-        steps_per_epoch=-(-batches_per_epoch // cfg.grad_accum),
-        epochs=cfg.epochs,
-        base_lr=cfg.lr,
-        lr=scaled_lr(cfg.lr, cfg.lr_scaling, ctx.world_size),
-    )
-
-
-def _open_run(cfg: TrainConfig, ctx: Context, *, prepared: bool) -> tuple[Path, RunOutputs | None, CheckpointManager]:
-    """The run directory, rank 0's writer for it, and its checkpoints.
-
-    Named and prepared once: by the launcher that started this worker (``prepared``: ``shoal train
-    --nproc``, ``shoal.fit``; it names the directory before the first attempt so that a restarted
-    group finds it), else here, on rank 0, shared with the others (every rank of a torchrun, srun or
-    mpirun job runs the command itself)."""
-    named = cfg.out or broadcast_object(default_out_dir(short_name(cfg.workload)) if ctx.is_main else None)
-    out = Path(named).expanduser()
-    outputs = RunOutputs(out if prepared else prepare_out_dir(out)) if ctx.is_main else None
-    directory = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else out / "checkpoints"
-    # FSDP's model and optimizer are sharded: every rank writes its shards (DCP). An async save is a
-    # DCP save too, whatever the strategy.
-    manager = CheckpointManager(
-        directory,
-        every=cfg.cadence,
-        keep=cfg.keep,
-        sharded=cfg.strategy == "fsdp",
-        async_save=cfg.async_checkpoint,
-    )
-    return out, outputs, manager
-
-
-def _announce(run: RunState, derived: dict[str, Any], launch_record: dict[str, Any] | None) -> None:
-    """Rank 0's start lines, and config.json (the resolved config, what was derived, the machine)."""
-    cfg, ctx, plan = run.cfg, run.ctx, run.plan
-    started = derived.get("start_method")
-    ctx.print(f"shoal train {cfg.workload}: {ctx.describe()}" + (f" | workers started by {started}" if started else ""))
-    ctx.print(f"  {plan.describe()} | lr scaling {cfg.lr_scaling} | {ctx.threads} threads/process")
-    if cfg.comm_hook != "none":
-        ctx.print(f"  comm hook {cfg.comm_hook}: {run.per_rank['comm_hook'].description}")
-    kind = ", sharded" if run.checkpoints.sharded else ""
-    kind += ", written in the background" if run.checkpoints.async_save else ""
-    ctx.print(f"  checkpoints {run.checkpoints.every} in {run.checkpoints.directory} (keep {cfg.keep}{kind})")
-    if cfg.strategy == "fsdp":
-        ctx.print(
-            f"  model sharded by FSDP over {ctx.world_size} processes"
-            + (" (bf16 compute)" if cfg.amp == "bf16" else "")
-        )
-    if run.resumed_from is not None:
-        where = "training" if not run.epoch_trained else "evaluation"
-        ctx.print(f"  resuming from {run.resumed_from}: epoch {run.epoch}, step {run.global_step} ({where})")
-    if run.outputs:
-        env = ctx.environment
-        config = cfg.to_dict()
-        config["out"] = str(run.out)
-        if launch_record is not None:
-            config["launch"] = launch_record
-        config["extra"] = {
-            **{k: v for k, v in derived.items() if v is not None},
-            "environment": env.scheme,
-            "world_size": ctx.world_size,
-            "num_nodes": env.num_nodes,
-            "device": str(ctx.device),
-            "backend": ctx.backend,
-            "global_batch_size": plan.global_batch_size,
-            "steps_per_epoch": plan.steps_per_epoch,
-            "scaled_lr": plan.lr,
-            "shoal_version": shoal_version,
-            "torch_version": torch.__version__,
-        }
-        run.outputs.write_config(config)
-        run.reports.config(config)
-        ctx.print(f"  output: {run.outputs.directory}")
-
-
-def _progress_bar(cfg: TrainConfig, ctx: Context, total: int, epoch: int, epochs: int):
-    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
-    if not (ctx.is_main and show):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True, file=sys.stderr)
+def _finish_run(run: RunState, model: nn.Module, record: dict[str, Any]) -> TrainResult:
+    """After the last epoch: a checkpoint still being written waits, rank 0 saves model.pt (unless
+    the run was complete already), and every rank returns what it has."""
+    ctx, out, outputs = run.ctx, run.out, run.outputs
+    run.wait_for_checkpoint()
+    model_path = None
+    if not run.trained_now:
+        ctx.print(f"shoal: the run in {out} is already complete ({run.plan.epochs} epochs): nothing to do")
+    # On every rank: under FSDP gathering the whole model is collective (rank 0 gets it, the
+    # others {}); under DDP it is the state dict's references, no copy.
+    run.sync_buffers()
+    run.progress.phase("checkpoint")
+    weights = model_state_dict(model)
+    if outputs:
+        if run.trained_now or not outputs.finished:
+            ctx.print(f"saved {outputs.save_model(weights)} and metrics in {outputs.directory}")
+        model_path = outputs.model_path
+    metrics = outputs.logged_epochs() if outputs else ([record] if record else [])
+    return TrainResult(run_dir=out, metrics=metrics, model_path=model_path, config=run.cfg)

@@ -1,6 +1,11 @@
-"""Hangs, judged over data: :class:`HangDetector` decides from successive snapshots of the progress
-channel (:mod:`shoal.progress`) that no rank made progress for the hang timeout, and :func:`hang_report`
-names the odd rank(s) out with the source line from their stacks (:func:`where`)."""
+"""What the watchdog judges, over data (the progress records of :mod:`shoal.progress`; no process is
+touched here, so all of it is testable over snapshots):
+
+- hangs: :class:`HangDetector` decides from successive snapshots that no rank made progress for the
+  hang timeout, and :func:`hang_report` names the odd rank(s) out with the source line from their
+  stacks (:func:`where`);
+- stragglers: :class:`StragglerJudge` names a rank whose compute time per step stays above the
+  others' by a margin for several windows in a row; :func:`straggler_line` says so in one line."""
 
 from __future__ import annotations
 
@@ -190,3 +195,33 @@ def hang_report(hang: Hang, stacks: dict[int, str], saved_in: str | os.PathLike 
     if saved_in is not None:
         lines.append(f"full stacks: {saved_in}")
     return "\n".join(lines)
+
+
+@dataclass
+class StragglerJudge:
+    """A rank straggles when its mean compute time per step, over a window, exceeds ``margin`` x the
+    median of the other ranks' for ``persistence`` windows in a row (so a blip is not named)."""
+
+    margin: float = 1.3
+    persistence: int = 3
+    _streak: dict[int, int] = field(default_factory=dict)
+
+    def window(self, compute_per_step: dict[int, float]) -> list[int]:
+        """Feed one window's per-rank mean compute times; returns the ranks judged stragglers now."""
+        slow = set()
+        if len(compute_per_step) >= 2:
+            for rank, mean in compute_per_step.items():
+                others = statistics.median(v for r, v in compute_per_step.items() if r != rank)
+                if others > 0 and mean > self.margin * others:
+                    slow.add(rank)
+        for rank in compute_per_step:
+            self._streak[rank] = self._streak.get(rank, 0) + 1 if rank in slow else 0
+        return sorted(r for r in slow if self._streak[r] >= self.persistence)
+
+
+def straggler_line(rank: int, host: str, mean: float, others: float) -> str:
+    """The one line naming a straggler: its ``mean`` compute per step against the ``others``' median."""
+    return (
+        f"shoal: rank {rank} (node {host}) straggles: {mean * 1e3:.1f} ms of compute per step "
+        f"vs {others * 1e3:.1f} ms for the others ({mean / others:.2f}x)"
+    )
