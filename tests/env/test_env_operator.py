@@ -17,7 +17,7 @@ from shoal.env.local import LocalEnvironment
 from shoal.env.openmpi import OpenMPIEnvironment
 from shoal.env.operator import classic_pod, classic_pod_line, operator_defaults
 from shoal.errors import ShoalError
-from shoal.launch.local import check_allocation, refuse_rank_launching_alone, starts_workers
+from shoal.launch.local import Placement, check_allocation, placement, refuse_rank_launching_alone
 from shoal.launch.options import LaunchOptions
 
 RUNAI_WORKER = {
@@ -117,16 +117,44 @@ def test_detected_scheme_is_detection_only():
     assert detected_scheme({"RANK": "1"}, argv=()) is LocalEnvironment  # describing it would raise
 
 
-def test_starts_workers_in_a_classic_pod_says_which_variables(capfd):
-    assert starts_workers(LaunchOptions.from_environment(environ=RUNAI_WORKER), environ=RUNAI_WORKER)
+def test_a_classic_pod_starts_workers_and_says_which_variables(capfd):
+    options = LaunchOptions.from_environment(environ=RUNAI_WORKER)
+    assert placement(options, environ=RUNAI_WORKER) is Placement.WORKERS
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "this pod is node 1 of 2" in err
 
 
 def test_a_rank_of_mpirun_or_srun_joins_as_that_rank():
-    assert starts_workers(LaunchOptions(), environ=OMPI_RANK_3_OF_4) is False
-    assert starts_workers(LaunchOptions(), environ=SRUN_TASK_1_OF_2) is False
-    assert starts_workers(LaunchOptions(), environ={**RUNAI_WORKER, "SHOAL_ENV": "kubeflow"}) is False  # forced
+    assert placement(LaunchOptions(), environ=OMPI_RANK_3_OF_4) is Placement.RANK
+    assert placement(LaunchOptions(), environ=SRUN_TASK_1_OF_2) is Placement.RANK
+    assert placement(LaunchOptions(), environ={**RUNAI_WORKER, "SHOAL_ENV": "kubeflow"}) is Placement.RANK  # forced
+    assert placement(LaunchOptions(), environ={}) is Placement.ALONE
+    assert placement(LaunchOptions(nproc=2), environ={}) is Placement.WORKERS
+
+
+TORCHRUN_RANK_1_OF_4 = {
+    "TORCHELASTIC_RUN_ID": "j", "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "29500",
+}  # fmt: skip
+
+
+def test_options_that_agree_with_the_outer_launcher_are_the_same_job():
+    """A script that says nproc=2 (and nnodes=2) run under torchrun's 2 per node on 2 nodes: this
+    process is its rank, as Lightning's Trainer(devices=2) under torchrun is."""
+    assert placement(LaunchOptions(nproc=2), environ=TORCHRUN_RANK_1_OF_4) is Placement.RANK
+    assert (
+        placement(LaunchOptions(nproc=2, nnodes="2", master_addr="h"), environ=TORCHRUN_RANK_1_OF_4) is Placement.RANK
+    )
+
+
+@pytest.mark.parametrize(
+    "options", [LaunchOptions(nproc=4), LaunchOptions(nproc=2, nnodes="3", master_addr="h")], ids=["nproc", "nnodes"]
+)
+def test_options_that_disagree_with_the_outer_launcher_are_refused(options):
+    with pytest.raises(ShoalError) as info:
+        placement(options, environ=TORCHRUN_RANK_1_OF_4)
+    assert "torchrun already started this process as rank 1 of 4 (2 per node on 2 nodes)" in info.value.message
+    assert "drop --nproc" in info.value.hint
 
 
 @pytest.mark.parametrize(
@@ -170,7 +198,7 @@ def test_an_allocation_bigger_than_the_job_is_refused():
     with pytest.raises(ShoalError, match="SLURM_JOB_NUM_NODES=2"):
         check_allocation(LaunchOptions(nproc=4), {**BATCH_SCRIPT, "SLURM_JOB_NUM_NODES": "2"})
     with pytest.raises(ShoalError, match="SLURM_NTASKS=4"):  # what shoal train/fit/demo decide through
-        starts_workers(LaunchOptions(), environ=BATCH_SCRIPT)
+        placement(LaunchOptions(), environ=BATCH_SCRIPT)
 
 
 def test_an_allocation_the_job_fills_is_fine():
@@ -187,4 +215,4 @@ def test_an_srun_step_of_one_task_in_a_bigger_allocation_is_not_the_allocation()
     step.update(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="1")
     step.update(SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="node1")
     check_allocation(LaunchOptions(nproc=2), step)
-    assert starts_workers(LaunchOptions(nproc=2), environ=step) is True
+    assert placement(LaunchOptions(nproc=2), environ=step) is Placement.WORKERS

@@ -136,8 +136,8 @@ def test_plans_that_cannot_work(kw, message):
 
 
 def test_options_and_their_one_set_of_checks():
-    assert not LaunchOptions().several_nodes and not LaunchOptions().starts_workers
-    assert LaunchOptions(nproc=2).starts_workers and not LaunchOptions(nproc=2).several_nodes
+    assert not LaunchOptions().several_nodes and not LaunchOptions().asks_for_workers
+    assert LaunchOptions(nproc=2).asks_for_workers and not LaunchOptions(nproc=2).several_nodes
     opts = LaunchOptions(nnodes="2", master_addr="10.0.0.1")
     assert opts.node_counts == (2, 2) and opts.several_nodes and opts.rdzv_id == "shoal"
     assert parse_conf("is_host=1, read_timeout=5") == (("is_host", "1"), ("read_timeout", "5"))

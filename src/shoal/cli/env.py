@@ -60,11 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "the operator's PET_* variables give their defaults), and where it would listen.",
     )
     launch = add_fields(group, LaunchOptions, exclude=("start_method", "max_restarts", "verbose", "rdzv_conf"))
-    parser.set_defaults(func=run, launch_fields=launch)
+    parser.set_defaults(func=main_args, launch_fields=launch)
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
+def main_args(args: argparse.Namespace) -> int:
     from shoal.env.operator import classic_pod, operator_defaults
 
     pod = operator_defaults(os.environ)

@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     here += add_fields(nodes, LaunchOptions, only=_ACROSS_NODES)
     watchdog = p.add_argument_group("hangs and stragglers", "See docs/WATCHDOG.md.")
     here += add_fields(watchdog, LaunchOptions, only=_WATCHDOG)
-    p.set_defaults(func=run, training_fields=training, launch_fields=here)
+    p.set_defaults(func=main_args, training_fields=training, launch_fields=here)
 
 
 def _gpu_device_files() -> bool:
@@ -88,7 +88,7 @@ def _gpu_device_files() -> bool:
     return not sys.platform.startswith("linux") or bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
 
 
-def run(args: argparse.Namespace) -> int:
+def main_args(args: argparse.Namespace) -> int:
     from shoal.launch.options import LaunchOptions
     from shoal.train.config import TrainConfig, check_resume
 

@@ -33,9 +33,9 @@ def doctor(settings: DoctorSettings, options: Any, *, json_output: bool = False)
         world_size = 1
     if world_size > 1:
         from shoal.doctor.cluster import run_rank
-        from shoal.launch.local import starts_workers
+        from shoal.launch.local import placement
 
-        starts_workers(options)  # refuses --nproc / --nnodes under another launcher, with a hint
+        placement(options)  # this process is a rank: refuses --nproc / --nnodes that disagree with its launcher
         return run_rank(settings, json_output)
     if options.several_nodes or options.in_pod:
         return _join_job(settings, options, json_output=json_output)

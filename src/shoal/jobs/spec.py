@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.errors import ShoalError
+from shoal.shape import check_max_restarts, check_nproc, check_port, check_rdzv_backend
 
-RDZV_BACKENDS = ("static", "c10d")
-"""The rendezvous of per-node ``shoal run`` launchers, as ``LaunchOptions.rdzv_backend`` names them."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -77,23 +76,16 @@ class JobSpec:
             raise ShoalError(
                 "no command given", "put the command after --, e.g. `-- shoal train digits` or `-- train.py --lr 0.1`"
             )
-        if self.nproc != "auto" and not (isinstance(self.nproc, int) and self.nproc >= 1):
-            raise ShoalError(
-                f"nproc per node must be a whole number of at least 1 or auto, got {self.nproc!r}",
-                "give --nproc-per-node 1 or more, or auto",
-            )
+        check_nproc(self.nproc, "--nproc-per-node", auto=True)
         if self.nodes < 1:
             raise ShoalError(f"nodes must be at least 1, got {self.nodes}", "give nodes of 1 or more")
         if self.gpus_per_node < 0:
             raise ShoalError(
                 f"GPUs per node must be 0 or more, got {self.gpus_per_node}", "give --gpus-per-node 0 or more"
             )
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise ShoalError(f"port {self.master_port} is not a TCP port", "give --master-port in 1024..65535")
-        if self.rdzv_backend not in RDZV_BACKENDS:
-            raise ShoalError(f"unknown rendezvous {self.rdzv_backend!r}", f"use one of: {', '.join(RDZV_BACKENDS)}")
-        if self.max_restarts < 0:
-            raise ShoalError(f"--max-restarts must be 0 or more, got {self.max_restarts}", "give 0 or more")
+        check_port(self.master_port)
+        check_rdzv_backend(self.rdzv_backend)
+        check_max_restarts(self.max_restarts)
         for name, value in self.env:
             if not _ENV_NAME.fullmatch(name):
                 raise ShoalError(f"--env {name!r} is not a variable name", "use --env NAME or --env NAME=VALUE")

@@ -1,19 +1,21 @@
 """Start this node's workers running a Python function, and decide whether to start any at all.
 
+- :func:`placement`: the one decision between running the job in this process (one process, or
+  this process is already a rank that torchrun, srun, mpirun or a pod started) and starting this
+  node's workers, with one set of errors for ``shoal train``, ``shoal.fit``, ``shoal.run``, ``shoal
+  demo`` and the doctor.
 - :func:`launch_local`: ``entrypoint(*args)`` in N worker processes through torch's elastic agent
   (the machinery behind torchrun: worker monitoring, the rest of the group stopped when one fails,
-  restarts), joining other nodes when the options say so. ``shoal train --nproc``, ``shoal demo``
-  and ``shoal.fit`` use it; its workers need no command line of their own.
-- :func:`starts_workers`: the one place that decides between running the job in this process
-  (one process, or this process is already a rank started by torchrun, srun, mpirun, a pod) and
-  starting workers; :func:`run_here_or_launch` applies it for an entrypoint that needs nothing
-  between the decision and the launch (``shoal demo``, the doctor); ``shoal train`` prepares its
-  data, device and run directory in between (``shoal.train.job``).
+  restarts), joining other nodes when the options say so; its workers need no command line.
+- :func:`run_here_or_launch`: both, for an entrypoint that needs nothing between the decision and
+  the launch (``shoal demo``, the doctor, ``shoal.run``); ``shoal train`` prepares its data, device
+  and run directory in between (``shoal.train.job``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import uuid
 from collections.abc import Callable, Mapping
@@ -27,32 +29,27 @@ from shoal.env.operator import classic_pod, classic_pod_line
 from shoal.env.slurm import allocation_beyond
 from shoal.errors import ShoalError
 from shoal.launch.core import Launch, WorkersFailed, run_workers
-from shoal.launch.options import START_METHODS, LaunchOptions
+from shoal.launch.options import LaunchOptions
 from shoal.launch.process import temporary_run_dir
 from shoal.launch.rendezvous import plan_for
+from shoal.shape import check_start_method
 
 __all__ = [
-    "START_METHODS",
+    "Placement",
     "WorkersFailed",
+    "check_allocation",
     "check_start_method",
     "launch_local",
-    "resolve_start_method",
-    "check_allocation",
+    "placement",
     "refuse_rank_launching_alone",
+    "resolve_start_method",
     "run_here_or_launch",
-    "starts_workers",
 ]
-
-
-def check_start_method(name: str) -> str:
-    if name not in START_METHODS:
-        raise ShoalError(f"unknown start method {name!r}", f"use one of: {', '.join(START_METHODS)}")
-    return name
 
 
 def resolve_start_method(name: str, device_type: str) -> str:
     """``auto``: fork on CPU (workers inherit the parent's imports: seconds saved per launch on a
-    small machine, see ``shoal bench startup``), spawn with CUDA (a CUDA runtime does not survive fork)."""
+    small machine, see ``benchmarks/startup.py``), spawn with CUDA (a CUDA runtime does not survive fork)."""
     check_start_method(name)
     if name != "auto":
         return name
@@ -93,9 +90,7 @@ def launch_local(
     from torch.distributed.launcher.api import LaunchConfig
 
     if options is None:
-        if nproc < 1:
-            raise ShoalError(f"--nproc must be at least 1, got {nproc}", "pass --nproc 1 or more")
-        options = LaunchOptions(nproc=nproc, max_restarts=max_restarts, start_method=check_start_method(start_method))
+        options = LaunchOptions(nproc=nproc, max_restarts=max_restarts, start_method=start_method)
     method = options.start_method
     if method == "auto":
         raise ShoalError("launch_local needs a start method, not auto", "pass resolve_start_method(name, device)")
@@ -119,32 +114,47 @@ def launch_local(
     return run_workers(config, entrypoint, args, launch)
 
 
-def starts_workers(options: LaunchOptions, *, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process starts worker processes (True) or runs the job itself (False).
+class Placement(enum.Enum):
+    """Where a job's ranks run, as seen from the process that was asked to run it."""
 
-    Itself: one process on one node, or this process is already one rank of a job another launcher
-    started (torchrun, srun, mpirun, a one-process-per-pod job); then asking for workers (``--nproc``,
-    rendezvous flags) is an error rather than a job of jobs. In a Kubernetes pod's command
-    (``options.in_pod``: they came from the operator's variables) it starts the pod's workers
-    whatever the environment says.
+    ALONE = "alone"
+    """In this process: a job of one process."""
+    RANK = "rank"
+    """In this process, as the rank another launcher (torchrun, srun, mpirun) started it as."""
+    WORKERS = "workers"
+    """In worker processes this process starts (and, across nodes, joins to the other nodes')."""
+
+
+def placement(options: LaunchOptions, *, environ: Mapping[str, str] | None = None) -> Placement:
+    """Where the job runs: :class:`Placement`. The one place that decides it.
+
+    Started as one rank of another launcher's job, this process is that rank. Options that agree
+    with that launcher (the same processes per node; as many nodes, when they name several) are
+    the same job written twice, as a script that says ``nproc=2`` and runs under ``torchrun
+    --nproc-per-node 2`` does; options that disagree would start a job of jobs: ShoalError. In a
+    Kubernetes pod's command (``options.in_pod``: they came from the operator's variables) it
+    starts the pod's workers whatever the environment says. Otherwise workers when the options ask
+    for more than one process, after :func:`check_allocation`.
     """
     environ = dict(os.environ if environ is None else environ)
     if options.in_pod:
         if classic_pod(environ) and options.several_nodes:
             write_line(classic_pod_line("shoal", environ))
-        return True
+        return Placement.WORKERS
     env = detect_environment(environ)
     if env.world_size > 1:
-        if options.starts_workers:
+        nodes = options.node_counts[1]
+        if options.asks_for_workers and (options.nproc != env.local_world_size or nodes not in (1, env.num_nodes)):
             raise ShoalError(
-                f"--nproc or rendezvous flags given, but {env.scheme} already started this process as "
-                f"rank {env.rank} of {env.world_size}",
-                "drop --nproc and the rendezvous flags (--nnodes, --master-addr, --rdzv-*): the launcher "
-                "already starts one process per rank",
+                f"--nproc {options.nproc} --nnodes {options.nnodes} asked for, but {env.scheme} already started "
+                f"this process as rank {env.rank} of {env.world_size} ({env.local_world_size} per node on "
+                f"{env.num_nodes} node{'s' if env.num_nodes != 1 else ''})",
+                "drop --nproc and the rendezvous flags (--nnodes, --master-addr, --rdzv-*), or make them match "
+                "the launcher's: it already starts one process per rank",
             )
-        return False
+        return Placement.RANK
     check_allocation(options, environ)
-    return options.starts_workers
+    return Placement.WORKERS if options.asks_for_workers else Placement.ALONE
 
 
 def check_allocation(options: LaunchOptions, environ: Mapping[str, str], prog: str = "shoal") -> None:
@@ -198,9 +208,9 @@ def run_here_or_launch(
     *,
     device_type: str = "cpu",
 ) -> dict[int, Any]:
-    """Run ``entrypoint(*args)`` here, or start this node's workers for it (see :func:`starts_workers`);
+    """Run ``entrypoint(*args)`` here, or start this node's workers for it (see :func:`placement`);
     ``{local rank: result}``."""
-    if not starts_workers(options):
+    if placement(options) is not Placement.WORKERS:
         return {0: entrypoint(*args)}
     method = resolve_start_method(options.start_method, device_type)
     return launch_local(entrypoint, args, options=dataclasses.replace(options, start_method=method))

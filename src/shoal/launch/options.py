@@ -21,12 +21,12 @@ from typing import Any, Literal
 from shoal.env.operator import operator_defaults
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import hang_options
+from shoal.shape import check_max_restarts, check_nproc, check_port, check_rdzv_backend, check_start_method
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
 """Every node gives up this long after it started if the job has not assembled."""
 DEFAULT_RUN_ID = "shoal"
 """The job id of a rendezvous (torchrun's default is "none"); the same on every node."""
-START_METHODS = ("auto", "fork", "spawn")
 
 _TRUE = ("1", "true", "t", "yes", "y", "on")
 _FALSE = ("0", "false", "f", "no", "n", "off")
@@ -92,32 +92,24 @@ class LaunchOptions:
         return cls(**{**pod, **(given or {}), "in_pod": bool(pod)})
 
     def __post_init__(self) -> None:
-        if self.nproc < 1:
-            raise ShoalError(
-                f"--nproc must be at least 1, got {self.nproc}",
-                "pass --nproc 1 or more (the number of worker processes on this machine)",
-            )
+        check_nproc(self.nproc)
         min_nodes, max_nodes = self.node_counts
         if self.node_rank < 0 or (self.several_nodes and self.rdzv_backend == "static" and self.node_rank >= max_nodes):
             raise ShoalError(
                 f"--node-rank {self.node_rank} is not in 0..{max_nodes - 1} (--nnodes {self.nnodes})",
                 "give each node its own rank from 0 to N-1; node 0 hosts the rendezvous",
             )
+        check_rdzv_backend(self.rdzv_backend)
         if self.rdzv_backend == "static" and min_nodes != max_nodes:
             raise ShoalError(
                 f"--nnodes {self.nnodes} is elastic, which the static rendezvous cannot do",
                 "use --rdzv-backend c10d --rdzv-endpoint HOST:PORT for MIN:MAX, or give one node count",
             )
         check_join_timeout(self.join_timeout)
-        if self.max_restarts < 0:
-            raise ShoalError(
-                f"--max-restarts must be 0 or more, got {self.max_restarts}", "pass --max-restarts 0 or more"
-            )
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise ShoalError(f"--master-port {self.master_port} is not a TCP port", "give a port in 1024..65535")
+        check_max_restarts(self.max_restarts)
+        check_port(self.master_port)
         hang_options(self.hang_timeout, self.on_hang)
-        if self.start_method not in START_METHODS:
-            raise ShoalError(f"unknown start method {self.start_method!r}", f"use one of: {', '.join(START_METHODS)}")
+        check_start_method(self.start_method)
 
     @functools.cached_property
     def node_counts(self) -> tuple[int, int]:
@@ -134,8 +126,9 @@ class LaunchOptions:
         return dict(self.rdzv_conf)
 
     @property
-    def starts_workers(self) -> bool:
-        """This node must start worker processes (rather than run the job in this process)."""
+    def asks_for_workers(self) -> bool:
+        """The options ask for worker processes on this node (more than one, or several nodes); whether
+        they start is :func:`shoal.launch.local.placement`'s decision."""
         return self.nproc > 1 or self.several_nodes
 
 

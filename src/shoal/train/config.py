@@ -211,7 +211,7 @@ class TrainConfig:
 
 def check_resume(resume: str) -> None:
     """``--resume``: auto, never, or a ``ckpt-*.pt`` file or sharded ``ckpt-*.dcp`` directory that exists.
-    Torch-free: ``shoal train`` says so before torch loads, :func:`~shoal.train.job.run_training` for
+    Torch-free: ``shoal train`` says so before torch loads, :func:`~shoal.train.job.fit` for
     ``shoal.fit``."""
     if resume not in ("auto", "never") and not (os.path.isfile(resume) or is_sharded(resume)):
         raise ShoalError(

@@ -11,6 +11,7 @@ from shoal.errors import ShoalError, first_line
 from shoal.launch.failures import says_peer_gone
 from shoal.train.config import TrainConfig
 from shoal.train.trainer import TrainResult
+from shoal.workloads import get_workload
 from shoal.workloads.spec import Parcel
 
 QUIET_EXIT_DELAY_S = 2.0
@@ -24,6 +25,7 @@ def train_rank(
 ) -> TrainResult:
     """Train as one rank of the job; a ShoalError becomes its message and exit status.
 
+    ``cfg``: resolved by the process that started the job (:func:`shoal.train.job.run_training`).
     ``workload``: the instance to train (forked workers), a :class:`~shoal.workloads.spec.Parcel`
     holding it (spawned workers), or None (the spec ``cfg.workload`` is imported here).
 
@@ -37,9 +39,13 @@ def train_rank(
     else:
         from shoal.train.trainer import train
 
+    if not cfg.is_resolved:  # a caller's contract, not a user's input
+        raise TypeError("train_rank takes a config resolved by the launcher: cfg.resolved(workload)")
     try:
         if isinstance(workload, Parcel):
             workload = workload.open()
+        elif workload is None:  # a spawned worker of a named workload: its own import of it
+            workload = get_workload(cfg.workload)
         return train(cfg, workload=workload, started_by=started_by, launch_record=launch_record)
     except ShoalError as err:
         if not getattr(err, "quiet", False):

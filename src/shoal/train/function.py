@@ -5,8 +5,9 @@ Fabric's ``launch``), for a notebook, a REPL or a Flyte task. It is :func:`shoal
 without the trainer: the same launch options (``nproc``, ``nnodes``, ``node_rank``, ``master_addr``,
 ``rdzv_*``, ``max_restarts``, ``start_method``...), the same launcher
 (:func:`shoal.launch.local.launch_local`: torch's elastic agent, fork on CPU, spawn with CUDA), the
-same failure report (the failing rank's own traceback), the same rule for a process that is already
-one rank of someone else's job (torchrun, srun, mpirun, a pod): it runs ``fn`` itself, as that rank.
+same failure report (the failing rank's own traceback), the same decision
+(:func:`shoal.launch.local.placement`) for a process that is already one rank of someone else's job
+(torchrun, srun, mpirun, a pod): it runs ``fn`` itself, as that rank.
 
 Each worker calls :func:`shoal.init` (``shoal.current()`` or ``shoal.init()`` in ``fn`` return that
 context), then ``fn(*args, **kwargs)``, waits for the other ranks, and leaves the group.
@@ -29,9 +30,8 @@ from typing import Any
 
 from shoal.context import current, init
 from shoal.distributed.device import workers_device
-from shoal.env import detect_environment
 from shoal.errors import ShoalError, first_line
-from shoal.launch.local import launch_local, resolve_start_method
+from shoal.launch.local import Placement, launch_local, placement, resolve_start_method
 from shoal.launch.options import LaunchOptions
 from shoal.train.entry import peer_gone
 
@@ -75,8 +75,9 @@ def run(
         Global rank 0's return value (the values of the other ranks are dropped; they must be
         picklable all the same, as they travel back from the workers). A node of a multi-node job
         that holds no rank 0 gets None. Started as one rank of a job (torchrun, srun, mpirun, a
-        pod), this process is that rank and gets its own ``fn``'s value; the launch options are
-        then ignored, the outer launcher has decided. With ``all_ranks``: every rank's value.
+        pod), this process is that rank and gets its own ``fn``'s value; launch options that
+        disagree with that launcher's (``nproc=4`` under ``torchrun --nproc-per-node 2``) are
+        refused, as ``shoal train`` refuses them. With ``all_ranks``: every rank's value.
 
     Raises:
         ShoalError: an unknown option, a function spawned workers cannot unpickle (before any worker
@@ -98,8 +99,8 @@ def run(
     )
     if fault_tolerance:
         return _run_replica_groups(call, options, lighthouse)
-    launch = _launch_options(options)
-    if launch is None:  # one process, or already one rank of a job: fn runs here
+    launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
+    if placement(launch) is not Placement.WORKERS:  # one process, or already one rank of a job: fn runs here
         return call()[1]
     method = resolve_start_method(launch.start_method, _workers_device_type(call, launch))
     if method == "spawn":
@@ -187,24 +188,6 @@ def _gather(value: Any, world_size: int) -> list[Any]:
     values: list[Any] = [None] * world_size
     dist.all_gather_object(values, value)
     return values
-
-
-def _launch_options(options: Mapping[str, Any]) -> LaunchOptions | None:
-    """This node's launch options, or None when ``fn`` runs in this process (see :func:`run`)."""
-    launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
-    if launch.in_pod:  # a Kubeflow pod's command: it starts the pod's workers
-        return launch
-    env = detect_environment()
-    if env.world_size > 1:  # torchrun, srun, mpirun... started this process as one rank
-        if launch.starts_workers and env.rank == 0:
-            print(
-                f"shoal.run: {env.scheme} started this process as rank {env.rank} of {env.world_size}: "
-                "fn runs here as that rank, the launch options are ignored",
-                file=sys.stderr,
-                flush=True,
-            )
-        return None
-    return launch if launch.starts_workers else None
 
 
 def _worker_threads(threads: int | None, nproc: int) -> int:

@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.checkpoint.files import list_checkpoints
 from shoal.distributed.device import workers_device
-from shoal.env import detect_environment
 from shoal.errors import ShoalError
 from shoal.launch.core import PREEMPTED_CODES, WorkersFailed
-from shoal.launch.local import launch_local, resolve_start_method, starts_workers
+from shoal.launch.local import Placement, launch_local, placement, resolve_start_method
 from shoal.launch.options import LaunchOptions
 from shoal.train.config import TrainConfig, check_resume
 from shoal.train.entry import train_rank
@@ -79,6 +78,7 @@ def fit(workload: str | Workload = "digits", **options: Any) -> TrainResult:
     instance = None if isinstance(workload, str) else get_workload(workload)
     spec = workload if instance is None else label(instance)
     cfg = TrainConfig(workload=spec, **{k: v for k, v in options.items() if k in config_fields})
+    check_resume(cfg.resume)
     launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in launch_fields})
     result = run_training(cfg, launch, workload=instance)
     if result is None:  # this node ran no rank 0 (another node of the job did)
@@ -90,29 +90,29 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     """Train with ``cfg`` here, or on this node's workers; rank 0's result when it runs on this node.
 
     ``workload``: the instance to train; default, the one ``cfg.workload`` names (imported here,
-    so a bad spec fails before any worker starts, and again in each spawned worker).
-    Raises ShoalError for bad input before any worker starts, and for a failed run.
+    so a bad spec fails before any worker starts, and again in each spawned worker). ``cfg`` is
+    resolved here, once; its ``--resume`` was checked by the caller (``shoal train`` before torch
+    loads, :func:`fit`). Raises ShoalError for bad input before any worker starts, and for a failed run.
     """
     given = workload
     workload = get_workload(workload if workload is not None else cfg.workload)
-    cfg = cfg.resolved(workload)
-    check_resume(cfg.resume)
+    cfg = cfg.resolved(workload)  # once, here: every rank gets the resolved config
     if cfg.fault_tolerance:  # replica groups beside a lighthouse (docs/FAULT_TOLERANCE.md)
         from shoal.train.replica_job import check_replica_launch, run_replica_job
 
-        check_replica_launch(options, cfg.device)
+        options = check_replica_launch(options, cfg.device)
         with _fork_safe():
             _prepare(workload, cfg)
         _import_for_forked_workers()
         return run_replica_job(cfg, options, workload=workload)
-    alone = not starts_workers(options)
+    where = placement(options)
     # What --out holds, judged before any worker (or this process's training) starts; a rank of a
     # job another launcher started leaves it to the trainer, which says it once, from rank 0.
-    if cfg.out is not None and not (alone and detect_environment().world_size > 1):
+    if cfg.out is not None and where is not Placement.RANK:
         done = _finished_run(cfg)
         if done is not None:
             return done
-    if alone:
+    if where is not Placement.WORKERS:
         _prepare(workload, cfg)
         return train(cfg, workload=workload)
     # The data is present (or downloaded) before the workers start, which may be forked from here.

@@ -16,6 +16,7 @@ from shoal.console import write_line
 from shoal.env.detect import detect_environment
 from shoal.env.network import bracket, route_to
 from shoal.errors import ShoalError
+from shoal.launch.local import Placement, placement
 from shoal.launch.options import LaunchOptions
 from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
 from shoal.train.config import TrainConfig
@@ -29,8 +30,9 @@ DEFAULT_LIGHTHOUSE_PORT = 29500
 fault-tolerant job has no other store on the master."""
 
 
-def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> None:
-    """Refuse what a fault-tolerant launch cannot do yet, before anything starts."""
+def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> LaunchOptions:
+    """Refuse what a fault-tolerant launch cannot do yet, before anything starts; the options as
+    this node's share of the job (:func:`_as_job_rank`), which :func:`run_replica_job` takes."""
     options = _as_job_rank(options)
     if device == "cuda":
         raise ShoalError(
@@ -46,13 +48,12 @@ def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> None:
         )
     if options.start_method == "spawn":
         raise ShoalError("--fault-tolerance forks its replica groups", "drop --start-method spawn")
+    return options
 
 
 def run_replica_job(cfg: TrainConfig, options: LaunchOptions, *, workload: Any = None) -> TrainResult | None:
     """Train ``cfg`` as ``options.nproc`` replica groups per node on the CPU; group 0's result
-    (None on the other nodes)."""
-    check_replica_launch(options, cfg.device)
-    options = _as_job_rank(options)
+    (None on the other nodes). ``options``: as :func:`check_replica_launch` returned them."""
     cfg = cfg.replace(device="cpu")
     if cfg.out is None and options.several_nodes:
         raise ShoalError(
@@ -62,7 +63,7 @@ def run_replica_job(cfg: TrainConfig, options: LaunchOptions, *, workload: Any =
     if cfg.out is None:
         cfg = cfg.replace(out=default_out_dir(short_name(cfg.workload)))
     cfg = cfg.replace(out=str(prepare_out_dir(cfg.out)))
-    place = _placement(options, cfg.lighthouse)
+    place = _addresses(options, cfg.lighthouse)
     results = run_replica_groups(
         train_rank,
         (cfg, "fork", None, workload),
@@ -73,20 +74,20 @@ def run_replica_job(cfg: TrainConfig, options: LaunchOptions, *, workload: Any =
         first=options.node_rank * options.nproc,
         total=options.node_counts[0] * options.nproc,
         lighthouse_port=place.lighthouse_port,
+        hang_timeout=options.hang_timeout,
     )
     return results.get(0)
 
 
 def _as_job_rank(options: LaunchOptions) -> LaunchOptions:
     """Started as one rank of a job another launcher started (``shoal launch --hosts``, ``shoal
-    run --nnodes``, torchrun, mpirun), this process is a node of one replica group: group RANK of
-    WORLD_SIZE, supervised here (the outer launcher never sees it fail). Rank 0 serves the
-    lighthouse on the master's port + 1: the master's port is the outer launcher's store."""
-    if options.several_nodes or options.nproc > 1:
+    run --nnodes``, torchrun, mpirun: :data:`~shoal.launch.local.Placement.RANK`), this process is
+    a node of one replica group: group RANK of WORLD_SIZE, supervised here (the outer launcher never
+    sees it fail). Rank 0 serves the lighthouse on the master's port + 1: the master's port is the
+    outer launcher's store."""
+    if placement(options) is not Placement.RANK:
         return options
     env = detect_environment()
-    if env.world_size < 2:
-        return options
     return dataclasses.replace(
         options,
         nnodes=str(env.world_size),
@@ -106,7 +107,7 @@ def _check_nodes(options: LaunchOptions) -> None:
 
 
 @dataclass(frozen=True)
-class _Placement:
+class _Addresses:
     """Where this node's groups listen, and the lighthouse they use (None: start one here)."""
 
     host: str
@@ -114,12 +115,12 @@ class _Placement:
     lighthouse_port: int | None = None
 
 
-def _placement(options: LaunchOptions, lighthouse: str | None) -> _Placement:
+def _addresses(options: LaunchOptions, lighthouse: str | None) -> _Addresses:
     """One node: loopback. Several: the address shoal picks toward the master (``--local-addr``
     wins); node 0 serves the lighthouse there on ``--master-port`` (default
     :data:`DEFAULT_LIGHTHOUSE_PORT`), the others reach it at the master's address, never a name."""
     if not options.several_nodes:
-        return _Placement("127.0.0.1", lighthouse)
+        return _Addresses("127.0.0.1", lighthouse)
     route = route_to(options.master_addr or "")
     host = options.local_addr or route.addr
     port = options.master_port or DEFAULT_LIGHTHOUSE_PORT
@@ -133,4 +134,4 @@ def _placement(options: LaunchOptions, lighthouse: str | None) -> _Placement:
         f"{f' ({route.ifname})' if route.ifname else ''}; "
         + (f"lighthouse {lighthouse}" if lighthouse else f"serving the lighthouse on {bracket(host)}:{port}")
     )
-    return _Placement(host, lighthouse, port)
+    return _Addresses(host, lighthouse, port)

@@ -252,9 +252,9 @@ def _env(args: argparse.Namespace, python: str):
 
 def _hosts(args: argparse.Namespace, *, required: bool):
     from shoal.jobs.hosts.options import parse_hosts, read_hostfile
+    from shoal.shape import check_nproc
 
-    if args.nproc < 1:
-        raise ShoalError(f"--nproc-per-node must be at least 1, got {args.nproc}", "give 1 or more")
+    check_nproc(args.nproc, "--nproc-per-node")
     if args.hosts and args.hostfile:
         raise ShoalError("--hosts and --hostfile both given", "give one of them")
     if args.hostfile:
