@@ -1,6 +1,7 @@
 """The figures of docs/FAULT_TOLERANCE.md, measured in one run against a baseline of the same run.
 
-    python tests/ft/bench_ft.py [--workload digits] [--epochs 3] [--kills 3]
+    python tests/ft/bench_ft.py [--workload digits] [--epochs 3] [--kills 3] [--train-args="--arch resnet18 ..."]
+    python tests/ft/bench_ft.py --chaos [--groups 4] [--chaos-kills 10] [--kill-every 20] [--epochs 30]
 
 1. Steady state: ``shoal train W --nproc 2`` (plain DDP, gloo) and ``shoal train W
    --fault-tolerance --nproc 2`` (2 replica groups of one process, torchft): the median
@@ -8,6 +9,12 @@
 2. Faults: ``--kills`` runs of ``--fault-tolerance`` where replica group 1 is SIGKILLed right after
    its first commit: the survivor's next commit after the kill, and the restarted group's first
    commit after its process started (both from RUN_DIR/replicas.jsonl).
+
+3. ``--chaos`` (instead of 1 and 2): ``--groups`` replica groups trained twice with the same seed,
+   once unfailed, once with a random live group SIGKILLed every ``--kill-every`` seconds (give or
+   take a third), ``--chaos-kills`` times, each restarted by shoal: whether the run finished, whether
+   any group restarted more often than it was killed (a survivor restarted), whether every group
+   ended on the same weights, and the test accuracy of both runs.
 
 Prints one JSON document. Not a test: the figures depend on the machine and its load.
 """
@@ -17,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import shlex
 import signal
 import statistics
 import subprocess
@@ -41,9 +50,9 @@ def _step_s(out: Path, steps_key: str | None) -> float:
     return statistics.median(per_step)
 
 
-def steady_state(workload: str, epochs: int, root: Path) -> dict:
+def steady_state(workload: str, epochs: int, root: Path, extra: tuple[str, ...] = ()) -> dict:
     plain, ft = root / "ddp", root / "ft"
-    common = (workload, "--nproc", "2", "--epochs", str(epochs), "--seed", "0")
+    common = (workload, "--nproc", "2", "--epochs", str(epochs), "--seed", "0", *extra)
     subprocess.run(_shoal(*common, "--out", str(plain)), check=True, capture_output=True)
     subprocess.run(_shoal(*common, "--fault-tolerance", "--out", str(ft)), check=True, capture_output=True)
     ddp_s, ft_s = _step_s(plain, None), _step_s(ft, "steps_committed")
@@ -81,15 +90,85 @@ def one_fault(workload: str, epochs: int, out: Path) -> dict:
     }
 
 
+def _final_accuracy(out: Path) -> float:
+    return metrics(out)[-1]["test_accuracy"]
+
+
+def chaos(workload: str, epochs: int, groups: int, kills: int, every_s: float, root: Path) -> dict:
+    """An unfailed run and a chaos run of ``groups`` replica groups, the same seed (see the module docstring)."""
+    common = [workload, "--nproc", str(groups), "--epochs", str(epochs), "--seed", "0", "--fault-tolerance"]
+    base, run = root / "unfailed", root / "chaos"
+    subprocess.run(_shoal(*common, "--out", str(base)), check=True, capture_output=True)
+    chance = random.Random(0)
+    log = root / "chaos.log"
+    started = time.monotonic()
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(_shoal(*common, "--out", str(run)), stdout=sink, stderr=subprocess.STDOUT)
+    killed: dict[int, int] = {}
+    try:
+        while not all(find(events(run), g, "joined") for g in range(groups)):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the chaos run ended before every group committed ({proc.returncode})")
+            time.sleep(0.1)
+        while len(killed) < kills and sum(killed.values()) < kills and proc.poll() is None:
+            time.sleep(every_s * chance.uniform(2 / 3, 4 / 3))
+            found = events(run)
+            if proc.poll() is not None or any(e["event"] == "finished" for e in found):
+                break
+            live = {g: find(found, g, "start")[-1]["pid"] for g in range(groups) if find(found, g, "start")}
+            group = chance.choice(sorted(live))
+            try:
+                os.kill(live[group], signal.SIGKILL)
+            except ProcessLookupError:  # it ended between the read and the kill: pick again next time
+                continue
+            killed[group] = killed.get(group, 0) + 1
+        proc.wait(timeout=3600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wall_s = time.monotonic() - started
+    found = events(run)
+    starts = {g: len(find(found, g, "start")) for g in range(groups)}
+    finished = {e["group"]: e["params"] for e in found if e["event"] == "finished"}
+    return {
+        "exit_status": proc.returncode,
+        "wall_s": round(wall_s, 1),
+        "kills": sum(killed.values()),
+        "kills_per_group": killed,
+        "starts_per_group": starts,
+        "a_survivor_restarted": any(starts[g] != 1 + killed.get(g, 0) for g in range(groups)),
+        "weights_equal": len(finished) == groups and len(set(finished.values())) == 1,
+        "accuracy_unfailed": _final_accuracy(base),
+        "accuracy_chaos": _final_accuracy(run) if proc.returncode == 0 else None,
+        "steps_dropped": sum(1 for e in found if e["event"] == "dropped"),
+        "log_tail": log.read_text()[-2000:] if proc.returncode != 0 else "",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="digits")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument(
+        "--train-args", default="", help='more shoal train flags for the steady state: --train-args="--arch resnet18"'
+    )
+    parser.add_argument("--chaos", action="store_true", help="the chaos run instead (see the module docstring)")
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--chaos-kills", type=int, default=10)
+    parser.add_argument("--kill-every", type=float, default=20.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-ft-bench-") as tmp:
         root = Path(tmp)
-        report = {"steady_state": steady_state(args.workload, args.epochs, root)}
+        if args.chaos:
+            report = chaos(args.workload, args.epochs, args.groups, args.chaos_kills, args.kill_every, root)
+            print(json.dumps(report, indent=2))
+            return
+        report = {"steady_state": steady_state(args.workload, args.epochs, root, tuple(shlex.split(args.train_args)))}
+        if args.kills == 0:
+            print(json.dumps(report, indent=2))
+            return
         report["faults"] = [one_fault(args.workload, args.epochs, root / f"kill-{i}") for i in range(args.kills)]
     print(json.dumps(report, indent=2))
 

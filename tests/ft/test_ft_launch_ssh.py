@@ -1,8 +1,10 @@
-"""``shoal launch --hosts node0:1,node1:1 --via ssh -- shoal train ... --fault-tolerance`` through a
-real sshd (the pods of tests/cluster_mpi/test_launch_real_ssh.py).
+"""``shoal launch --hosts node0:1,node1:1 --via ssh|mpirun -- shoal train ... --fault-tolerance``
+through a real sshd (the pods of tests/cluster_mpi/test_launch_real_ssh.py).
 
-Each host's ``shoal run`` starts one rank, which is a node of one replica group: it forks the group
-and restarts it when it dies, so the outer launcher never sees a failure. Rank 0 serves the
+Each rank (started by each host's ``shoal run`` over SSH, or by Open MPI's mpirun through
+``shoal.jobs.hosts.rank_status``) is a node of one replica group: it forks the group and restarts it
+when it dies, so the outer launcher (the agent, or mpirun, which would stop every rank on a rank's
+failure) never sees a failure. Rank 0 serves the
 lighthouse on its pod's address. Group 1 (node1) is SIGKILLed after its first commit: group 0 trains
 on with the same process, group 1 comes back and heals over the pods' link, and both end on the
 same weights.
@@ -29,7 +31,8 @@ EPOCHS = 4
 BATCH = 4
 
 
-def test_a_group_killed_under_shoal_launch_heals_and_nobody_else_restarts(cluster, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("via", ["ssh", "mpirun"])
+def test_a_group_killed_under_shoal_launch_heals_and_nobody_else_restarts(cluster, tmp_path, via):  # noqa: F811
     net, _ = cluster
     out = tmp_path / "run"
     train = ["shoal", "train", "digits", "--fault-tolerance", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
@@ -37,7 +40,7 @@ def test_a_group_killed_under_shoal_launch_heals_and_nobody_else_restarts(cluste
     log = tmp_path / "launch.log"
     with open(log, "w") as sink:
         proc = net["node0"].popen(
-            [sys.executable, "-m", "shoal.cli.launch", "--hosts", "node0:1,node1:1", "--via", "ssh", "--", *train],
+            [sys.executable, "-m", "shoal.cli.launch", "--hosts", "node0:1,node1:1", "--via", via, "--", *train],
             env=_env(), cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

@@ -105,6 +105,21 @@ def test_a_killed_group_costs_one_step_and_heals(tmp_path):
     assert finished[0]["step"] == finished[1]["step"] == EPOCHS * steps, finished
     assert finished[0]["params"] == finished[1]["params"], finished
 
+    # The dead group in one line each: the launcher's (node, step of its last commit), the group's
+    # (healed at step N, X s after it started), and shoal status's row.
+    died = [e for e in _find(events, 1, "died") if e["pid"] == victim]
+    assert died and died[0]["node"] == 0 and died[0]["step"] >= 1, _show(events, killed_at)
+    assert f"(pid {victim}) was killed by SIGKILL on node 0 (127.0.0.1) at step {died[0]['step']} (its last" in stderr
+    assert f"replica group 1 on node 0 (127.0.0.1) healed at step {healed[0]['step']}, " in stdout, stdout[-3000:]
+    shown = run_shoal("status", str(out), "--json")
+    assert shown.returncode == 0, shown.stderr
+    table = json.loads(shown.stdout)["replica_groups"]
+    assert table["lighthouse"].startswith("http://127.0.0.1:"), table
+    rows = {g["group"]: g for g in table["groups"]}
+    assert {g["state"] for g in rows.values()} == {"finished"} and rows[1]["starts"] >= 2, rows
+    assert rows[0]["step"] == rows[1]["step"] == EPOCHS * steps, rows
+    assert rows[1]["died"]["step"] == died[-1]["step"] and "killed by SIGKILL at step" in rows[1]["failure"], rows
+
     # A whole-job restart with one more epoch resumes from the last checkpoint, not from step 0.
     again = run_shoal(*_train(out, EPOCHS + 1), timeout=240, env=procs.launcher_free_env())
     assert again.returncode == 0, again.stderr[-3000:]

@@ -2,7 +2,9 @@
 
 Reads the workers' progress files (``RUN_DIR/progress/rank-N.progress``, see :mod:`shoal.progress`)
 without touching the job: no store, no collective, no signal unless ``--stacks`` asks for them. No
-torch import.
+torch import. A fault-tolerant run (``--fault-tolerance``) also gets a table of its replica groups,
+from ``RUN_DIR/replicas.jsonl`` (:mod:`shoal.replica_log`); each group's record is the rank
+numbered as the group.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import HangDetector, StragglerJudge, activity, dump_all_stacks, format_ranks
 from shoal.progress import RankProgress, read_progress
+from shoal.replica_log import GroupState, group_states, lighthouse_url, read_events
 
 STRAGGLER_MIN_STEPS = 20
 """Steps every rank must have done before ``shoal status`` names a straggler from the running means."""
@@ -52,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--stacks", action="store_true", help="dump every live rank's stack (all threads)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (machine-readable)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=main_args)
     return parser
 
 
@@ -175,7 +178,7 @@ def row(record: RankProgress, now_wall: float) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def main_args(args: argparse.Namespace) -> int:
     run_dir = find_run_dir(args.run_dir)
     if not run_dir.is_dir():
         raise ShoalError(
@@ -183,14 +186,18 @@ def run(args: argparse.Namespace) -> int:
             "pass the run directory of a job: shoal train's --out, or shoal run's --log-dir",
         )
     ranks = read_progress(progress_dir(run_dir))
-    if not ranks:
+    events = read_events(run_dir)
+    if not ranks and not events:
         raise ShoalError(
             f"no progress files in {run_dir} (looked for {progress_dir(run_dir)}/rank-N.progress)",
             "pass the run directory of a job started by shoal train or shoal run; a `shoal run` script "
             "reports once it opens shoal.progress.ProgressWriter.from_env() (see docs/WATCHDOG.md)",
         )
     now = time.time()
-    state = verdict(ranks, run_dir)
+    groups = [group_row(g, ranks, now) for g in group_states(events)]
+    # A group its launcher is restarting is not a job that failed: its record waits for the new process.
+    restarting = {g["group"] for g in groups if g["state"] == "dead, restarting"}
+    state = verdict([r for r in ranks if r.rank not in restarting], run_dir) if ranks else _events_verdict(groups)
     rows = [row(r, now) for r in ranks]
     live = [r for r in ranks if r.alive and r.phase != "done"]
     stacks = ({r.rank: "" for r in live} | dump_all_stacks(live)) if args.stacks else {}
@@ -201,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
             "last_checkpoint": last_checkpoint(run_dir),
             "verdict": state,
         }
+        if groups:
+            payload["replica_groups"] = {"lighthouse": lighthouse_url(events), "groups": groups}
         if args.stacks:
             payload["stacks"] = {str(rank): text for rank, text in stacks.items()}
         print(json.dumps(payload, indent=2))
@@ -215,12 +224,56 @@ def run(args: argparse.Namespace) -> int:
             f"{r['rank']:>4} {r['pid']:>8} {r['node'][:12]:<12} {r['step']:>8} {phase:<22} "
             f"{r['in_phase_s']:>8.1f}s {r['step_s'] * 1e3:>8.1f}ms {r['samples_per_s']:>10.1f}"
         )
+    if groups:
+        print_groups(groups, lighthouse_url(events))
     print(f"last checkpoint: {last_checkpoint(run_dir) or 'none'}")
     print(f"verdict: {state['text']}")
     for rank, text in stacks.items():
         print(f"\n--- rank {rank} stack ---")
         print(text.rstrip() or "(no stack: the rank did not register the stacks signal)")
     return _exit_status(state)
+
+
+def group_row(group: GroupState, ranks: list[RankProgress], now_wall: float) -> dict:
+    """One replica group: its events, and its progress record when its latest process wrote it
+    (the step it is at, and whether it is gone or stuck)."""
+    record = next((r for r in ranks if r.rank == group.group and r.pid == group.pid), None)
+    state, step = group.state, group.step
+    if record is not None and state == "training":
+        step = max(step, record.step)
+        stalled = in_phase_s(record, now_wall)
+        if not record.alive and record.phase != "done":
+            state = "gone"
+        elif stalled >= HangDetector().timeout([record]):
+            state = f"stuck in {activity(record)} for {stalled:.0f} s"
+        else:
+            state = f"training ({activity(record)})"
+    return {
+        "group": group.group,
+        "node": group.node,
+        "pid": group.pid,
+        "starts": group.starts,
+        "step": step,
+        "state": state,
+        "failure": group.failure(),
+        "died": group.died,
+        "healed": group.healed,
+    }
+
+
+def print_groups(groups: list[dict], lighthouse: str | None) -> None:
+    """The replica groups' table: one line each, its last failure in the last column."""
+    print(f"replica groups{f' (lighthouse {lighthouse})' if lighthouse else ''}:")
+    print(f"{'group':>5} {'node':<22} {'starts':>6} {'step':>8}  {'state':<24} last failure")
+    for g in groups:
+        print(f"{g['group']:>5} {g['node'][:22]:<22} {g['starts']:>6} {g['step']:>8}  {g['state']:<24} {g['failure']}")
+
+
+def _events_verdict(groups: list[dict]) -> dict:
+    """A fault-tolerant run without progress records (written before they were): from its events."""
+    if all(g["state"] == "finished" for g in groups):
+        return {"state": "finished", "text": "finished"}
+    return {"state": "running", "text": "replica groups: " + ", ".join(f"{g['group']} {g['state']}" for g in groups)}
 
 
 def _exit_status(state: dict) -> int:

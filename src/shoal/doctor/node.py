@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from shoal.doctor.lighthouse import lighthouse_check
 from shoal.doctor.model import FAIL, NodeReport
 from shoal.doctor.network import hostname_check, launcher_check, master_checks, plan_description, socket_ifname_checks
 from shoal.doctor.resources import (
@@ -23,7 +24,9 @@ from shoal.doctor.resources import (
 from shoal.doctor.settings import DoctorSettings
 from shoal.doctor.software import software_checks, versions
 
-BLOCKING = ("launcher-env", "master-resolves", "route", "master-port", "gloo-socket-ifname", "nccl-socket-ifname")
+BLOCKING = (
+    "launcher-env", "master-resolves", "route", "master-port", "gloo-socket-ifname", "nccl-socket-ifname", "lighthouse",
+)  # fmt: skip
 """Failures that keep a node from joining a job: it must not wait for a rendezvous it cannot reach."""
 
 
@@ -71,6 +74,12 @@ def node_report(
     checks.append(hostname_check(route.addr if route and not route.loopback else None, across_nodes=across))
     checks += socket_ifname_checks(route.ifname if route and not route.loopback else None)
     checks += network
+    lighthouse = lighthouse_check(
+        settings.lighthouse, fault_tolerance=settings.fault_tolerance, route=route,
+        master_port=master[1] if master is not None else None,
+    )  # fmt: skip
+    if lighthouse is not None:
+        checks.append(lighthouse)
     report = NodeReport(
         host=socket.gethostname(),
         checks=checks,

@@ -31,6 +31,12 @@ class DoctorSettings:
     """Free space the checkpoint directory must have, in GB (2**30 bytes)."""
     probe_timeout: float = field(default=10.0, metadata={"metavar": "S"})
     """Across nodes: seconds one probe (a message, an all-reduce) may take before its peer counts as lost."""
+    lighthouse: str | None = field(default=None, metadata={"metavar": "URL"})
+    """A fault-tolerant job's torchft lighthouse (http://HOST:PORT; default $TORCHFT_LIGHTHOUSE): it must
+    answer a TCP connection within 3 s."""
+    fault_tolerance: bool = False
+    """The job runs with --fault-tolerance: with --master, the lighthouse's port (the master's port) must be
+    free on the master and answer elsewhere; on one node, a free port on 127.0.0.1."""
     probe_mb: float = field(default=16.0, metadata={"metavar": "MB"})
     """Across nodes: the largest message of the point-to-point bandwidth probes, in MB (2**20 bytes)."""
 
@@ -45,6 +51,10 @@ class DoctorSettings:
             raise ShoalError(f"--probe-mb must be between 1/16 and 1024, got {self.probe_mb:g}", "pass e.g. 16")
         if self.master is not None:
             self.master_endpoint  # noqa: B018  (parses, or raises ShoalError naming the flag's value)
+        if self.lighthouse is not None:
+            from shoal.doctor.lighthouse import parse_lighthouse
+
+            parse_lighthouse(self.lighthouse)
 
     @property
     def master_endpoint(self) -> tuple[str, int] | None:

@@ -27,6 +27,25 @@ STARTS_ENV = "SHOAL_REPLICA_STARTS"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """torchft's own variable: the lighthouse's URL."""
 
+HEARTBEAT_TIMEOUT_MS = 1000
+"""A group silent this long is left out of the lighthouse's next quorum (torchft's default: 5000)."""
+JOIN_TIMEOUT_MS = 30000
+"""How long a quorum waits for a heartbeating group that has not asked to join yet (torchft's
+default: 60000). Longer than a replica's collective timeout (10 s): a lighthouse that restarted
+knows no quorum, and must wait for a group still stuck in the failed step's collective, or it
+forms two quorums of one group each that train apart for good (seen: split brain)."""
+QUORUM_TICK_MS = 20
+
+
+def lighthouse_args(bind: str, min_replicas: int = 1) -> list[str]:
+    """torchft's lighthouse flags with shoal's settings, the same for the lighthouse shoal runs
+    itself (:mod:`shoal.launch.lighthouse`) and the one it renders for Kubernetes
+    (:mod:`shoal.jobs.kubernetes.fault_tolerance`). ``bind``: HOST:PORT, never torchft's ``[::]``."""
+    return [
+        "--bind", bind, "--min_replicas", str(min_replicas), "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
+        "--join_timeout_ms", str(JOIN_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS),
+    ]  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ReplicaCoordinates:

@@ -4,7 +4,7 @@ The lighthouse (torchft's Rust quorum server, run by :mod:`shoal.launch.lighthou
 replica groups train together. shoal runs it as a child process bound to the address it chose
 (loopback on one node; never torchft's default ``[::]``), with
 
-* a short heartbeat timeout (:data:`HEARTBEAT_TIMEOUT_MS`): a group that died is out of the next
+* a short heartbeat timeout (:data:`shoal.env.replica.HEARTBEAT_TIMEOUT_MS`): a group that died is out of the next
   quorum after about a second instead of torchft's 5 s;
 * a restart when it dies: the groups' quorum calls fail meanwhile, and the workers retry them
   (``TORCHFT_QUORUM_RETRIES``, :data:`QUORUM_RETRIES`), which torchft does not by default: a
@@ -24,19 +24,12 @@ import time
 from pathlib import Path
 
 from shoal.console import write_line
+from shoal.env.replica import lighthouse_args
 from shoal.errors import ShoalError
 from shoal.launch.ports import find_free_port
 from shoal.launch.process import PR_SET_PDEATHSIG
 from shoal.stopping import stop_with_grace
 
-HEARTBEAT_TIMEOUT_MS = 1000
-"""A group silent this long is left out of the next quorum (torchft's default: 5000)."""
-JOIN_TIMEOUT_MS = 30000
-"""How long a quorum waits for a heartbeating group that has not asked to join yet (torchft's
-default: 60000). Longer than a replica's collective timeout (10 s): a lighthouse that restarted
-knows no quorum, and must wait for a group still stuck in the failed step's collective, or it
-forms two quorums of one group each that train apart for good (seen: split brain)."""
-QUORUM_TICK_MS = 20
 QUORUM_RETRIES = 10
 """Each worker's retries of a failed quorum call (torchft's default: 0)."""
 _CHECK_S = 0.2
@@ -76,16 +69,7 @@ class Lighthouse:
         return [
             sys.executable,
             str(Path(__file__).with_name("lighthouse_main.py")),
-            "--bind",
-            self.bind,
-            "--min_replicas",
-            str(self.min_replicas),
-            "--heartbeat_timeout_ms",
-            str(HEARTBEAT_TIMEOUT_MS),
-            "--join_timeout_ms",
-            str(JOIN_TIMEOUT_MS),
-            "--quorum_tick_ms",
-            str(QUORUM_TICK_MS),
+            *lighthouse_args(self.bind, self.min_replicas),
         ]
 
     def __enter__(self) -> Lighthouse:

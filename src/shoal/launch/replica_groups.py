@@ -42,6 +42,8 @@ from shoal.launch.lighthouse import QUORUM_RETRIES, Lighthouse
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
 from shoal.launch.rendezvous.plan import SOCKET_IFNAME_VARS
 from shoal.launch.rendezvous.stores import serve_store
+from shoal.launch.replica_watch import GroupWatch
+from shoal.replica_log import NODE_ENV, RUN_DIR_NOTE_ENV
 from shoal.stopping import stop_with_grace
 
 DEFAULT_MAX_RESTARTS = 10
@@ -76,6 +78,7 @@ def run_replica_groups(
     first: int = 0,
     total: int | None = None,
     lighthouse_port: int | None = None,
+    hang_timeout: float | None = None,
 ) -> dict[int, Any]:
     """Run ``groups`` replica groups of ``entrypoint(*args)`` here; return what each group returned.
 
@@ -83,7 +86,8 @@ def run_replica_groups(
     (default: ``groups``, one node). ``host``: the address every socket of this node's groups binds.
     ``lighthouse``: the URL of a lighthouse someone else runs (another node, or the user's); default,
     one started here on ``host`` (port ``lighthouse_port``, default a free one). ``max_restarts``:
-    restarts per group before the job fails. Raises ShoalError when a group fails for bad input
+    restarts per group before the job fails. ``hang_timeout``: seconds without progress before a
+    group is reported hung (:mod:`shoal.launch.replica_watch`; default the watchdog's rule). Raises ShoalError when a group fails for bad input
     (every group would) or runs out of restarts; the others are stopped.
     """
     total = groups if total is None else total
@@ -92,7 +96,7 @@ def run_replica_groups(
             f"--fault-tolerance needs at least 2 replica groups, got {total}",
             "pass --nproc 2 or more (one replica group per process), or run on several nodes",
         )
-    layout = _Layout(groups, first, total)
+    layout = _Layout(groups, first, total, hang_timeout)
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="shoal-groups-") as results_dir:
         results = Path(results_dir)
@@ -109,6 +113,12 @@ class _Layout:
     count: int
     first: int
     total: int
+    hang_timeout: float | None = None
+
+    @property
+    def node(self) -> int:
+        """This node's rank: its groups are ``node x count`` onwards."""
+        return self.first // self.count
 
 
 def _supervise(
@@ -126,6 +136,8 @@ def _supervise(
         GROUPS_ENV: str(layout.total),
         "SHOAL_ENV": "local",  # whatever launched this launcher (mpirun, srun), a group is one process
         ADDRESS_ENV: host,
+        NODE_ENV: str(layout.node),
+        RUN_DIR_NOTE_ENV: str(results / "run-dir"),
         LIGHTHOUSE_ENV: lighthouse,
         "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES),
         "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
@@ -141,6 +153,7 @@ def _supervise(
         if ifname:
             base[name] = ifname
     groups = [_Group(layout.first + i) for i in range(count)]
+    watch = GroupWatch(results / "run-dir", layout.node, host, layout.hang_timeout)
     # The first start of every group meets here before its first quorum (a late group would
     # otherwise miss it and heal at step 1); a restarted group does not wait.
     gate = context.Barrier(count, timeout=_GATE_TIMEOUT_S)
@@ -150,6 +163,7 @@ def _supervise(
         running = list(groups)
         while running:
             time.sleep(_POLL_S)
+            watch.poll({g.index: g.process.pid for g in running if g.process.exitcode is None})
             for group in list(running):
                 code = group.process.exitcode
                 if code is None:
@@ -159,9 +173,10 @@ def _supervise(
                     running.remove(group)
                     continue
                 _refuse_to_restart(group, code, max_restarts)
+                pid, lived = group.process.pid, time.monotonic() - group.started_at
                 write_line(
-                    f"shoal: replica group {group.index} (pid {group.process.pid}) {_how(code)} after "
-                    f"{time.monotonic() - group.started_at:.1f} s; restarting it "
+                    f"shoal: replica group {group.index} (pid {pid}) {_how(code)} "
+                    f"{watch.died(group.index, pid, _how(code), lived)}; restarting it "
                     f"({group.starts}/{max_restarts}), the other groups train on"
                 )
                 _start(context, group, entrypoint, args, base, results, None)

@@ -20,7 +20,6 @@ only when the step commits in every member. What stays exact, and how:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -36,11 +35,13 @@ from shoal.data import make_loader
 from shoal.env.replica import replica_coordinates
 from shoal.evaluation import evaluate
 from shoal.launch.process import process_started
+from shoal.progress import ProgressWriter, progress_path, read_one
+from shoal.replica_log import EVENTS_FILE, NODE_ENV, append_event, node_label, note_run_dir
 from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs
 from shoal.train.trainer import TrainResult
-from shoal.workloads import get_workload
+from shoal.workloads.base import Workload
 from shoal.workloads.blame import blame, checked_loss
 
 
@@ -64,26 +65,25 @@ class ReplicaTally:
 
 
 class ReplicaEvents:
-    """``RUN_DIR/replicas.jsonl``: what each group lived through, one line per event, every group
-    appending (one ``write`` per line: lines of several processes do not interleave).
+    """``RUN_DIR/replicas.jsonl`` (:mod:`shoal.replica_log`): what each group lived through, one
+    line per event, every group appending.
 
-    Events: ``start`` (pid, start count), ``joined`` (the first step it committed in, seconds since
+    Events: ``start`` (pid, start count, node, address, lighthouse), ``joined`` (the first step it committed in, seconds since
     the process started), ``healed`` (the step it received), ``quorum`` (the first commit in
     a new quorum: a group left or joined; with its number of groups), ``dropped`` (a step that did not commit), ``recovered`` (the
     first commit after drops), ``finished`` (step, a hash of the
     parameters: equal in every group)."""
 
-    def __init__(self, path: Path, group: int) -> None:
-        self.path, self.group = path, group
+    def __init__(self, run_dir: Path, group: int) -> None:
+        self.run_dir, self.group = run_dir, group
         self.born = time.time() - (time.monotonic() - process_started())  # when this process started
 
+    @property
+    def path(self) -> Path:
+        return self.run_dir / EVENTS_FILE
+
     def write(self, event: str, **fields: Any) -> None:
-        line = {"t": time.time(), "group": self.group, "event": event, "pid": os.getpid(), **fields}
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+        append_event(self.run_dir, self.group, event, **fields)
 
 
 def parameters_hash(model: nn.Module) -> str:
@@ -116,12 +116,11 @@ class _Batches:
         return self._current
 
 
-def train_replica(cfg: TrainConfig, *, workload: Any = None, **_: Any) -> TrainResult:
-    """Train as the replica group the launcher's variables name (:mod:`shoal.env.replica`)."""
+def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainResult:
+    """Train as the replica group the launcher's variables name (:mod:`shoal.env.replica`);
+    ``cfg`` resolved against ``workload``, as :func:`shoal.train.trainer.train` takes them."""
     where = replica_coordinates()
     group, groups = where.group, where.groups
-    workload = get_workload(workload if workload is not None else cfg.workload)
-    cfg = cfg.resolved(workload)
     ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
     with blame(workload, "load()", "fix the error in your workload's load() or Dataset at that line"):
         data = workload.load(cfg, ctx.device, rank=group)
@@ -150,14 +149,25 @@ def train_replica(cfg: TrainConfig, *, workload: Any = None, **_: Any) -> TrainR
             f"shoal train {cfg.workload}: {groups} replica groups (torchft, lighthouse {where.lighthouse}) | "
             f"{cfg.batch_size}/group x {groups} groups | {batches.batches} steps/epoch x {cfg.epochs} epochs"
         )
-    events = ReplicaEvents(Path(cfg.out) / "replicas.jsonl", group)
-    events.write("start", starts=where.starts)
+    run_dir = Path(cfg.out)
+    note_run_dir(run_dir)  # the launcher's watch reads this run's records (shoal.launch.replica_watch)
+    node = int(os.environ[NODE_ENV]) if os.environ.get(NODE_ENV, "").isdigit() else None
+    events = ReplicaEvents(run_dir, group)
+    events.write("start", starts=where.starts, node=node, address=where.address, lighthouse=where.lighthouse)
+    progress = run_dir / "progress"
+    before = read_one(progress_path(progress, group))  # the previous process's record: the step it died at
     run = _Run(cfg, ctx, replicas, tally, events, checkpoints, RunOutputs(cfg.out))
+    run.where = node_label(node, where.address)
+    run.died_at = before.step if before is not None and before.phase != "done" and where.starts > 1 else None
+    # The per-rank record every trainer writes, the group as its rank: shoal status and the
+    # launcher's watch read it (a few stores into a shared page per step).
+    run.progress = ProgressWriter(progress, group)
     schedule = LRSchedule(lr, cfg.epochs, cfg.warmup_epochs)
     while run.step(batches, loss_fn, schedule, workload):
         if run.epoch_done:
             run.finish_epoch(model, test_loader, loss_fn)
     events.write("finished", step=replicas.step, params=parameters_hash(model))
+    run.progress.close()
     replicas.close()
     ctx.shutdown()
     model_path = None
@@ -175,15 +185,22 @@ class _Run:
         self.joined, self.dropped_since, self.quorum = False, 0, None
         self.epoch, self.epoch_done = 0, False
         self.started = time.perf_counter()
+        self.progress: ProgressWriter = ProgressWriter(None)
+        self.where, self.died_at = "", None
 
     def step(self, batches: _Batches, loss_fn: Any, schedule: LRSchedule, workload: Any) -> bool:
         """One step: False once the run's steps are all committed."""
-        replicas, tally, events = self.replicas, self.tally, self.events
+        replicas, tally, events, progress = self.replicas, self.tally, self.events, self.progress
         before = replicas.step
+        waited = time.perf_counter()
+        progress.collective()  # the quorum (and a heal)
         step = replicas.start_step()  # heals this group first if it is behind
         if step != before and not self.joined:
             after = round(time.time() - events.born, 3)
-            self._say("healed", f"healed at step {step}, {after:.1f} s after it started", step=step, after_s=after)
+            died = f" (it died at step {self.died_at})" if self.died_at is not None else ""
+            line = f"on {self.where} healed at step {step}, {after:.1f} s after it started{died}"
+            self._say("healed", line, step=step, after_s=after, died_at=self.died_at)
+        progress.phase("data", step)
         epoch, index = divmod(step, batches.batches)
         self.epoch, self.epoch_done = epoch + 1, index == batches.batches - 1
         if self.epoch > self.cfg.epochs:
@@ -191,9 +208,14 @@ class _Run:
         inputs, targets = batches.get(self.epoch, index)
         schedule.apply(replicas.optimizer, epoch + index / batches.batches)
         replicas.optimizer.zero_grad(set_to_none=True)
+        computed = time.perf_counter()
         with blame(workload, "training", "fix your workload's code at that line"):
+            progress.phase("forward")
             loss = loss_fn(replicas.model(inputs), targets)
+            progress.phase("backward")  # the gradient all-reduce across the live groups runs in here
             loss.backward()
+        compute_s = time.perf_counter() - computed
+        progress.collective()  # the commit vote, and the optimizer step
         if not replicas.commit():
             tally.dropped += 1
             self.dropped_since += 1
@@ -213,6 +235,7 @@ class _Run:
         if self.dropped_since:
             events.write("recovered", step=step + 1, dropped=self.dropped_since, participants=participants)
             self.dropped_since = 0
+        progress.step_done(targets.shape[0], compute_s, time.perf_counter() - waited - compute_s)
         tally.committed += 1
         tally.participants.append(participants)
         tally.samples += participants * targets.shape[0]
@@ -226,11 +249,13 @@ class _Run:
         """The lowest live group evaluates, logs the epoch and checkpoints; every group starts afresh."""
         writer = self.replicas.is_writer
         if writer:
+            self.progress.phase("evaluation")
             groups = self.replicas.groups
             record = _finish_epoch(self.cfg, self.epoch, model, test_loader, loss_fn, self.tally, self.ctx, groups)
             self.outputs.log_epoch(record)
         self.tally.reset()  # before the checkpoint: a resumed run starts the next epoch's record afresh
         if writer:
+            self.progress.phase("checkpoint")
             state = {**self.replicas.healable, "replicas": self.replicas}
             final = self.epoch == self.cfg.epochs
             step = self.replicas.step

@@ -37,7 +37,12 @@ examples:
 See docs/KUBERNETES.md."""
 
 
-def _add_pod(p: argparse.ArgumentParser, *, nodes_help: str) -> None:
+def _add_pod(
+    p: argparse.ArgumentParser,
+    *,
+    nodes_help: str,
+    restarts_help: str = "pod restarts (restartPolicy OnFailure) before the job fails (default 0)",
+) -> None:
     p.add_argument("--name", default="shoal", help="job name, a DNS-1035 label (default shoal)")
     p.add_argument("--image", help="container image every pod runs (required)")
     p.add_argument("--nodes", type=int, default=1, metavar="N", help=nodes_help)
@@ -64,7 +69,7 @@ def _add_pod(p: argparse.ArgumentParser, *, nodes_help: str) -> None:
         metavar="CLAIM:/PATH[:ro]",
         help="mount PersistentVolumeClaim CLAIM at /PATH on every pod: data, checkpoints (repeatable)",
     )
-    add_max_restarts(p, "pod restarts (restartPolicy OnFailure) before the job fails (default 0)")
+    add_max_restarts(p, restarts_help)
 
 
 def k8s_parser() -> argparse.ArgumentParser:
@@ -77,7 +82,12 @@ def k8s_parser() -> argparse.ArgumentParser:
         K8S_EXAMPLES,
     )
     p.add_argument("--kind", choices=KINDS, default="pytorchjob", help="the object to render (default pytorchjob)")
-    _add_pod(p, nodes_help="pods (PyTorchJob, TrainJob) or MPIJob workers (default 1)")
+    _add_pod(
+        p,
+        nodes_help="pods (PyTorchJob, TrainJob) or MPIJob workers (default 1)",
+        restarts_help="pod restarts (restartPolicy OnFailure) before the job fails (default 0; 10 for a "
+        "`shoal train --fault-tolerance` command, whose lost groups come back as restarted pods)",
+    )
     p.add_argument("--namespace", "-n", default="default", help="Kubernetes namespace (default default)")
     p.add_argument("--shm-size", metavar="Q", help="size limit of the memory-backed /dev/shm, e.g. 8Gi")
     p.add_argument("--elastic", metavar="MIN:MAX", help="PyTorchJob: elastic between MIN and MAX pods")
@@ -91,6 +101,8 @@ def k8s_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", default="torch-distributed", help="TrainJob: the ClusterTrainingRuntime to use")
     p.add_argument("--file", metavar="PATH", help="where to write the manifest without kubectl (default NAME.yaml)")
     add_command(p, dry_run="print the YAML, apply nothing")
+    # Unset: 0, or for a `shoal train --fault-tolerance` command enough for its pods to come back.
+    p.set_defaults(max_restarts=None)
     return p
 
 
@@ -177,11 +189,12 @@ def _spec(args: argparse.Namespace, **pod_extra):
 
 
 def run_k8s(args: argparse.Namespace) -> int:
-    from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, kubectl_apply, to_yaml
+    from shoal.jobs.kubernetes.fault_tolerance import MIN_RESTARTS, fault_tolerant
+    from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, kubectl_apply, to_yaml_all
     from shoal.jobs.kubernetes.options import parse_elastic
 
-    if args.gpus_per_node < 0 or args.max_restarts < 0:
-        raise ShoalError("--gpus-per-node and --max-restarts must be 0 or more", "give 0 or more")
+    if args.max_restarts is None:
+        args.max_restarts = MIN_RESTARTS if args.command and fault_tolerant(args.command) else 0
     spec, pods = _spec(
         args,
         namespace=args.namespace,
@@ -191,37 +204,43 @@ def run_k8s(args: argparse.Namespace) -> int:
     )
     if pods.elastic is not None and args.kind != "pytorchjob":
         raise ShoalError(f"--elastic: only a PyTorchJob is elastic, not a {args.kind}", "use --kind pytorchjob")
-    manifest = _render(args.kind, spec, pods, args.runtime)
+    objects = _render(args.kind, spec, pods, args.runtime)
     warn_missing_script(args.command, where="the image")
+    manifest = objects[-1]  # the job; a fault-tolerant one's lighthouse comes before it
     kind, name = manifest["kind"], spec.job_name
     ns = pods.namespace
-    text = to_yaml(manifest, f"Apply: kubectl apply -f {args.file or name + '.yaml'}\nWatch: kubectl get pods -n {ns}")
+    file = args.file or f"{name}.yaml"
+    note = f"Apply: kubectl apply -f {file}\nWatch: kubectl get pods -n {ns}"
+    if len(objects) > 1:
+        note += f"\nDelete: kubectl delete -f {file} (the lighthouse's Deployment outlives the job)"
+    text = to_yaml_all(objects, note)
     if args.dry_run:
         sys.stdout.write(text)
         return 0
     if shutil.which("kubectl"):
         out = kubectl_apply(text, f"{kind} {name}")
+        out = "; ".join(out.splitlines())  # one line per object applied
         announce(f"{out or 'applied'}; watch it with `kubectl get {kind.lower()} {name} -n {ns}`")
         return 0
-    path = args.file or f"{name}.yaml"
-    write_rendered(path, text, MANIFEST_MARKER, what="shoal launch k8s")
-    announce(f"kubectl is not on PATH: wrote {path}; apply it where kubectl reaches the cluster with:")
-    print(f"kubectl apply -f {path}", flush=True)
+    write_rendered(file, text, MANIFEST_MARKER, what="shoal launch k8s")
+    announce(f"kubectl is not on PATH: wrote {file}; apply it where kubectl reaches the cluster with:")
+    print(f"kubectl apply -f {file}", flush=True)
     return 0
 
 
-def _render(kind: str, spec, pods, runtime: str) -> dict:
+def _render(kind: str, spec, pods, runtime: str) -> list[dict]:
+    """The objects to apply, in order (the job last)."""
     if kind == "trainjob":
         from shoal.jobs.kubernetes.trainjob import render_trainjob
 
-        return render_trainjob(spec, pods, runtime)
+        return [render_trainjob(spec, pods, runtime)]
     if kind == "mpijob":
         from shoal.jobs.kubernetes.mpijob import render_mpijob
 
-        return render_mpijob(spec, pods)
-    from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
+        return [render_mpijob(spec, pods)]
+    from shoal.jobs.kubernetes.pytorchjob import render_objects
 
-    return render_pytorchjob(spec, pods)
+    return render_objects(spec, pods)
 
 
 def run_runai(args: argparse.Namespace) -> int:

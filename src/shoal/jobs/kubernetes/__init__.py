@@ -11,5 +11,5 @@
 
 Every renderer takes ``(spec, pods)`` and is pure: nothing read from the environment, the clock or
 the file system, so ``--dry-run`` shows exactly what is applied and golden files pin it
-(``tests/launch/golden/k8s/``).
+(``tests/jobs/golden/k8s/``).
 """

@@ -29,6 +29,11 @@ def to_yaml(obj: dict[str, Any], note: str = "") -> str:
     return "\n".join(lines) + "\n" + body
 
 
+def to_yaml_all(objects: list[dict[str, Any]], note: str = "") -> str:
+    """``objects`` as one YAML stream, in order, each with its header; ``note`` on the last (the job)."""
+    return "---\n".join(to_yaml(obj, note if i == len(objects) - 1 else "") for i, obj in enumerate(objects))
+
+
 def kubectl_apply(manifest: str, what: str) -> str:
     """``kubectl apply -f -`` with ``manifest``; kubectl's summary line, or ShoalError naming why it failed."""
     kubectl = require_program("kubectl", "install kubectl, or add --dry-run to print the YAML")

@@ -19,7 +19,7 @@ from typing import Any
 from shoal.errors import ShoalError
 from shoal.jobs.hosts.options import Here, Host, HostsOptions
 from shoal.jobs.hosts.render import render_mpirun
-from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes import fault_tolerance, template
 from shoal.jobs.kubernetes.options import PodOptions, check_job_name
 from shoal.jobs.spec import JobSpec
 
@@ -55,6 +55,7 @@ def launcher_command(spec: JobSpec, pods: PodOptions) -> list[str]:
 def render_mpijob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
     """The MPIJob for ``spec`` on ``pods``: ``spec.nodes`` workers with ``spec.local_world_size`` slots each."""
     template.check(spec, pods)
+    fault_tolerance.refuse_kind(spec, "an MPIJob")
     name = spec.job_name
     # The operator refuses names whose last worker's host name is no DNS-1035 label (validation.go).
     check_job_name(name, [f"{name}-worker-{spec.nodes - 1}", f"{name}-launcher"])

@@ -9,6 +9,9 @@ PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, which shoal reads inside the pod.
 
 Elastic (``--elastic MIN:MAX``): Workers only, an ``elasticPolicy`` (c10d rendezvous on worker 0's
 Service, PET_NNODES=MIN:MAX, PET_MAX_RESTARTS), as the operator's elastic examples are built.
+
+Fault tolerance (a ``shoal train ... --fault-tolerance`` command): the pods' command names the
+lighthouse that :func:`render_objects` renders beside the job (:mod:`.fault_tolerance`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes import fault_tolerance, template
 from shoal.jobs.kubernetes.options import PodOptions, check_job_name
 from shoal.jobs.spec import JobSpec
 
@@ -31,13 +34,19 @@ def render_pytorchjob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
     template.check(spec, pods)
     elastic = pods.elastic
     last_worker = spec.nodes - 1 if elastic else spec.nodes - 2
-    check_job_name(spec.job_name, [f"{spec.job_name}-master-0", f"{spec.job_name}-worker-{max(0, last_worker)}"])
+    names = [f"{spec.job_name}-master-0", f"{spec.job_name}-worker-{max(0, last_worker)}"]
+    command = template.pod_command(spec)
+    if fault_tolerance.fault_tolerant(spec.command):
+        fault_tolerance.check(spec, pods)
+        names.append(fault_tolerance.lighthouse_name(spec))
+        command = fault_tolerance.pod_command(spec, command)
+    check_job_name(spec.job_name, names)
     volumes, mounts = template.volumes(spec, pods)
     container = template.container(
         spec,
         pods,
         CONTAINER,
-        template.pod_command(spec),
+        command,
         env=template.env_entries(spec, pods),
         mounts=mounts,
         ports=[{"name": PORT_NAME, "containerPort": spec.port()}],
@@ -63,3 +72,13 @@ def render_pytorchjob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
     body["runPolicy"] = {"cleanPodPolicy": "None", "backoffLimit": spec.max_restarts}
     body["pytorchReplicaSpecs"] = replicas
     return {"apiVersion": API_VERSION, "kind": "PyTorchJob", "metadata": template.metadata(spec, pods), "spec": body}
+
+
+def render_objects(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
+    """What ``shoal launch k8s`` applies: the PyTorchJob, after the lighthouse's Deployment and
+    Service when the job is fault-tolerant and names no lighthouse of its own (applied first, so
+    that its name resolves when the job's pods start)."""
+    job = render_pytorchjob(spec, pods)
+    if fault_tolerance.fault_tolerant(spec.command) and not fault_tolerance.own_lighthouse(spec.command):
+        return [*fault_tolerance.render_lighthouse(spec, pods), job]
+    return [job]

@@ -26,7 +26,7 @@ have no flag in these CLIs' documented options: shoal refuses them here (a PyTor
 from __future__ import annotations
 
 from shoal.errors import ShoalError
-from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes import fault_tolerance, template
 from shoal.jobs.kubernetes.options import PodOptions
 from shoal.jobs.spec import JobSpec
 
@@ -44,6 +44,7 @@ def render_runai(spec: JobSpec, pods: PodOptions, cli: str, project: str | None 
     if cli not in RUNAI_CLIS:
         raise ShoalError(f"--cli {cli!r} is not a Run:ai CLI generation", f"use one of: {', '.join(RUNAI_CLIS)}")
     template.check(spec, pods)
+    fault_tolerance.refuse_kind(spec, "a Run:ai submit command (which cannot create the lighthouse)")
     if spec.nodes < 2:
         raise ShoalError(
             f"--nodes {spec.nodes}: a Run:ai distributed PyTorch job has a master and at least one worker",

@@ -20,7 +20,7 @@ from typing import Any
 
 from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.errors import ShoalError
-from shoal.jobs.kubernetes import template
+from shoal.jobs.kubernetes import fault_tolerance, template
 from shoal.jobs.kubernetes.options import PodOptions, check_job_name
 from shoal.jobs.spec import JobSpec
 
@@ -35,6 +35,7 @@ PATCH_MANAGER = "shoal/launch"
 def render_trainjob(spec: JobSpec, pods: PodOptions, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
     """The TrainJob for ``spec`` on ``pods``: ``spec.nodes`` nodes of ``spec.local_world_size`` processes each."""
     template.check(spec, pods)
+    fault_tolerance.refuse_kind(spec, "a TrainJob")
     # JobSet names the node job <name>-node-0; the Job controller names its pods' hosts <job>-<index>.
     check_job_name(spec.job_name, [f"{spec.job_name}-{NODE}-0-{spec.nodes - 1}"])
     if spec.master_port not in (None, DEFAULT_MAIN_PORT):

@@ -1,0 +1,167 @@
+"""A fault-tolerant job on Kubernetes: the torchft lighthouse as its own Deployment and Service.
+
+A pod command ``shoal train ... --fault-tolerance`` makes every pod of a PyTorchJob a node of
+replica groups (``docs/FAULT_TOLERANCE.md``): node RANK of PET_NNODES, read from the variables the
+training operator sets (PET_NODE_RANK, PET_NNODES, PET_NPROC_PER_NODE), its groups numbered
+``RANK x nproc`` on. The pod's launcher forks its groups and restarts one that dies; a pod that is
+lost outright comes back as the kubelet restarts its container (restartPolicy OnFailure) or the
+operator recreates the pod, and its groups heal from a live one.
+
+The lighthouse, torchft's quorum server, must outlive any one group, so it is not the master pod's
+(a lost master pod would take the quorum with it and stall every survivor) nor its sidecar (the
+same, and a container that never exits keeps the master pod, and so the job, from completing). It
+is what torchft's own launch examples make it, a process of its own beside the groups
+(pytorch/torchft 0.2.0, torchft/torchx.py: "This must be run externally"), here:
+
+- a ``Deployment`` of one pod (``<name>-lighthouse``, the job's image, ``torchft_lighthouse``),
+  ``strategy: Recreate`` so that an update never runs two lighthouses (two quorums would train
+  apart), bound to the pod's own address (``$(POD_IP)`` from the downward API; never ``[::]``,
+  torchft's default), shoal's settings (1 s heartbeat timeout, 30 s join timeout, a quorum of
+  one group at least: :mod:`shoal.launch.lighthouse`), a TCP readiness probe;
+- a ``Service`` of the same name: a stable address for it while its pod is replaced;
+- each pod of the job gets ``--lighthouse http://<name>-lighthouse:29510`` in its command (a
+  command that names a ``--lighthouse`` already keeps it, and no lighthouse is rendered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shoal.env.replica import lighthouse_args
+from shoal.errors import ShoalError
+from shoal.jobs.kubernetes.options import PodOptions, shoal_train_args, train_option
+from shoal.jobs.spec import JobSpec
+
+FLAG = "--fault-tolerance"
+LIGHTHOUSE_PORT = 29510
+"""torchft's own lighthouse port (``torchft_lighthouse --bind`` default, TORCHFT_LIGHTHOUSE in its examples)."""
+PORT_NAME = "lighthouse"
+"""The container port's name (an IANA service name: at most 15 characters), the Service's target."""
+CONTAINER = "lighthouse"
+MIN_RESTARTS = 10
+"""``--max-restarts`` of a fault-tolerant PyTorchJob when none is given: a pod whose container
+restarts counts against the job's runPolicy.backoffLimit, and a lost group comes back that way."""
+REQUESTS = {"cpu": "100m", "memory": "512Mi"}
+"""The lighthouse pod's requests: one process, mostly asleep; torchft's script imports torch (a few
+hundred MB). No limit: a lighthouse killed for memory would stall every group."""
+
+
+def fault_tolerant(command: Sequence[str]) -> bool:
+    """True when ``command`` is ``shoal train ... --fault-tolerance``."""
+    args = shoal_train_args(command)
+    return args is not None and FLAG in args
+
+
+def lighthouse_name(spec: JobSpec) -> str:
+    """The Deployment's and the Service's name (also the host name the pods reach it at)."""
+    return f"{spec.job_name}-lighthouse"
+
+
+def lighthouse_url(spec: JobSpec) -> str:
+    """What the pods connect to: the Service's name, resolved in the job's namespace."""
+    return f"http://{lighthouse_name(spec)}:{LIGHTHOUSE_PORT}"
+
+
+def own_lighthouse(command: Sequence[str]) -> bool:
+    """True when the command names its own ``--lighthouse`` (nothing is rendered for it then)."""
+    return train_option(command, "--lighthouse") is not None
+
+
+def refuse_kind(spec: JobSpec, kind: str) -> None:
+    """A fault-tolerant command rendered as anything but a PyTorchJob (``kind``: "a TrainJob"...)."""
+    if fault_tolerant(spec.command):
+        raise ShoalError(
+            f"--fault-tolerance is rendered as a PyTorchJob beside its lighthouse, not as {kind}",
+            "use `shoal launch k8s --kind pytorchjob` (its pods restart one at a time)",
+        )
+
+
+def check(spec: JobSpec, pods: PodOptions) -> None:
+    """What a fault-tolerant PyTorchJob cannot be, refused before anything is rendered."""
+    if spec.nodes < 2:
+        raise ShoalError(
+            f"--fault-tolerance with --nodes {spec.nodes}: a lost pod would take every replica group with it",
+            "give --nodes 2 or more: each pod is a replica group that the others train on without",
+        )
+    if pods.elastic is not None:
+        raise ShoalError(
+            "--elastic restarts every pod when one fails; --fault-tolerance keeps the others training",
+            "drop --elastic (a fault-tolerant job's groups come and go on their own)",
+        )
+    if spec.gpus_per_node:
+        raise ShoalError(
+            "--fault-tolerance runs on the CPU for now, but --gpus-per-node asks for GPUs",
+            "drop --gpus-per-node (docs/FAULT_TOLERANCE.md says what is built)",
+        )
+    if spec.max_restarts < 1:
+        raise ShoalError(
+            "--fault-tolerance with --max-restarts 0: the first pod that restarts would fail the whole PyTorchJob",
+            f"give --max-restarts {MIN_RESTARTS} or more (a lost group comes back as its pod's container restarting)",
+        )
+    out = train_option(spec.command, "--out")
+    mounted = [v.mount_path.rstrip("/") for v in pods.volumes if not v.read_only]
+    if out is None or not any(out == path or out.startswith(path + "/") for path in mounted):
+        raise ShoalError(
+            f"--fault-tolerance on pods writes its run to {out or 'a directory of each pod'}, which no writable "
+            "--volume holds: a restarted group's records and checkpoints would be lost",
+            "mount a ReadWriteMany claim on every pod (--volume CLAIM:/mnt/shared) and pass --out /mnt/shared/run",
+        )
+
+
+def pod_command(spec: JobSpec, command: list[str]) -> list[str]:
+    """The job's pod command, with the rendered lighthouse's URL unless it names its own."""
+    return command if own_lighthouse(spec.command) else [*command, "--lighthouse", lighthouse_url(spec)]
+
+
+def lighthouse_command() -> list[str]:
+    """torchft's lighthouse on the pod's address, with the settings of the one shoal runs itself."""
+    return ["torchft_lighthouse", *lighthouse_args(f"$(POD_IP):{LIGHTHOUSE_PORT}")]
+
+
+def render_lighthouse(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
+    """The lighthouse's Deployment and Service for ``spec`` on ``pods``."""
+    name = lighthouse_name(spec)
+
+    def selector() -> dict[str, str]:  # a fresh dict each time: shared ones would become YAML anchors
+        return {"app.kubernetes.io/name": "torchft-lighthouse", "app.kubernetes.io/instance": name}
+
+    def labels() -> dict[str, str]:
+        return {**selector(), "app.kubernetes.io/part-of": spec.job_name, "app.kubernetes.io/managed-by": "shoal"}
+
+    def metadata() -> dict[str, Any]:
+        return {"name": name, "namespace": pods.namespace, "labels": labels()}
+
+    container = {
+        "name": CONTAINER,
+        "image": pods.require_image(),
+        "command": lighthouse_command(),
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "RUST_LOG", "value": "warn"},  # torchft logs every quorum at info: one line a step
+        ],
+        "ports": [{"name": PORT_NAME, "containerPort": LIGHTHOUSE_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "periodSeconds": 2},
+        "resources": {"requests": dict(REQUESTS)},
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector()},
+            "template": {"metadata": {"labels": labels()}, "spec": {"containers": [container]}},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(),
+        "spec": {
+            "selector": selector(),
+            "ports": [{"name": PORT_NAME, "port": LIGHTHOUSE_PORT, "targetPort": PORT_NAME}],
+        },
+    }
+    return [deployment, service]

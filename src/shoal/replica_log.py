@@ -1,0 +1,158 @@
+"""``RUN_DIR/replicas.jsonl``: what the replica groups of a fault-tolerant job lived through, and
+where each one stands, read back without torch (``shoal status``).
+
+One JSON object a line, appended with one ``write`` each (lines of several processes do not
+interleave): ``{"t", "group", "event", "pid", ...}``. The groups write ``start`` (with their node,
+address and the lighthouse's URL), ``joined``, ``healed``, ``quorum``, ``dropped``, ``recovered`` and
+``finished`` (:mod:`shoal.train.replica`); their launcher writes ``died`` (the group's pid, how it
+ended, the step of its last commit: :mod:`shoal.launch.replica_watch`). Every ``step`` but a
+``dropped`` one is a count of committed steps.
+
+The launcher learns the run directory from its groups: it names a file in :data:`RUN_DIR_NOTE_ENV`
+and a group writes its run directory there (:func:`note_run_dir`). Nothing here imports torch, nor
+anything of shoal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "replicas.jsonl"
+NODE_ENV = "SHOAL_REPLICA_NODE"
+"""The node rank of a group's launcher, set in each group's process."""
+RUN_DIR_NOTE_ENV = "SHOAL_REPLICA_RUN_DIR_NOTE"
+"""A file of the launcher's where a group writes its run directory (:func:`note_run_dir`)."""
+COMMITTED = frozenset({"healed", "joined", "quorum", "recovered", "finished", "died"})
+"""Events whose ``step`` is a count of committed steps (a ``dropped`` step's is the step tried)."""
+
+
+def append_event(run_dir: str | os.PathLike, group: int, event: str, pid: int | None = None, **fields: Any) -> None:
+    """One event line in ``run_dir``'s :data:`EVENTS_FILE` (``pid``: default, this process)."""
+    line = {"t": time.time(), "group": group, "event": event, "pid": os.getpid() if pid is None else pid, **fields}
+    fd = os.open(Path(run_dir) / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_events(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every event of ``run_dir``, in order; a line being written (or torn) is skipped."""
+    try:
+        text = (Path(run_dir) / EVENTS_FILE).read_text()
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("group"), int):
+            found.append(event)
+    return found
+
+
+def note_run_dir(run_dir: str | os.PathLike) -> None:
+    """In a group: tell the launcher (:data:`RUN_DIR_NOTE_ENV`) where the run writes; a no-op
+    without a launcher that asked."""
+    note = os.environ.get(RUN_DIR_NOTE_ENV)
+    if not note:
+        return
+    temporary = f"{note}.{os.getpid()}"
+    Path(temporary).write_text(str(Path(run_dir).resolve()))
+    os.replace(temporary, note)
+
+
+def noted_run_dir(note: str | os.PathLike) -> Path | None:
+    """In the launcher: the run directory a group wrote in ``note``, or None (not yet, or none)."""
+    try:
+        text = Path(note).read_text().strip()
+    except OSError:
+        return None
+    return Path(text) if text else None
+
+
+def node_label(node: int | None, address: str | None) -> str:
+    """``node 1 (10.0.0.2)``: a group's node as its lines name it."""
+    if node is None:
+        return f"node {address}" if address else "node ?"
+    return f"node {node} ({address})" if address else f"node {node}"
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """One replica group as its events tell it (``shoal status``)."""
+
+    group: int
+    node: str
+    """:func:`node_label` of its latest start."""
+    pid: int
+    """Its latest process."""
+    starts: int
+    step: int
+    """Its last committed step (a count of committed steps), from the events."""
+    state: str
+    """``training``, ``finished``, or ``dead, restarting`` (its launcher said it died, and no
+    start came since)."""
+    died: dict[str, Any] | None
+    """Its latest ``died`` event (``step``, ``how``, ``after_s``, ``node``), or None."""
+    healed: dict[str, Any] | None
+    """Its latest ``healed`` event (``step``, ``after_s``), or None."""
+
+    def failure(self) -> str:
+        """One line: which node, which step it died at, where it healed and how long that took."""
+        if self.died is None:
+            return "-"
+        died = self.died
+        at = f" at step {died['step']}" if died.get("step") is not None else ""
+        text = f"{died.get('how', 'died')}{at}"
+        healed = self.healed
+        if healed is not None and healed["t"] > died["t"]:
+            text += f"; healed at step {healed['step']} after {healed['after_s']:.1f} s"
+        return text
+
+
+def group_states(events: list[dict[str, Any]]) -> list[GroupState]:
+    """Each group's :class:`GroupState`, by group number."""
+    by_group: dict[int, list[dict[str, Any]]] = {}
+    for event in events:
+        by_group.setdefault(event["group"], []).append(event)
+    states = []
+    for group, mine in sorted(by_group.items()):
+        starts = [e for e in mine if e["event"] == "start"]
+        start = starts[-1] if starts else {}
+        last = mine[-1]
+        if last["event"] == "finished":
+            state = "finished"
+        elif last["event"] == "died":
+            state = "dead, restarting"
+        else:
+            state = "training"
+        steps = [e["step"] for e in mine if e["event"] in COMMITTED and isinstance(e.get("step"), int)]
+        died = [e for e in mine if e["event"] == "died"]
+        healed = [e for e in mine if e["event"] == "healed"]
+        states.append(
+            GroupState(
+                group=group,
+                node=node_label(start.get("node"), start.get("address")),
+                pid=int(start.get("pid", last["pid"])),
+                starts=int(start.get("starts", len(starts))),
+                step=max(steps, default=0),
+                state=state,
+                died=died[-1] if died else None,
+                healed=healed[-1] if healed else None,
+            )
+        )
+    return states
+
+
+def lighthouse_url(events: list[dict[str, Any]]) -> str | None:
+    """The lighthouse the groups last started against, if they said."""
+    urls = [e["lighthouse"] for e in events if e["event"] == "start" and e.get("lighthouse")]
+    return urls[-1] if urls else None
