@@ -25,15 +25,6 @@ import warm
 # use): a fixture imported by several test modules would be several fixtures, and two clusters.
 from cluster_slurm.slurm_cluster import slurm  # noqa: F401
 
-# --cpu-profile=DIR: each test's wall time and CPU, its child processes' included (tests/cpu_profile.py).
-from cpu_profile import (  # noqa: F401
-    pytest_addoption,
-    pytest_runtest_protocol,
-    pytest_sessionfinish,
-    pytest_sessionstart,
-    pytest_terminal_summary,
-)
-
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MNIST_GZ = SHARED / "data" / "mnist"
@@ -88,8 +79,9 @@ COST_S = {"slow": 30.0, "multiprocess": 8.0}
 """A rough guess of a test's seconds from its markers (else 0.3 s), for a file that
 :data:`FILE_SECONDS` does not list."""
 FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
-"""Each test file's seconds in a full run (``--cpu-profile=DIR`` writes ``DIR/file_seconds.json``;
-copy it here after adding or slowing down a file). Stale figures only order the files less well."""
+"""Each test file's seconds in a full run, the sum of its tests' times in ``--junitxml=FILE``
+(CONTRIBUTING.md says how to refresh it after adding or slowing down a file). Stale figures only
+order the files less well."""
 
 
 SHARED_SESSION_FIXTURES = {"slurm": "slurm", "mlflow_server": "mlflow"}

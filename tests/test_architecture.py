@@ -86,7 +86,11 @@ _RUN_MODULE = re.compile(r"`python -m (shoal(?:\.[a-z_0-9]+)+)")
 def _names_in_source(path: str) -> bool:
     """``path`` (``launch/local.py``, ``launch/core``, ``data/``, ``tests/...``, or ``module.attr``
     such as ``jobs/slurm.render_sbatch``) names a file, a folder, or a name a module defines."""
-    base = ROOT if path.split("/", 1)[0] in ("tests", "docs", "scripts", "examples", "src") else ROOT / "src/shoal"
+    base = (
+        ROOT
+        if path.split("/", 1)[0] in ("tests", "docs", "scripts", "examples", "src", "benchmarks")
+        else ROOT / "src/shoal"
+    )
     if (base / path).exists() or (base / f"{path}.py").exists():
         return True
     module, _, attr = path.rpartition(".")

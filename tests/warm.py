@@ -31,7 +31,7 @@ A command starts fresh instead, exactly as ``subprocess`` starts it, when a warm
 
 What a warm start does not show, then: a command's import errors and its start-up cost. Those are
 tested by commands started fresh (tests/test_import_cost.py, tests/cli/test_train_bad_input.py,
-``shoal bench startup``, and every script a launcher starts).
+``benchmarks/startup.py``, and every script a launcher starts).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ the least of ``vmstat 5``'s free column in the runs of 2026-11-25, where they st
 environments: this process's, a pod image's, a pod image's with the client libraries' PYTHONPATH
 (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and tracking tests
 (tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own PYTHONPATH or
-OMP_NUM_THREADS (with 4 a worker, --cpu-profile counted 12 commands a run that found no server left;
-with 6, 9 in the run at 50d7154, 6 of them the pods of tests/k8s/test_runai_pods.py)."""
+OMP_NUM_THREADS (with 4 a worker, 12 commands a run found no server left; with 6 a worker, 9, 6 of them
+the pods of tests/k8s/test_runai_pods.py)."""
 FRESH_BEFORE_A_SERVER = 1
 """Commands of an import-time environment other than this process's that start fresh before it gets
 a server of its own (the pods' image environment has dozens; a test's own PYTHONPATH one or two). A
@@ -110,7 +110,7 @@ def set_base_environment(environ: Mapping[str, str]) -> None:
 
 
 _started: list[subprocess.Popen] = []
-"""The servers this process started (:func:`servers_cpu_s`)."""
+"""The servers this process started."""
 _leased: dict[tuple, tuple[str, socket.socket]] = {}
 """By key (interpreter, import-time variables): the socket of the server this process holds a lease
 on, and the lease (a connection it keeps open while it lives: tests/warm_server.py)."""
@@ -120,14 +120,8 @@ _shared = False
 set_base_environment(os.environ)
 _asked: dict[tuple, int] = {}
 """Commands asked for by key, for a key with no server yet."""
-_cpu_s = 0.0
-fresh_starts: list[str] = []
-"""Why each command that could have started warm started fresh, in order (tests/cpu_profile.py)."""
-warm_starts: list[int] = []
-"""The PID of each command this process started warm, in order: a child of the server, which may be
-another process's (tests/cpu_profile.py records them, tests/process_census.py gives them back)."""
 _lock = threading.RLock()
-"""Held while a command starts and while its CPU is added: tests may start commands from threads
+"""Held while a command starts: tests may start commands from threads
 (the background runs of tests/launch/test_hang_faults.py and tests/cluster/test_elastic_membership.py)."""
 
 
@@ -157,30 +151,6 @@ def stop_shared_servers(directory: str) -> None:
             pass  # ended already
     stop_processes(servers)
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def children_cpu_s() -> float:
-    """CPU of the warm commands that have ended (theirs and their descendants'): they are the warm
-    server's children, so ``RUSAGE_CHILDREN`` of this process does not see them (tests/cpu_profile.py)."""
-    return _cpu_s
-
-
-def servers_cpu_s() -> tuple[int, float]:
-    """How many servers this process started, and the CPU they spent themselves so far (their
-    imports at start-up, then forking): not their commands', nor counted in any test's figures."""
-    from shoal.launch.watchdog.processes import stat_fields
-
-    total = 0.0
-    for server in _started:
-        fields = stat_fields(server.pid)
-        if fields:  # not yet ended
-            total += int(fields[11]) + int(fields[12])  # utime, stime: proc(5)'s fields 14 and 15
-    return len(_started), total / os.sysconf("SC_CLK_TCK")
-
-
-def server_pids() -> list[int]:
-    """The PIDs of the servers this process started."""
-    return [server.pid for server in _started]
 
 
 def starts_warm(cmd: list[str], *, script: bool = False, **kwargs: Any) -> bool:
@@ -257,14 +227,11 @@ def start(cmd: list[str], *, enter: int | Callable[[], int] | None = None, scrip
     with _lock:
         plan = _plan(cmd, kwargs, script=script)
         if not isinstance(plan, tuple):
-            if plan is not None:
-                fresh_starts.append(plan)
             return None
         key = plan[0]
         if key not in _leased and key[1] != _BASE_IMPORT_TIME and not _running(key):
             _asked[key] = _asked.get(key, 0) + 1
             if _asked[key] <= FRESH_BEFORE_A_SERVER:
-                fresh_starts.append(f"no server yet for its variables ({_differing(key[1])})")
                 return None
         return WarmProcess(list(cmd), plan, enter=enter() if callable(enter) else enter, **kwargs)
 
@@ -443,7 +410,6 @@ class WarmProcess:
         if "pid" not in started:  # it died setting up (entering the namespaces, the directory): its stderr says
             raise RuntimeError(f"the warm start of {cmd} failed (exit {started['returncode']}): see the stderr above")
         self.pid = started["pid"]
-        warm_starts.append(self.pid)
         self._pipes = [pipes.get("stdout"), pipes.get("stderr")]
         self.stdout, self.stderr = (None if fd is None else open(fd, "r" if text else "rb") for fd in self._pipes)  # noqa: SIM115
 
@@ -460,12 +426,9 @@ class WarmProcess:
         return self.returncode
 
     def _ended(self) -> None:
-        global _cpu_s
         answer = json.loads(self._conn.recv(4096))
         self._conn.close()
         self.returncode = answer["returncode"]
-        with _lock:
-            _cpu_s += answer["cpu_s"]
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

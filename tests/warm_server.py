@@ -11,8 +11,8 @@ network, UTS and mount namespaces if asked (a pod's, as ``nsenter`` enters them)
 its own if asked, those descriptors as 0, 1 and 2, that directory, exactly that environment,
 ``sys.argv`` and ``sys.path[0]`` as the interpreter sets them; then it answers ``{"pid": PID}`` and
 runs. It ends as an interpreter ends (SystemExit's code, or a traceback and 1; threads joined, atexit
-run, streams flushed) but for the module teardown (:func:`end`). The server answers ``{"returncode": CODE, "cpu_s": CPU}`` when the
-child has ended (its CPU and that of its waited-for descendants, ``wait4``'s rusage).
+run, streams flushed) but for the module teardown (:func:`end`). The server answers ``{"returncode": CODE}`` when the
+child has ended.
 
 A connection whose first message is ``lease`` (answered ``ok``) is a lease: the test process that
 sent it keeps it open while it may send commands, and its end (the process's exit closes it) ends
@@ -107,8 +107,8 @@ def serve(listener: socket.socket) -> tuple[dict, list[int], socket.socket]:
             pid, conn = key.data
             selector.unregister(key.fd)
             os.close(key.fd)
-            _, status, usage = os.wait4(pid, 0)
-            answer = {"returncode": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime}
+            _, status = os.waitpid(pid, 0)
+            answer = {"returncode": os.waitstatus_to_exitcode(status)}
             try:
                 conn.send(json.dumps(answer).encode())
             except OSError:

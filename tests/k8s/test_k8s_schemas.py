@@ -25,7 +25,7 @@ from shoal.jobs.kubernetes.trainjob import render_trainjob
 from shoal.jobs.spec import JobSpec
 
 pytestmark = pytest.mark.skipif(not crd_schema.CRD_DIR.is_dir(), reason=f"no CRDs at {crd_schema.CRD_DIR}")
-GOLDEN = Path(__file__).parents[1] / "launch" / "golden" / "k8s"
+GOLDEN = Path(__file__).parents[1] / "jobs" / "golden" / "k8s"
 RUNTIME = yaml.safe_load((Path(__file__).parent / "data" / "torch_distributed_runtime.yaml").read_text())
 RENDERERS = {"pytorchjob": render_pytorchjob, "trainjob": render_trainjob, "mpijob": render_mpijob}
 

@@ -14,7 +14,7 @@ holding its options, its pure renderers and its submit.
 
 No renderer reads the environment, the clock or the file system: what they depend on is in their
 arguments, so ``--dry-run`` shows exactly what runs and golden files pin it
-(``tests/launch/golden/``). ``shoal launch`` (:mod:`shoal.cli.launch`) is the only caller. The one
+(``tests/jobs/golden/``). ``shoal launch`` (:mod:`shoal.cli.launch`) is the only caller. The one
 piece of :mod:`shoal.launch` used here is :mod:`shoal.launch.as_torchrun`, the per-rank shim every
 rendered mpirun and srun line runs; :mod:`shoal.launch` never imports this package.
 """

@@ -3,8 +3,8 @@
 Each case renders one job; its text must equal ``golden/k8s/<case>``. After an intended change,
 regenerate and review the diff::
 
-    SHOAL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/launch/test_launch_render_k8s.py
-    git diff tests/launch/golden/k8s/
+    SHOAL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/jobs/test_render_k8s.py
+    git diff tests/jobs/golden/k8s/
 
 The manifests' validity against the operators' CRD schemas, and what the operators make of them,
 is tested in ``tests/k8s/``. Everything here runs in-process; kubectl runs for real (there is no
@@ -23,10 +23,10 @@ import yaml
 from shoal.cli import launch as launch_cli
 from shoal.errors import ShoalError
 from shoal.jobs.kubernetes.image import render_dockerfile, render_dockerignore
-from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, to_yaml
+from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, to_yaml, to_yaml_all
 from shoal.jobs.kubernetes.mpijob import render_mpijob
 from shoal.jobs.kubernetes.options import PodOptions, SecretEnv, VolumeClaim, grace_period
-from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
+from shoal.jobs.kubernetes.pytorchjob import render_objects, render_pytorchjob
 from shoal.jobs.kubernetes.runai import RUNAI_CLIS, render_runai
 from shoal.jobs.kubernetes.trainjob import render_trainjob
 from shoal.jobs.spec import JobSpec
@@ -87,6 +87,8 @@ CASES = {
             PodOptions(image=IMAGE, elastic=(1, 4), grace_period_s=120),
         )
     ),
+    # Three documents (what --dry-run prints): the lighthouse's Deployment and Service, then the job.
+    "pytorchjob_fault_tolerance.txt": lambda: to_yaml_all(render_objects(_ft_job(), CPU_PODS)),
     "trainjob.yaml": lambda: to_yaml(render_trainjob(JobSpec(**_trainjob_kwargs()), GPU_PODS)),
     "trainjob_cpu_module.yaml": lambda: to_yaml(
         render_trainjob(JobSpec(command=("-m", "mypkg.train", "--lr", "0.1"), job_name="mod", nodes=2), CPU_PODS)
@@ -113,6 +115,13 @@ CASES = {
     "Dockerfile.mpi": lambda: render_dockerfile(JobSpec(command=GPU_TRAIN), shoal_requirement="shoal==0.1.0", mpi=True),
     "dockerignore": render_dockerignore,
 }
+
+
+FT_TRAIN = ("shoal", "train", "digits", "--fault-tolerance", "--device", "cpu", "--out", "/shared/run")
+
+
+def _ft_job(command=FT_TRAIN) -> JobSpec:
+    return JobSpec(command=command, job_name="digits-ft", nodes=3, nproc=1, max_restarts=10)
 
 
 def _trainjob_kwargs() -> dict:
@@ -269,6 +278,37 @@ def test_a_grace_period_shorter_than_the_checkpoint_is_refused():
     assert "--grace-period 30" in err.value.hint
 
 
+def test_a_fault_tolerant_pytorchjob_names_the_lighthouse_rendered_beside_it():
+    deployment, service, job = render_objects(_ft_job(), CPU_PODS)
+    assert (deployment["kind"], service["kind"], job["kind"]) == ("Deployment", "Service", "PyTorchJob")
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == "digits-ft-lighthouse"
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    (lighthouse,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert lighthouse["command"][:3] == ["torchft_lighthouse", "--bind", "$(POD_IP):29510"]  # never [::]
+    assert lighthouse["env"][0] == {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        command = replica["template"]["spec"]["containers"][0]["command"]
+        assert command == [*FT_TRAIN, "--lighthouse", "http://digits-ft-lighthouse:29510"]
+    assert "&id" not in to_yaml_all([deployment, service, job])
+
+
+def test_the_rendered_lighthouse_has_the_settings_of_the_one_shoal_runs_itself():
+    from shoal.jobs.kubernetes.fault_tolerance import lighthouse_command
+    from shoal.launch.lighthouse import Lighthouse
+
+    served = Lighthouse("127.0.0.1", 29510).command()
+    rendered = lighthouse_command()
+    assert rendered[0] == "torchft_lighthouse" and served[1].endswith("lighthouse_main.py")
+    assert rendered[1:] == [arg.replace("127.0.0.1", "$(POD_IP)") for arg in served[2:]]
+
+
+def test_a_fault_tolerant_command_with_its_own_lighthouse_renders_the_job_alone():
+    own = (*FT_TRAIN, "--lighthouse", "http://lh.infra:29510")
+    (job,) = render_objects(_ft_job(own), CPU_PODS)
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] == list(own)
+
+
 # ---- the CLI -------------------------------------------------------------------------------------
 
 
@@ -282,6 +322,17 @@ def test_cli_k8s_dry_run_prints_yaml_for_each_kind(capsys):
         out = _cli(capsys, "k8s", "--kind", kind, "--image", IMAGE, "--nodes", "2", "--dry-run", "--", "shoal", "train")
         assert out.startswith(MANIFEST_MARKER)
         assert yaml.safe_load(out)["kind"].lower() == kind
+
+
+def test_cli_k8s_fault_tolerance_prints_three_objects_and_restarts_pods_by_default(capsys):
+    argv = ["k8s", "--image", IMAGE, "--nodes", "2", "--volume", "shared:/shared", "--dry-run", "--", *FT_TRAIN]
+    out = _cli(capsys, *argv)
+    assert out.startswith(MANIFEST_MARKER)
+    objects = list(yaml.safe_load_all(out))
+    assert [o["kind"] for o in objects] == ["Deployment", "Service", "PyTorchJob"]
+    assert objects[-1]["spec"]["runPolicy"]["backoffLimit"] == 10  # a lost group comes back as a restarted pod
+    plain = yaml.safe_load(_cli(capsys, "k8s", "--image", IMAGE, "--nodes", "2", "--dry-run", "--", "shoal", "train"))
+    assert plain["spec"]["runPolicy"]["backoffLimit"] == 0
 
 
 def test_cli_k8s_env_without_value_comes_from_this_shell(capsys, monkeypatch):
@@ -387,6 +438,22 @@ BAD_INPUT = [
     (["image", "--", "/abs/train.py"], "lies outside the build context"),
     (["image", "--requirements", "../req.txt", "--", "train.py"], "lies outside the build context"),
     (["k8s", "--image", IMAGE], "no command given"),
+    *[
+        ([*cli[:1], "--image", IMAGE, *cli[1:], "--volume", "shared:/shared", "--", *FT_TRAIN], message)
+        for cli, message in [
+            (["k8s"], "a lost pod would take every replica group with it"),
+            (["k8s", "--nodes", "2", "--kind", "trainjob"], "not as a TrainJob"),
+            (["k8s", "--nodes", "2", "--kind", "mpijob"], "not as an MPIJob"),
+            (["runai", "--nodes", "2"], "not as a Run:ai submit command"),
+            (["k8s", "--nodes", "2", "--elastic", "1:2"], "--elastic restarts every pod"),
+            (["k8s", "--nodes", "2", "--max-restarts", "0"], "first pod that restarts would fail"),
+        ]
+    ],
+    (
+        ["k8s", "--image", IMAGE, "--nodes", "2", "-g", "1", "--volume", "s:/s", "--", *FT_TRAIN[:4], "--out", "/s/r"],
+        "runs on the CPU for now",
+    ),
+    (["k8s", "--image", IMAGE, "--nodes", "2", "--", *FT_TRAIN], "which no writable --volume holds"),
 ]
 
 

@@ -3,8 +3,8 @@
 Each case below renders one job description; its text must equal ``golden/<case>.txt``. After an
 intended change to a renderer, regenerate the files and review the diff before committing::
 
-    SHOAL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/launch/test_launch_render.py
-    git diff tests/launch/golden/
+    SHOAL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/jobs/test_render_hosts_slurm.py
+    git diff tests/jobs/golden/
 
 Everything here runs in-process and starts nothing (``--dry-run``, or errors before launching).
 """

@@ -1,4 +1,5 @@
-"""``run_launchers`` and ``supervise_mpirun``: real processes; which host's or rank's status is reported."""
+"""``run_launchers`` and ``supervise_mpirun`` (:mod:`shoal.jobs.hosts.processes`) and the per-rank status
+wrapper (:mod:`shoal.jobs.hosts.rank_status`): real processes; which host's or rank's status is reported."""
 
 from __future__ import annotations
 
