@@ -126,8 +126,8 @@ def test_shoal_launch_localhost_2_via_mpirun(library_path, tmp_path):
     """Two ranks on one host through mpirun (each through shoal's torchrun shim: LOCAL_WORLD_SIZE 2),
     the shape the two-pod tests below do not have. (``--via ssh`` to localhost is a plain local
     ``shoal run``, no SSH: test_shoal_run_nproc_2.) One library is enough: the shape is the shim's
-    (what each rank sees is the same for any script, tests/contract), and every library has mpirun
-    across hosts below; the Accelerate script imports least (8 CPU-s, against 12 for the others)."""
+    (what each rank sees is the same for any script, tests/contract). The Accelerate script imports
+    least (8 CPU-s, against 12 for the others), and this is its run under mpirun (ACROSS_HOSTS)."""
     name = "accelerate_loop"
     results = tmp_path / "results.jsonl"
     args = ["--hosts", "localhost:2", "--via", "mpirun", "--env", f"PYTHONPATH={library_path(name)}"]
@@ -186,11 +186,14 @@ def two_nodes(tmp_path_factory):
         yield net, server
 
 
-ACROSS_HOSTS = [*((name, "mpirun") for name in SCRIPTS), ("lightning_ddp", "ssh")]
-"""Every library under mpirun (each rank gets its variables from shoal's torchrun shim, beside MPI's
-own, which Lightning and Accelerate also look at); over ssh, where each host runs a ``shoal run``
-and a script sees what it sees under test_shoal_run_nproc_2 (tests/contract), Lightning alone: of
-the three it reads the most of its environment (its cluster plugins: SLURM, MPI, Kubeflow, LSF)."""
+ACROSS_HOSTS = [("hf_trainer", "mpirun"), ("lightning_ddp", "mpirun"), ("lightning_ddp", "ssh")]
+"""Under mpirun each rank gets its variables from shoal's torchrun shim, beside MPI's own, which
+Lightning and Accelerate also look at: Lightning's cluster plugins, and Accelerate's ``PartialState``,
+which Hugging Face's ``Trainer`` sets up its process group with, so the Accelerate loop's reading of
+them is the Trainer's here (and its own at two ranks under mpirun,
+test_shoal_launch_localhost_2_via_mpirun). Over ssh, where each host runs a ``shoal run`` and a
+script sees what it sees under test_shoal_run_nproc_2 (tests/contract), Lightning alone: of the
+three it reads the most of its environment (its cluster plugins: SLURM, MPI, Kubeflow, LSF)."""
 
 
 @pytest.mark.parametrize("name, via", ACROSS_HOSTS)

@@ -1,7 +1,7 @@
 """The Flyte tutorial's workflow with shoal (examples/flyte_workflow.py), run by real flytekit.
 
-- ``pyflyte run`` (local execution): typed outputs equal to the run's files, and a second run with
-  the same inputs answered from flytekit's local cache;
+- ``pyflyte run`` (local execution) given real MNIST: typed outputs equal to the run's files, and a
+  second run with the same inputs answered from flytekit's local cache;
 - the workflow called in Python: the outputs' types, a model that loads weights-only and scores the
   accuracy reported, and Flyte's checkpoint (the sandbox's) holding the run's checkpoints;
 - retries: a task run three times the way a Flyte pod runs it (``pyflyte-execute`` with the
@@ -81,21 +81,30 @@ def uninterrupted(tmp_path_factory):
     return proc, report, run, env
 
 
-def test_pyflyte_run_returns_typed_outputs_and_a_second_run_is_a_cache_hit(tmp_path):
+@pytest.mark.slow
+def test_pyflyte_run_trains_given_data_and_a_second_run_is_a_cache_hit(tmp_path, mnist_part):
+    """``pyflyte run`` with ``--data``: the task trains real MNIST (the workload's CNN, not the digits
+    MLP of the other tests) on two workers, and its typed outputs are the run's; the same inputs
+    again are answered from flytekit's local cache. (That the returned model scores the accuracy
+    reported: test_the_workflow_called_in_python_returns_accuracies_and_a_model_file.)"""
     env = flyte_environment(tmp_path)
-    first = pyflyte_run(env, tmp_path, "training_workflow", "--epochs", "2")
+    args = ("--data", str(mnist_part), "--epochs", "1", "--batch_size", "32")
+    first = pyflyte_run(env, tmp_path, "training_workflow", *args)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "shoal train mnist" in first.stdout
+    assert "workers started by fork" in first.stdout  # by shoal's launcher, inside the task
     accuracies, model_path = printed_outputs(first.stdout)
     (run,) = run_dirs(first.stdout)
     records = metrics(run)
-    assert accuracies == [r["test_accuracy"] for r in records] and len(accuracies) == 2
-    assert [r["world_size"] for r in records] == [2, 2]  # train_task(nproc=2): two workers
-    assert "workers started by fork" in first.stdout  # by shoal's launcher, inside the task
-    assert digits_test_accuracy(load_digits_model(model_path)) == pytest.approx(accuracies[-1], abs=1e-12)
+    assert accuracies == [r["test_accuracy"] for r in records] and accuracies[0] > 0.9
+    assert [r["world_size"] for r in records] == [2]  # train_task(nproc=2): two workers
+    assert [r["samples_seen"] for r in records] == [MNIST_PART["train"]]  # every training image once
+    state = torch.load(model_path, weights_only=True)
+    assert any(tensor.dim() == 4 for tensor in state.values())  # the workload's CNN, not the digits MLP
     (key,) = cache_keys(env)
     assert key.startswith("flyte_workflow.train-1-")  # task name, cache_version "1", inputs' hash
 
-    second = pyflyte_run(env, tmp_path, "training_workflow", "--epochs", "2")
+    second = pyflyte_run(env, tmp_path, "training_workflow", *args)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "Cache hit" in second.stdout + second.stderr
     assert "shoal train" not in second.stdout and not run_dirs(second.stdout)  # nothing trained
@@ -171,18 +180,3 @@ def test_retries_resume_from_flytes_checkpoint_and_end_with_the_uninterrupted_we
     assert [r["epoch"] for r in metrics(run)] == [1, 2, 3]  # epochs logged by earlier attempts included
     # Flyte's checkpoint of the last attempt mirrors the run's (shoal's retention included).
     assert attempts[2].checkpoint_files() == sorted(p.name for p in (run / "checkpoints").glob("ckpt-*.pt"))
-
-
-@pytest.mark.slow
-def test_given_data_the_workflow_trains_mnist(tmp_path, mnist_part):
-    env = flyte_environment(tmp_path)
-    args = ("--data", str(mnist_part), "--epochs", "1", "--batch_size", "32")
-    proc = pyflyte_run(env, tmp_path, "training_workflow", *args)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "shoal train mnist" in proc.stdout
-    accuracies, model_path = printed_outputs(proc.stdout)
-    (run,) = run_dirs(proc.stdout)
-    assert accuracies == [r["test_accuracy"] for r in metrics(run)] and accuracies[0] > 0.9
-    assert [r["samples_seen"] for r in metrics(run)] == [MNIST_PART["train"]]  # every training image once
-    state = torch.load(model_path, weights_only=True)
-    assert any(tensor.dim() == 4 for tensor in state.values())  # the workload's CNN, not the digits MLP

@@ -1,7 +1,8 @@
 """The opt-in for unchanged ``import horovod...`` lines: shoal's modules, never in place of a real Horovod.
 
 Real interpreters with the shim's directory first on PYTHONPATH (as a user opts in). The TF/Keras
-forms run end to end in test_horovod_keras_lab.py (``shoal launch`` of the lab's unchanged script).
+forms run end to end in tests/cluster_mpi/test_mpijob_keras.py (the lab's unchanged script in MPIJob
+pods).
 """
 
 from __future__ import annotations
