@@ -67,6 +67,7 @@ def test_smoke_startup_report(tmp_path: Path):
     assert " run --nproc 1 " in rows["shoal_run"]["command"]
 
 
+@pytest.mark.multiprocess  # a launcher and its two forked workers
 def test_function_probe_stamps_every_rank(tmp_path: Path, monkeypatch):
     """The launch_* variants run the probe file's own probe as a function entrypoint (forked workers),
     importing it from the repository root whatever the directory the benchmark was started in."""
