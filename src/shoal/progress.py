@@ -37,7 +37,13 @@ from pathlib import Path
 from typing import IO
 
 ENV_DIR = "SHOAL_PROGRESS_DIR"
-"""The directory the launcher names for the progress files (``RUN_DIR/progress`` by convention)."""
+"""The directory the launcher names for the progress files (:func:`run_progress_dir`)."""
+
+
+def run_progress_dir(run_dir: str | os.PathLike) -> Path:
+    """``RUN_DIR/progress``: where a run's ranks (or replica groups) keep their records."""
+    return Path(run_dir) / "progress"
+
 
 STACKS_SIGNAL = signal.SIGUSR2
 """Dumps every thread's stack into ``rank-N.stacks``. Not used by torch's agent nor by shoal

@@ -8,9 +8,7 @@ address and the lighthouse's URL), ``joined``, ``healed``, ``quorum``, ``dropped
 ended, the step of its last commit: :mod:`shoal.launch.replica_watch`). Every ``step`` but a
 ``dropped`` one is a count of committed steps.
 
-The launcher learns the run directory from its groups: it names a file in :data:`RUN_DIR_NOTE_ENV`
-and a group writes its run directory there (:func:`note_run_dir`). Nothing here imports torch, nor
-anything of shoal.
+Nothing here imports torch, nor anything of shoal.
 """
 
 from __future__ import annotations
@@ -25,8 +23,6 @@ from typing import Any
 EVENTS_FILE = "replicas.jsonl"
 NODE_ENV = "SHOAL_REPLICA_NODE"
 """The node rank of a group's launcher, set in each group's process."""
-RUN_DIR_NOTE_ENV = "SHOAL_REPLICA_RUN_DIR_NOTE"
-"""A file of the launcher's where a group writes its run directory (:func:`note_run_dir`)."""
 COMMITTED = frozenset({"healed", "joined", "quorum", "recovered", "finished", "died"})
 """Events whose ``step`` is a count of committed steps (a ``dropped`` step's is the step tried)."""
 
@@ -56,26 +52,6 @@ def read_events(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
         if isinstance(event, dict) and isinstance(event.get("group"), int):
             found.append(event)
     return found
-
-
-def note_run_dir(run_dir: str | os.PathLike) -> None:
-    """In a group: tell the launcher (:data:`RUN_DIR_NOTE_ENV`) where the run writes; a no-op
-    without a launcher that asked."""
-    note = os.environ.get(RUN_DIR_NOTE_ENV)
-    if not note:
-        return
-    temporary = f"{note}.{os.getpid()}"
-    Path(temporary).write_text(str(Path(run_dir).resolve()))
-    os.replace(temporary, note)
-
-
-def noted_run_dir(note: str | os.PathLike) -> Path | None:
-    """In the launcher: the run directory a group wrote in ``note``, or None (not yet, or none)."""
-    try:
-        text = Path(note).read_text().strip()
-    except OSError:
-        return None
-    return Path(text) if text else None
 
 
 def node_label(node: int | None, address: str | None) -> str:

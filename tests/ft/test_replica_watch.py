@@ -16,7 +16,7 @@ import warm
 from procs import wait_for
 from shoal.launch.replica_watch import GroupWatch
 from shoal.progress import read_progress
-from shoal.replica_log import RUN_DIR_NOTE_ENV, append_event, note_run_dir, read_events
+from shoal.replica_log import append_event, read_events
 
 STUCK_GROUP = """
 import sys, time
@@ -30,12 +30,9 @@ time.sleep(600)
 """
 
 
-def test_a_stuck_group_is_reported_and_a_killed_one_named_with_its_step(tmp_path, monkeypatch):
+def test_a_stuck_group_is_reported_and_a_killed_one_named_with_its_step(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    note = tmp_path / "run-dir"
-    monkeypatch.setenv(RUN_DIR_NOTE_ENV, str(note))
-    note_run_dir(run_dir)  # what a group does first
     group = subprocess.Popen([sys.executable, "-c", STUCK_GROUP, str(run_dir / "progress")])
     try:
         append_event(
@@ -49,8 +46,7 @@ def test_a_stuck_group_is_reported_and_a_killed_one_named_with_its_step(tmp_path
             lighthouse="http://127.0.0.1:29510",
         )
         wait_for(lambda: any(r.phase == "backward" for r in read_progress(run_dir / "progress")), timeout=60)
-        watch = GroupWatch(note, node=0, address="127.0.0.1", hang_timeout=1.0, interval_s=0.0)
-        assert watch.run_dir == run_dir.resolve()
+        watch = GroupWatch(run_dir, node=0, address="127.0.0.1", hang_timeout=1.0, interval_s=0.0)
         lines: list[str] = []
         deadline = time.monotonic() + 30
         while not lines and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import HangDetector, StragglerJudge, activity, dump_all_stacks, format_ranks
-from shoal.progress import RankProgress, read_progress
+from shoal.progress import RankProgress, read_progress, run_progress_dir
 from shoal.replica_log import GroupState, group_states, lighthouse_url, read_events
 
 STRAGGLER_MIN_STEPS = 20
@@ -71,7 +71,7 @@ def running_jobs(root: Path | None = None) -> list[Path]:
     found = []
     for pattern in TEMPORARY_RUN_DIRS:
         for run_dir in sorted(root.glob(pattern)):
-            if any(r.alive and r.phase != "done" for r in read_progress(run_dir / "progress")):
+            if any(r.alive and r.phase != "done" for r in read_progress(run_progress_dir(run_dir))):
                 found.append(run_dir)
     return found
 
@@ -115,7 +115,7 @@ def progress_dir(run_dir: Path) -> Path:
     """``RUN_DIR/progress``, or ``RUN_DIR`` itself when it holds the progress files."""
     if any(run_dir.glob("rank-*.progress")):
         return run_dir
-    return run_dir / "progress"
+    return run_progress_dir(run_dir)
 
 
 def last_checkpoint(run_dir: Path) -> str | None:

@@ -43,7 +43,7 @@ from shoal.launch.process import die_with_parent, reset_inherited_signal_handler
 from shoal.launch.rendezvous.plan import SOCKET_IFNAME_VARS
 from shoal.launch.rendezvous.stores import serve_store
 from shoal.launch.replica_watch import GroupWatch
-from shoal.replica_log import NODE_ENV, RUN_DIR_NOTE_ENV
+from shoal.replica_log import NODE_ENV
 from shoal.stopping import stop_with_grace
 
 DEFAULT_MAX_RESTARTS = 10
@@ -79,6 +79,7 @@ def run_replica_groups(
     total: int | None = None,
     lighthouse_port: int | None = None,
     hang_timeout: float | None = None,
+    run_dir: str | os.PathLike | None = None,
 ) -> dict[int, Any]:
     """Run ``groups`` replica groups of ``entrypoint(*args)`` here; return what each group returned.
 
@@ -87,7 +88,9 @@ def run_replica_groups(
     ``lighthouse``: the URL of a lighthouse someone else runs (another node, or the user's); default,
     one started here on ``host`` (port ``lighthouse_port``, default a free one). ``max_restarts``:
     restarts per group before the job fails. ``hang_timeout``: seconds without progress before a
-    group is reported hung (:mod:`shoal.launch.replica_watch`; default the watchdog's rule). Raises ShoalError when a group fails for bad input
+    group is reported hung (:mod:`shoal.launch.replica_watch`; default the watchdog's rule).
+    ``run_dir``: where the groups write their records and events (``shoal train``'s ``--out``), which
+    the watch reads; None for a user's own loop. Raises ShoalError when a group fails for bad input
     (every group would) or runs out of restarts; the others are stopped.
     """
     total = groups if total is None else total
@@ -96,7 +99,7 @@ def run_replica_groups(
             f"--fault-tolerance needs at least 2 replica groups, got {total}",
             "pass --nproc 2 or more (one replica group per process), or run on several nodes",
         )
-    layout = _Layout(groups, first, total, hang_timeout)
+    layout = _Layout(groups, first, total, hang_timeout, Path(run_dir) if run_dir is not None else None)
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="shoal-groups-") as results_dir:
         results = Path(results_dir)
@@ -114,6 +117,7 @@ class _Layout:
     first: int
     total: int
     hang_timeout: float | None = None
+    run_dir: Path | None = None
 
     @property
     def node(self) -> int:
@@ -137,7 +141,6 @@ def _supervise(
         "SHOAL_ENV": "local",  # whatever launched this launcher (mpirun, srun), a group is one process
         ADDRESS_ENV: host,
         NODE_ENV: str(layout.node),
-        RUN_DIR_NOTE_ENV: str(results / "run-dir"),
         LIGHTHOUSE_ENV: lighthouse,
         "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES),
         "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
@@ -153,7 +156,7 @@ def _supervise(
         if ifname:
             base[name] = ifname
     groups = [_Group(layout.first + i) for i in range(count)]
-    watch = GroupWatch(results / "run-dir", layout.node, host, layout.hang_timeout)
+    watch = GroupWatch(layout.run_dir, layout.node, host, layout.hang_timeout)
     # The first start of every group meets here before its first quorum (a late group would
     # otherwise miss it and heal at step 1); a restarted group does not wait.
     gate = context.Barrier(count, timeout=_GATE_TIMEOUT_S)

@@ -16,8 +16,7 @@ this watch reads this node's groups' records:
   one (stopped, or blocked with its heartbeat alive) is what it misses until the collective
   timeout, and nothing restarts it.
 
-The run directory is learnt from the groups (:func:`shoal.replica_log.note_run_dir`); a job without
-one (a user's own loop) gets the lines without the step.
+A job without a run directory (a user's own loop) gets the lines without the step.
 """
 
 from __future__ import annotations
@@ -28,11 +27,9 @@ from pathlib import Path
 
 from shoal.console import write_line
 from shoal.launch.watchdog import HangDetector, activity, dump_stacks, where
-from shoal.progress import RankProgress, progress_path, read_one
-from shoal.replica_log import COMMITTED, append_event, node_label, noted_run_dir, read_events
+from shoal.progress import RankProgress, progress_path, read_one, run_progress_dir
+from shoal.replica_log import COMMITTED, append_event, node_label, read_events
 
-PROGRESS_DIR = "progress"
-"""The groups' records, under the run directory (the same place as every shoal job's)."""
 _STACK_TIMEOUT_S = 2.0
 """The longest the launcher waits for a hung group's stack (it restarts dead groups meanwhile)."""
 
@@ -41,15 +38,14 @@ _STACK_TIMEOUT_S = 2.0
 class GroupWatch:
     """This node's groups seen from their launcher: :meth:`died` when one ended, :meth:`poll` often."""
 
-    note: Path
-    """The file the groups write the run directory in (:data:`shoal.replica_log.RUN_DIR_NOTE_ENV`)."""
+    run_dir: Path | None
+    """The run's directory (``shoal train``'s ``--out``); None for a user's own loop."""
     node: int
     address: str
     hang_timeout: float | None = None
     """Seconds without progress before a group is reported; None: the watchdog's rule (30 s at least,
     10 x the group's step time)."""
     interval_s: float = 1.0
-    _run_dir: Path | None = None
     _detectors: dict[tuple[int, int], HangDetector] = field(default_factory=dict)
     _polled_at: float = -float("inf")
 
@@ -57,17 +53,11 @@ class GroupWatch:
     def label(self) -> str:
         return node_label(self.node, self.address)
 
-    @property
-    def run_dir(self) -> Path | None:
-        if self._run_dir is None:
-            self._run_dir = noted_run_dir(self.note)
-        return self._run_dir
-
     def record(self, group: int, pid: int) -> RankProgress | None:
         """The group's progress record, if the process ``pid`` wrote it."""
         if self.run_dir is None:
             return None
-        found = read_one(progress_path(self.run_dir / PROGRESS_DIR, group))
+        found = read_one(progress_path(run_progress_dir(self.run_dir), group))
         return found if found is not None and found.pid == pid else None
 
     def last_commit(self, group: int, pid: int) -> int | None:

@@ -35,8 +35,8 @@ from shoal.data import make_loader
 from shoal.env.replica import replica_coordinates
 from shoal.evaluation import evaluate
 from shoal.launch.process import process_started
-from shoal.progress import ProgressWriter, progress_path, read_one
-from shoal.replica_log import EVENTS_FILE, NODE_ENV, append_event, node_label, note_run_dir
+from shoal.progress import ProgressWriter, progress_path, read_one, run_progress_dir
+from shoal.replica_log import EVENTS_FILE, NODE_ENV, append_event, node_label
 from shoal.train.config import TrainConfig
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs
@@ -150,18 +150,16 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
             f"{cfg.batch_size}/group x {groups} groups | {batches.batches} steps/epoch x {cfg.epochs} epochs"
         )
     run_dir = Path(cfg.out)
-    note_run_dir(run_dir)  # the launcher's watch reads this run's records (shoal.launch.replica_watch)
     node = int(os.environ[NODE_ENV]) if os.environ.get(NODE_ENV, "").isdigit() else None
     events = ReplicaEvents(run_dir, group)
     events.write("start", starts=where.starts, node=node, address=where.address, lighthouse=where.lighthouse)
-    progress = run_dir / "progress"
+    progress = run_progress_dir(run_dir)
     before = read_one(progress_path(progress, group))  # the previous process's record: the step it died at
-    run = _Run(cfg, ctx, replicas, tally, events, checkpoints, RunOutputs(cfg.out))
-    run.where = node_label(node, where.address)
-    run.died_at = before.step if before is not None and before.phase != "done" and where.starts > 1 else None
+    died_at = before.step if before is not None and before.phase != "done" and where.starts > 1 else None
     # The per-rank record every trainer writes, the group as its rank: shoal status and the
     # launcher's watch read it (a few stores into a shared page per step).
-    run.progress = ProgressWriter(progress, group)
+    run = _Run(cfg, ctx, replicas, tally, events, checkpoints, RunOutputs(cfg.out), ProgressWriter(progress, group))
+    run.where, run.died_at = node_label(node, where.address), died_at
     schedule = LRSchedule(lr, cfg.epochs, cfg.warmup_epochs)
     while run.step(batches, loss_fn, schedule, workload):
         if run.epoch_done:
@@ -179,14 +177,16 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
 class _Run:
     """One group's way through the run: each step, and each epoch's end (record, checkpoint)."""
 
-    def __init__(self, cfg, ctx, replicas, tally, events, checkpoints, outputs) -> None:
+    def __init__(self, cfg, ctx, replicas, tally, events, checkpoints, outputs, progress: ProgressWriter) -> None:
         self.cfg, self.ctx, self.replicas, self.tally = cfg, ctx, replicas, tally
-        self.events, self.checkpoints, self.outputs = events, checkpoints, outputs
+        self.events, self.checkpoints, self.outputs, self.progress = events, checkpoints, outputs, progress
         self.joined, self.dropped_since, self.quorum = False, 0, None
         self.epoch, self.epoch_done = 0, False
         self.started = time.perf_counter()
-        self.progress: ProgressWriter = ProgressWriter(None)
-        self.where, self.died_at = "", None
+        self.where = ""
+        """This group's node, as its lines name it."""
+        self.died_at: int | None = None
+        """The step this group's previous process died at (its record's), for the healed line."""
 
     def step(self, batches: _Batches, loss_fn: Any, schedule: LRSchedule, workload: Any) -> bool:
         """One step: False once the run's steps are all committed."""

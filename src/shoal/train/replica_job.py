@@ -75,6 +75,7 @@ def run_replica_job(cfg: TrainConfig, options: LaunchOptions, *, workload: Any =
         total=options.node_counts[0] * options.nproc,
         lighthouse_port=place.lighthouse_port,
         hang_timeout=options.hang_timeout,
+        run_dir=cfg.out,
     )
     return results.get(0)
 

@@ -40,7 +40,15 @@ from shoal.launch.watchdog.processes import (
     started_at,
     stop_processes,
 )
-from shoal.progress import VERDICT_FILE, RankProgress, from_summary, read_progress, to_summary, write_verdict
+from shoal.progress import (
+    VERDICT_FILE,
+    RankProgress,
+    from_summary,
+    read_progress,
+    run_progress_dir,
+    to_summary,
+    write_verdict,
+)
 
 
 @dataclass
@@ -302,7 +310,7 @@ class JobWatch:
         window_s: float | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.progress_dir = self.run_dir / "progress"
+        self.progress_dir = run_progress_dir(self.run_dir)
         self.enabled = os.environ.get(WATCHDOG_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
         """False with ``SHOAL_WATCHDOG=0``: no progress directory for the workers, no monitor (the
         workers are still stopped for good when the launcher returns)."""
