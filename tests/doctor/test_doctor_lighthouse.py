@@ -61,8 +61,11 @@ def test_fault_tolerance_on_node_0_needs_the_lighthouse_port_free():
         taken = _doctor("--fault-tolerance", "--master", f"127.0.0.1:{port}")
     row = _lighthouse_row(taken)
     assert taken.returncode == 1 and row["status"] == "fail", row
-    assert f"port {port} is already in use" in row["summary"] and "the lighthouse listens on" in row["summary"]
+    assert f"port {port} is already in use" in row["summary"] and "lighthouse listens on this port" in row["summary"]
     assert "ss -ltnp" in row["hint"]
+    (node,) = json.loads(taken.stdout)["nodes"]
+    master_port = next(c for c in node["checks"] if c["name"] == "master-port")
+    assert master_port["status"] == "fail"  # the port is checked once, and both rows say it
 
     free = _lighthouse_row(_doctor("--fault-tolerance"))  # one node: any free port on loopback
     assert free["status"] == "ok" and "127.0.0.1" in free["summary"], free

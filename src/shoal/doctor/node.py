@@ -74,10 +74,10 @@ def node_report(
     checks.append(hostname_check(route.addr if route and not route.loopback else None, across_nodes=across))
     checks += socket_ifname_checks(route.ifname if route and not route.loopback else None)
     checks += network
+    master_port = next((check for check in network if check.name == "master-port"), None)
     lighthouse = lighthouse_check(
-        settings.lighthouse, fault_tolerance=settings.fault_tolerance, route=route,
-        master_port=master[1] if master is not None else None,
-    )  # fmt: skip
+        settings.lighthouse, fault_tolerance=settings.fault_tolerance, master_port=master_port
+    )
     if lighthouse is not None:
         checks.append(lighthouse)
     report = NodeReport(
