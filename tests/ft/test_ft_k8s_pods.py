@@ -17,6 +17,7 @@ worker's group heals from it; both finish the same step with the same weights.
 
 from __future__ import annotations
 
+import copy
 import signal
 import subprocess
 import time
@@ -62,7 +63,12 @@ def test_the_rendered_objects_are_admitted_and_name_each_other():
     assert (master.env["PET_NODE_RANK"], worker.env["PET_NODE_RANK"]) == ("0", "1")  # the groups' numbers
     running = sim_lighthouse.started(lighthouse, "10.0.0.7")
     assert running.argv[:3] == ["torchft_lighthouse", "--bind", f"10.0.0.7:{LIGHTHOUSE_PORT}"]
-    assert "--min_replicas" in running.argv and lighthouse.restart_policy == "Always"
+    assert "--min_replicas" in running.argv
+    # A Deployment's pods restart Always (the simulation admits no other policy, as the API server).
+    bad = copy.deepcopy(deployment)
+    bad["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    with pytest.raises(sim_lighthouse.SimulationError, match="restartPolicy"):
+        sim_lighthouse.admit(bad, service)
 
 
 @pytest.mark.timeout(600)  # three pods' imports and 360 steps across them: 1-5 min on a loaded 2-core machine

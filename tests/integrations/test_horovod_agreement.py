@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal.integrations.horovod import agreement
+from shoal.integrations.horovod import agreement, state
 from shoal.integrations.horovod.errors import HorovodInternalError, HorovodMismatchError
 from shoal.integrations.horovod.ops import ReduceOp
 from shoal.integrations.horovod.unsupported import ignored_settings
+from shoal.launch.ports import find_free_port
 
 
 def _sub(call="allreduce", tensors=(torch.zeros(4, 3),), name=None, ragged=False, **settings):
@@ -98,20 +99,26 @@ def test_bad_input_one_rank_found_is_raised_on_every_rank_naming_that_rank():
     assert error.message == "hvd.alltoall: rank 1: splits=[3, 3] do not divide the tensor's 4 rows among 2 ranks"
 
 
-def test_a_pending_name_is_a_duplicate_until_released():
-    holder = type("Holder", (), {})()
-    agreement.hold("grad.w", holder)
+def test_a_pending_name_is_a_duplicate_until_released(monkeypatch):
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port()), "SHOAL_ENV": "local"}.items():
+        monkeypatch.setenv(name, value)
+    state.init()  # a job of one process: the names pending are the job's
     try:
+        holder = type("Holder", (), {})()
+        agreement.hold("grad.w", holder)
         assert agreement.is_pending("grad.w") and _sub(name="grad.w").duplicate
         error = agreement.explain([_sub(name="grad.w")])
         assert isinstance(error, ValueError)
         assert "rank 0 submitted it while an earlier op named 'grad.w' was still pending" in error.message
         assert error.hint.startswith("call hvd.synchronize(handle) on the earlier op first")
-    finally:
         agreement.release("grad.w", holder)
-    assert not agreement.is_pending("grad.w")
-    agreement.hold("dropped", type("Holder", (), {})())  # garbage at once: nothing pending
-    assert not agreement.is_pending("dropped")
+        assert not agreement.is_pending("grad.w")
+        # A dropped handle's op is still in flight: its name stays taken (Horovod's DUPLICATE_NAME_ERROR)...
+        agreement.hold("dropped", type("Holder", (), {})())
+        assert agreement.is_pending("dropped")
+    finally:
+        state.shutdown()
+    assert not agreement.is_pending("dropped")  # ...until the job is gone
 
 
 def test_horovod_settings_shoal_ignores_are_listed_and_the_fusion_threshold_is_not():

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,25 +94,27 @@ class Submission:
 
 # ---- pending names --------------------------------------------------------------------------------
 
-_pending: dict[str, weakref.ref] = {}
+
+def _pending() -> dict[str, Any]:
+    """This job's pending names (:attr:`~.state._Job.pending`); none without a job."""
+    return state._job.pending if state._job is not None else {}
 
 
 def is_pending(name: str | None) -> bool:
     """True while an op submitted under ``name`` on this rank has not been synchronized."""
-    ref = _pending.get(name) if name else None
-    return ref is not None and ref() is not None
+    return bool(name) and name in _pending()
 
 
 def hold(name: str | None, handle: Any) -> None:
-    """Mark ``name`` pending until :func:`release` (or until ``handle`` is garbage)."""
+    """Mark ``name`` pending until :func:`release` (the job keeps ``handle`` until then)."""
     if name:
-        _pending[name] = weakref.ref(handle)
+        _pending()[name] = handle
 
 
 def release(name: str | None, handle: Any) -> None:
-    ref = _pending.get(name) if name else None
-    if ref is not None and ref() in (handle, None):
-        del _pending[name]
+    pending = _pending()
+    if name and pending.get(name) is handle:
+        del pending[name]
 
 
 # ---- the check ------------------------------------------------------------------------------------

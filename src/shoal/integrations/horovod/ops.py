@@ -18,7 +18,6 @@ divided with truncation, as Horovod does). ``prescale_factor`` multiplies before
 from __future__ import annotations
 
 import enum
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -125,11 +124,7 @@ class Handle:
         self._done = False
         self._result: Any = None
         self._name = name
-        agreement.hold(name, self)
-        # A dropped handle's op is still in flight: the job keeps it until waited for (name pending).
-        self._keeper: set[Handle] | None = state.job("an async op").unsynchronized if name else None
-        if self._keeper is not None:
-            self._keeper.add(self)
+        agreement.hold(name, self)  # the job keeps it, name pending, until waited for: dropping it ends no op
 
     def poll(self) -> bool:
         return self._done or all(bool(w.is_completed()) for w in self._works)
@@ -142,8 +137,6 @@ class Handle:
             self._done = True
             self._works, self._finish = [], None  # type: ignore[assignment]
             agreement.release(self._name, self)
-            if self._keeper is not None:
-                self._keeper.discard(self)
         return self._result
 
     __call__ = wait
@@ -218,21 +211,19 @@ def start_reduce(
 
 
 def reduce_zeros(submission: agreement.Submission) -> None:
-    """A joined rank's part of the allreduce the others submitted: zeros, in the same collectives.
+    """A joined rank's part of the allreduce the others submitted: zeros of their shapes, dtypes and
+    devices, through :func:`start_reduce` itself, so the collectives are theirs (summed: Sum and
+    Average both sum)."""
+    zeros = [
+        torch.zeros(shape, dtype=getattr(torch, dtype), device=_device(device))
+        for shape, dtype, device in submission.tensors
+    ]
+    start_reduce(submission.call, zeros, None, ReduceOp.Sum, 1.0, 1.0, agree=False).wait()
 
-    Mirrors :func:`start_reduce`: one flat buffer per device and dtype, in the order of their first
-    tensor, in the dtype that travels (:mod:`.dtypes`), summed (Sum and Average both sum).
-    """
-    numels: dict[tuple[str, str], int] = {}
-    for shape, dtype, device in submission.tensors:
-        numels[(device, dtype)] = numels.get((device, dtype), 0) + math.prod(shape)
-    works = []
-    for (device, dtype), numel in numels.items():
-        where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
-        flat = torch.zeros(numel, dtype=dtypes.wire_dtype(getattr(torch, dtype)), device=where)
-        works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=state.group_for(flat), async_op=True))
-    for work in works:
-        work.wait()
+
+def _device(kind: str) -> torch.device:
+    """A submission's device kind on this rank (``cuda``: this rank's GPU)."""
+    return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
 
 
 def allreduce_async_(

@@ -43,9 +43,10 @@ class _Job:
     active_flag: Any = None
     """The last synchronisation's count of active ranks, as a tensor not yet read (see peers_joined)."""
     joined_seen: bool = False
-    unsynchronized: set[Any] = field(default_factory=set)
-    """Named async ops' handles not yet waited for, kept alive so that their names stay pending
-    (dropping a handle does not end its op; Horovod's DUPLICATE_NAME_ERROR). Gone with the job."""
+    pending: dict[str, Any] = field(default_factory=dict)
+    """Named async ops' handles not yet waited for, by name: the name stays taken until its op is
+    synchronized, even if the handle is dropped (dropping it does not end the op; Horovod's
+    DUPLICATE_NAME_ERROR). Gone with the job."""
 
     def peers_joined(self) -> bool:
         """True once a gradient synchronisation showed that another rank had called ``join()``."""

@@ -122,15 +122,9 @@ def lighthouse_command() -> list[str]:
 def render_lighthouse(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
     """The lighthouse's Deployment and Service for ``spec`` on ``pods``."""
     name = lighthouse_name(spec)
-
-    def selector() -> dict[str, str]:  # a fresh dict each time: shared ones would become YAML anchors
-        return {"app.kubernetes.io/name": "torchft-lighthouse", "app.kubernetes.io/instance": name}
-
-    def labels() -> dict[str, str]:
-        return {**selector(), "app.kubernetes.io/part-of": spec.job_name, "app.kubernetes.io/managed-by": "shoal"}
-
-    def metadata() -> dict[str, Any]:
-        return {"name": name, "namespace": pods.namespace, "labels": labels()}
+    selector = {"app.kubernetes.io/name": "torchft-lighthouse", "app.kubernetes.io/instance": name}
+    labels = {**selector, "app.kubernetes.io/part-of": spec.job_name, "app.kubernetes.io/managed-by": "shoal"}
+    metadata = {"name": name, "namespace": pods.namespace, "labels": labels}
 
     container = {
         "name": CONTAINER,
@@ -147,20 +141,20 @@ def render_lighthouse(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(),
+        "metadata": metadata,
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector()},
-            "template": {"metadata": {"labels": labels()}, "spec": {"containers": [container]}},
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
         },
     }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(),
+        "metadata": metadata,
         "spec": {
-            "selector": selector(),
+            "selector": selector,
             "ports": [{"name": PORT_NAME, "port": LIGHTHOUSE_PORT, "targetPort": PORT_NAME}],
         },
     }

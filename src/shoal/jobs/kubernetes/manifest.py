@@ -23,9 +23,16 @@ def to_yaml(obj: dict[str, Any], note: str = "") -> str:
         raise ShoalError(
             "rendering Kubernetes YAML needs PyYAML, which is not installed", "pip install pyyaml"
         ) from None
+
+    class Plain(yaml.SafeDumper):
+        """A value used twice is written twice: no ``&id001`` anchors, which few readers expect."""
+
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
     header = f"{MANIFEST_MARKER} ({obj['kind']} {obj['metadata']['name']})"
     lines = [header] + [f"# {line}" if line else "#" for line in note.splitlines()]
-    body = yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=100, allow_unicode=True)
+    body = yaml.dump(obj, Dumper=Plain, sort_keys=False, default_flow_style=False, width=100, allow_unicode=True)
     return "\n".join(lines) + "\n" + body
 
 
