@@ -50,6 +50,9 @@ from shoal.progress import (
     write_verdict,
 )
 
+_STOP_WAIT_S = 5.0
+"""The longest :meth:`Monitor.stop` waits for its thread (a poll takes well under a second)."""
+
 
 @dataclass
 class HangEvent:
@@ -127,9 +130,12 @@ class Monitor:
         return self
 
     def stop(self) -> None:
+        """Stop polling. Waits at most :data:`_STOP_WAIT_S` for the thread: one blocked in a call to
+        a vanished node's store (which lasts the store's timeout, up to the join timeout) is left
+        behind, a daemon, rather than holding the launcher's exit after SIGTERM."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(_STOP_WAIT_S)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
