@@ -6,6 +6,8 @@
 1. Steady state: ``shoal train W --nproc 2`` (plain DDP, gloo) and ``shoal train W
    --fault-tolerance --nproc 2`` (2 replica groups of one process, torchft): the median
    time of a step (epoch time / steps; the last epochs, the first one holds the start-up).
+   ``--nproc 4 --nproc-per-group 2 --train-args="--strategy fsdp"``: plain FSDP over 4 processes
+   against HSDP, 2 replica groups of 2.
 2. Faults: ``--kills`` runs of ``--fault-tolerance`` where replica group 1 is SIGKILLed right after
    its first commit: the survivor's next commit after the kill, and the restarted group's first
    commit after its process started (both from RUN_DIR/replicas.jsonl).
@@ -50,11 +52,15 @@ def _step_s(out: Path, steps_key: str | None) -> float:
     return statistics.median(per_step)
 
 
-def steady_state(workload: str, epochs: int, root: Path, extra: tuple[str, ...] = ()) -> dict:
+def steady_state(workload: str, epochs: int, root: Path, extra: tuple[str, ...] = (), nproc: int = 2,
+                 per_group: int = 1) -> dict:  # fmt: skip
+    """The same job (``nproc`` processes, ``extra`` flags) without and with ``--fault-tolerance``, in
+    groups of ``per_group`` processes."""
     plain, ft = root / "ddp", root / "ft"
-    common = (workload, "--nproc", "2", "--epochs", str(epochs), "--seed", "0", *extra)
+    common = (workload, "--nproc", str(nproc), "--epochs", str(epochs), "--seed", "0", *extra)
     subprocess.run(_shoal(*common, "--out", str(plain)), check=True, capture_output=True)
-    subprocess.run(_shoal(*common, "--fault-tolerance", "--out", str(ft)), check=True, capture_output=True)
+    grouped = ("--fault-tolerance", "--nproc-per-group", str(per_group))
+    subprocess.run(_shoal(*common, *grouped, "--out", str(ft)), check=True, capture_output=True)
     ddp_s, ft_s = _step_s(plain, None), _step_s(ft, "steps_committed")
     return {"ddp_step_s": ddp_s, "ft_step_s": ft_s, "ratio": ft_s / ddp_s}
 
@@ -149,6 +155,8 @@ def chaos(workload: str, epochs: int, groups: int, kills: int, every_s: float, r
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="digits")
+    parser.add_argument("--nproc", type=int, default=2, help="steady state: processes of both jobs")
+    parser.add_argument("--nproc-per-group", type=int, default=1, help="steady state: processes per replica group")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument(
@@ -165,7 +173,11 @@ def main() -> None:
             report = chaos(args.workload, args.epochs, args.groups, args.chaos_kills, args.kill_every, root)
             print(json.dumps(report, indent=2))
             return
-        report = {"steady_state": steady_state(args.workload, args.epochs, root, tuple(shlex.split(args.train_args)))}
+        report = {
+            "steady_state": steady_state(
+                args.workload, args.epochs, root, tuple(shlex.split(args.train_args)), args.nproc, args.nproc_per_group
+            )
+        }
         if args.kills == 0:
             print(json.dumps(report, indent=2))
             return

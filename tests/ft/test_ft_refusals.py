@@ -26,7 +26,9 @@ def _refused(*args: str, timeout: float = 60):
     ("flags", "said"),
     [
         (("--nproc", "2", "--comm-hook", "bf16"), "--comm-hook does not work with --fault-tolerance"),
-        (("--nproc", "2", "--strategy", "fsdp"), "--strategy fsdp does not work with --fault-tolerance"),
+        # --strategy fsdp: one group per node by default (FSDP over the node's processes): one node is one group
+        (("--nproc", "2", "--strategy", "fsdp"), "one replica group (--nproc 2 in groups of 2) has nobody to fail"),
+        (("--nproc", "4", "--nproc-per-group", "3"), "--nproc-per-group 3 does not divide this node's --nproc 4"),
         (("--nproc", "2", "--grad-accum", "2"), "--grad-accum does not work with --fault-tolerance"),
         (("--nproc", "1"), "one replica group has nobody to fail over to"),
         (("--nproc", "2", "--checkpoint-every", "50steps"), "--checkpoint-every Nsteps does not work with"),
@@ -47,9 +49,11 @@ def test_several_nodes_need_a_shared_out():
     assert "across nodes needs --out" in lines[-2]
 
 
-def test_lighthouse_without_fault_tolerance_is_refused():
+def test_lighthouse_or_group_size_without_fault_tolerance_is_refused():
     with pytest.raises(ShoalError, match="--lighthouse is for --fault-tolerance"):
         TrainConfig(lighthouse="http://127.0.0.1:29510")
+    with pytest.raises(ShoalError, match="--nproc-per-group is for --fault-tolerance"):
+        TrainConfig(nproc_per_group=2)
 
 
 def test_torchft_missing_says_how_to_install(monkeypatch):

@@ -1,6 +1,7 @@
 """A user's own loop as replica groups (``shoal.run(fn, fault_tolerance=True)``, ``ctx.replicas``):
 the groups' weights equal each other and, to float64 rounding, one process trained on the whole
-global batch (the groups split each step's batch, torchft averages their gradients)."""
+global batch (the groups split each step's batch, torchft averages their gradients); the same for
+groups of 2 processes that shard the model with FSDP2 (HSDP)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ GROUP = str(Path(__file__).parent / "scripts" / "run_group.py")
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_own_loop_replica_groups_train_as_one_process():
-    done = warm.run([sys.executable, SCRIPT], script=True, capture_output=True, text=True, timeout=240,
-                    env=procs.launcher_free_env())  # fmt: skip
+@pytest.mark.parametrize("shape", ["groups", "hsdp"])
+def test_own_loop_replica_groups_train_as_one_process(shape):
+    """``hsdp``: 2 groups of 2 processes, the model sharded by FSDP2 in each (``nproc_per_group=2``)."""
+    args = [sys.executable, SCRIPT] + (["hsdp"] if shape == "hsdp" else [])
+    done = warm.run(args, script=True, capture_output=True, text=True, timeout=240, env=procs.launcher_free_env())
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["groups"] == [0, 1] and report["steps"] == [20, 20], report

@@ -19,12 +19,20 @@ What shoal adds over the stock pieces, each a sharp edge seen with torchft 0.2.0
 * The state of a healing group travels over the replicas' own gloo group
   (``torchft.checkpointing.pg_transport.PGTransport``), not over torchft's default HTTP server,
   which listens on every interface and advertises the hostname.
+
+A group of several processes (``--nproc-per-group K``) is a process group of its own: the model is
+wrapped for it (DDP, or FSDP2 for HSDP: sharded inside the group, replicated across groups), and
+each step's gradients, already averaged inside the group, are averaged across the live groups
+before the commit vote, rank ``r`` of every group with rank ``r`` of the others (torchft's replica
+group of each group rank). Under FSDP that is each rank's own shard of the gradients; a healing
+rank receives its own shards from the same rank of a live group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -82,10 +90,15 @@ class Replicas:
     ) -> None:
         self.coordinates = coordinates or replica_coordinates()
         self.optimizer = optimizer
+        self.group_rank, self.group_nproc = _group_shape()
+        if self.group_nproc > 1:
+            model = _wrapped_for_group(model, device)
         self.healable = {"model": model, "optimizer": optimizer, **(state or {})}
         self.manager = _make_manager(self, device, timeout_s, quorum_timeout_s)
         pass_first_quorum_gate()  # the job's first start: every group heartbeats before any quorum
-        self.model = ReplicaDataParallel(self.manager, model)
+        # One process: DDP's reducer overlaps the replicas' all-reduce with backward. Several: the
+        # group's own wrapper reduces inside it, and commit() averages across the groups.
+        self.model = ReplicaDataParallel(self.manager, model) if self.group_nproc == 1 else model
         self.participants = 0
         """Groups in the current step's quorum."""
 
@@ -96,6 +109,24 @@ class Replicas:
     @property
     def groups(self) -> int:
         return self.coordinates.groups
+
+    @property
+    def data_rank(self) -> int:
+        """This process's place in the job's one data order: ``group x K + its rank in the group``,
+        of :attr:`data_world` (``group`` of ``groups`` for groups of one process)."""
+        return self.group * self.group_nproc + self.group_rank
+
+    @property
+    def data_world(self) -> int:
+        """Every process of every group: ``groups x K``."""
+        return self.groups * self.group_nproc
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds this process has waited on the other groups' gradient all-reduce inside backward
+        (groups of one process; a group of several averages in :meth:`commit`, after backward)."""
+        across = getattr(self.model, "across", None)
+        return across.waited_s if across is not None else 0.0
 
     @property
     def step(self) -> int:
@@ -142,6 +173,8 @@ class Replicas:
 
     def commit(self) -> bool:
         """Step the optimizer if every group of the quorum got through this step; else drop it."""
+        if self.group_nproc > 1:
+            _average_across_groups(self.manager, self.optimizer)
         if not self.manager.should_commit():
             return False
         self.optimizer.step()
@@ -158,17 +191,95 @@ class Replicas:
         self.manager.shutdown(wait=False)
 
     def _state_dict(self) -> dict[str, Any]:
-        return {name: obj.state_dict() for name, obj in self.healable.items()}
+        """What a healing group receives, as plain tensors: an FSDP shard travels as its local
+        tensor (the same rank of every group holds the same shard)."""
+        return {name: _local_tensors(obj.state_dict()) for name, obj in self.healable.items()}
 
     def _load_state_dict(self, state: dict[str, Any]) -> None:
         for name, obj in self.healable.items():
-            obj.load_state_dict(state[name])
+            obj.load_state_dict(_as_shards_of(obj, state[name]))
+
+
+def _group_shape() -> tuple[int, int]:
+    """This process's rank in its replica group and the group's size (its own process group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _wrapped_for_group(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` as the group's processes train it together: as given when already wrapped (DDP,
+    or FSDP2: HSDP), else in DDP over the group."""
+    import torch.distributed as dist
+
+    from shoal.distributed.fsdp import is_fsdp
+    from shoal.distributed.wrap import apply_ddp
+
+    if is_fsdp(model) or isinstance(model, nn.parallel.DistributedDataParallel):
+        return model
+    return apply_ddp(model.to(device), device, dist.get_world_size())
+
+
+def _average_across_groups(manager: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Average this rank's gradients (its FSDP shard, or the group's DDP average) with the same
+    rank of every live group, in one flat all-reduce. A failure is recorded by the manager (the
+    step then does not commit); nothing raises."""
+    grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    manager.allreduce(flat).wait()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def _local_tensors(state: Any) -> Any:
+    """``state`` with each DTensor replaced by its local shard (the same storage)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda v: _local(v) if isinstance(v, torch.Tensor) else v, state)
+
+
+def _as_shards_of(obj: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """A received state dict whose local shards become DTensors again, shaped as ``obj``'s own
+    (an FSDP model's parameters, or its optimizer's per-parameter state); others as they came."""
+    from torch.distributed.tensor import DTensor
+
+    def like(value: Any, template: Any) -> Any:
+        if not isinstance(template, DTensor) or not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return value
+        return DTensor.from_local(
+            value.to(template.device), template.device_mesh, template.placements,
+            shape=template.shape, stride=template.stride(), run_check=False,
+        )  # fmt: skip
+
+    if isinstance(obj, torch.optim.Optimizer):
+        params = [p for group in obj.param_groups for p in group["params"]]
+        per_param = {
+            index: {name: like(value, params[index]) for name, value in entry.items()}
+            for index, entry in state["state"].items()
+        }
+        return {**state, "state": per_param}
+    if isinstance(obj, nn.Module):
+        own = obj.state_dict()
+        return {key: like(value, own.get(key)) for key, value in state.items()}
+    return state
 
 
 def _make_manager(replicas: Replicas, device: torch.device, timeout_s: float, quorum_timeout_s: float) -> Any:
-    """torchft's Manager for one group of one process (group rank 0 of 1).
+    """torchft's Manager for this process: rank ``group_rank`` of its group's ``group_nproc``.
 
-    The manager server binds and advertises the group's address; weights are synced on the first
+    The manager server (on the group's rank 0) binds and advertises the group's address; weights are synced on the first
     quorum (``init_sync``), so groups need not start from the same initialisation."""
     torchft = require_torchft()
     from torchft.checkpointing.pg_transport import PGTransport
@@ -193,8 +304,8 @@ def _make_manager(replicas: Replicas, device: torch.device, timeout_s: float, qu
                 timeout=timeout,
                 quorum_timeout=timedelta(seconds=quorum_timeout_s),
                 connect_timeout=timedelta(seconds=quorum_timeout_s),
-                rank=0,
-                world_size=1,
+                rank=replicas.group_rank,
+                world_size=replicas.group_nproc,
                 store_addr=where.store[0],
                 store_port=where.store[1],
                 lighthouse_addr=where.lighthouse,
@@ -241,19 +352,33 @@ class ReplicaDataParallel(nn.parallel.DistributedDataParallel):
         from torchft.process_group import ProcessGroupDummy
 
         super().__init__(module, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True)
-        self.register_comm_hook(manager, replica_allreduce_hook)
+        self.across = AcrossGroups(manager)
+        self.register_comm_hook(self.across, replica_allreduce_hook)
 
 
-def replica_allreduce_hook(manager, bucket):  # DDP checks the annotations: none, or torch's own types
+class AcrossGroups:
+    """The comm hook's state: the manager, and the seconds spent waiting on the other groups'
+    all-reduce inside backward, which a group's record leaves out of its compute time (else every
+    group's compute would include its wait for the slowest one, and no straggler could be told)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.waited_s = 0.0
+
+
+def replica_allreduce_hook(state, bucket):  # DDP checks the annotations: none, or torch's own types
     """Average a gradient bucket over the live replica groups; never raise.
 
     ``manager.allreduce`` returns a work whose ``wait()`` records a failure (a peer that died mid
     all-reduce) in the manager and returns False: this step then does not commit, and the bucket's
     content does not matter. torchft's stock hook went on to assert on the work's inner future,
     which a failed wait leaves unset (torchft/ddp.py, 0.2.0): here the bucket is handed back as is.
+    ``state``: an :class:`AcrossGroups`.
     """
     buffer = bucket.buffer()
-    manager.allreduce(buffer).wait()  # on success the average is written into ``buffer``
+    started = time.perf_counter()
+    state.manager.allreduce(buffer).wait()  # on success the average is written into ``buffer``
+    state.waited_s += time.perf_counter() - started
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)
     return done

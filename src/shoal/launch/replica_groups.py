@@ -1,13 +1,17 @@
 """Start the replica groups of a fault-tolerant job on this node, and restart those that fail.
 
 ``shoal train --fault-tolerance --nproc N`` runs N replica groups of one process each beside a
-supervised torchft lighthouse (:mod:`shoal.launch.lighthouse`). Unlike an elastic restart, a
+supervised torchft lighthouse (:mod:`shoal.launch.lighthouse`); with ``--nproc-per-group K``, N / K
+groups of K processes each (a process group of their own: DDP or FSDP inside, HSDP). Unlike an elastic restart, a
 failed group is restarted *alone*: the other groups go on training (they lose one step), and the
-restarted one heals from a live peer. Each group's process serves its own store (torchft's
-Manager needs one per group).
+restarted one heals from a live peer. Each group has its own store (torchft's Manager needs one per
+group): a group of one process serves it itself; a group of several meets as torchrun's workers do,
+its rank 0 hosting the store on a port chosen here for each start.
 
-Each group runs ``entrypoint(*args)`` in a forked process with its coordinates set
-(:mod:`shoal.env.replica`); what it returns comes back to the launcher through a pickle file.
+Each process of a group runs ``entrypoint(*args)`` forked, with its coordinates set
+(:mod:`shoal.env.replica`; and torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in a group of
+several); what the group's rank 0 returns comes back to the launcher through a pickle file. A group
+fails as a whole: when one of its processes fails, the others are stopped and all restarted.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from shoal.env.replica import (
 )
 from shoal.errors import ShoalError
 from shoal.launch.lighthouse import QUORUM_RETRIES, Lighthouse
+from shoal.launch.ports import find_free_port
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
 from shoal.launch.rendezvous.plan import SOCKET_IFNAME_VARS
 from shoal.launch.rendezvous.stores import serve_store
@@ -62,9 +67,26 @@ _BAD_INPUT = 2
 @dataclass
 class _Group:
     index: int
-    process: Any = None
+    processes: list[Any] = field(default_factory=list)
+    """The group's processes, its rank 0 first."""
     starts: int = 0
     started_at: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        """Rank 0's: the process that speaks for the group (its events, its progress record)."""
+        return self.processes[0].pid
+
+    def ended(self) -> tuple[int, int] | None:
+        """None while the group runs; ``(0, 0)`` once every process exited 0; else the failed
+        rank's ``(status, rank)``: a bad-input exit first (it stops the job whichever rank said it),
+        then one killed by a signal (the others of the group fail after it, in their collectives)."""
+        codes = [p.exitcode for p in self.processes]
+        failed = sorted(((c != _BAD_INPUT, c > 0, rank), c) for rank, c in enumerate(codes) if c not in (None, 0))
+        if failed:
+            (_, _, rank), code = failed[0]
+            return code, rank
+        return (0, 0) if all(c == 0 for c in codes) else None
 
 
 def run_replica_groups(
@@ -72,6 +94,7 @@ def run_replica_groups(
     args: tuple[Any, ...],
     *,
     groups: int,
+    group_nproc: int = 1,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     lighthouse: str | None = None,
     host: str = "127.0.0.1",
@@ -83,7 +106,8 @@ def run_replica_groups(
 ) -> dict[int, Any]:
     """Run ``groups`` replica groups of ``entrypoint(*args)`` here; return what each group returned.
 
-    Across nodes, this node's groups are ``first`` .. ``first + groups - 1`` of the job's ``total``
+    ``group_nproc``: processes per group (a group of several is a process group of its own, its
+    processes started, watched and restarted together). Across nodes, this node's groups are ``first`` .. ``first + groups - 1`` of the job's ``total``
     (default: ``groups``, one node). ``host``: the address every socket of this node's groups binds.
     ``lighthouse``: the URL of a lighthouse someone else runs (another node, or the user's); default,
     one started here on ``host`` (port ``lighthouse_port``, default a free one). ``max_restarts``:
@@ -99,7 +123,7 @@ def run_replica_groups(
             f"--fault-tolerance needs at least 2 replica groups, got {total}",
             "pass --nproc 2 or more (one replica group per process), or run on several nodes",
         )
-    layout = _Layout(groups, first, total, hang_timeout, Path(run_dir) if run_dir is not None else None)
+    layout = _Layout(groups, first, total, hang_timeout, Path(run_dir) if run_dir is not None else None, group_nproc)
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="shoal-groups-") as results_dir:
         results = Path(results_dir)
@@ -118,6 +142,7 @@ class _Layout:
     total: int
     hang_timeout: float | None = None
     run_dir: Path | None = None
+    group_nproc: int = 1
 
     @property
     def node(self) -> int:
@@ -145,10 +170,11 @@ def _supervise(
         "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES),
         "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
     }
-    # Each group is a world of one process: without this it would take every core for itself, and
-    # N groups would oversubscribe the node (14x slower steps measured with 2 groups on 2 cores).
+    # Each group's processes are a world of their own: without this each would take every core for
+    # itself, and the groups would oversubscribe the node (14x slower steps measured with 2 groups
+    # of one process on 2 cores).
     if not os.environ.get("OMP_NUM_THREADS"):
-        base["OMP_NUM_THREADS"] = str(threads_per_process(count))
+        base["OMP_NUM_THREADS"] = str(threads_per_process(count * layout.group_nproc))
     # The replicas' gloo group listens on the interface of ``host`` (gloo's default: the address
     # the hostname resolves to); a user's own choice wins.
     for name in SOCKET_IFNAME_VARS:
@@ -159,30 +185,33 @@ def _supervise(
     watch = GroupWatch(layout.run_dir, layout.node, host, layout.hang_timeout)
     # The first start of every group meets here before its first quorum (a late group would
     # otherwise miss it and heal at step 1); a restarted group does not wait.
-    gate = context.Barrier(count, timeout=_GATE_TIMEOUT_S)
+    gate = context.Barrier(count * layout.group_nproc, timeout=_GATE_TIMEOUT_S)
+    start = functools.partial(_start, context, entrypoint=entrypoint, args=args, base=base, results=results)
     try:
         for group in groups:
-            _start(context, group, entrypoint, args, base, results, gate)
+            start(group, layout.group_nproc, host, gate)
         running = list(groups)
         while running:
             time.sleep(_POLL_S)
-            watch.poll({g.index: g.process.pid for g in running if g.process.exitcode is None})
+            watch.poll({g.index: g.pid for g in running if g.processes[0].exitcode is None})
             for group in list(running):
-                code = group.process.exitcode
-                if code is None:
+                ended = group.ended()
+                if ended is None:
                     continue
-                group.process.join()
+                _stop_group(group)  # a group of several fails as a whole: its other ranks go too
+                code, rank = ended
                 if code == 0:
                     running.remove(group)
                     continue
                 _refuse_to_restart(group, code, max_restarts)
-                pid, lived = group.process.pid, time.monotonic() - group.started_at
+                pid, lived = group.processes[rank].pid, time.monotonic() - group.started_at
+                which = f"rank {rank} of {len(group.processes)}, " if len(group.processes) > 1 else ""
                 write_line(
-                    f"shoal: replica group {group.index} (pid {pid}) {_how(code)} "
+                    f"shoal: replica group {group.index} ({which}pid {pid}) {_how(code)} "
                     f"{watch.died(group.index, pid, _how(code), lived)}; restarting it "
                     f"({group.starts}/{max_restarts}), the other groups train on"
                 )
-                _start(context, group, entrypoint, args, base, results, None)
+                start(group, layout.group_nproc, host, None)
     finally:
         _stop_all(groups)
     out: dict[int, Any] = {}
@@ -194,17 +223,31 @@ def _supervise(
 
 
 def _start(
-    context: Any, group: _Group, entrypoint: Callable[..., Any], args: tuple, base: dict, results: Path, gate: Any
-) -> None:
+    context: Any, group: _Group, nproc: int, host: str, gate: Any, *,
+    entrypoint: Callable[..., Any], args: tuple, base: dict, results: Path,
+) -> None:  # fmt: skip
+    """Start (again) every process of ``group``: rank 0 writes the group's result."""
     group.starts += 1
     env = {**base, GROUP_ENV: str(group.index), STARTS_ENV: str(group.starts)}
-    target = results / f"group-{group.index}.pkl"
-    group.process = context.Process(target=_group_main, args=(entrypoint, args, env, target, gate), daemon=False)
-    group.process.start()
+    if nproc > 1:  # torchrun's variables: the group's ranks meet at its rank 0's store, a new port each start
+        port = str(find_free_port(host))
+        env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=host, MASTER_PORT=port)
+        # Rank 0 serves the store on the group's address only (``_group_main``); every rank joins it
+        # as torchrun's workers join their agent's (torch.distributed.rendezvous._create_c10d_store).
+        env.update({"SHOAL_ENV": "torchrun", STORE_ENV: f"{host}:{port}", "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    group.processes = []
+    for rank in range(nproc):
+        ranked = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if nproc > 1 else env
+        target = results / f"group-{group.index}.pkl" if rank == 0 else None
+        process = context.Process(target=_group_main, args=(entrypoint, args, ranked, target, gate), daemon=False)
+        process.start()
+        group.processes.append(process)
     group.started_at = time.monotonic()
 
 
-def _group_main(entrypoint: Callable[..., Any], args: tuple, env: dict[str, str], target: Path, gate: Any) -> None:
+def _group_main(
+    entrypoint: Callable[..., Any], args: tuple, env: dict[str, str], target: Path | None, gate: Any
+) -> None:
     die_with_parent()
     reset_inherited_signal_handlers()
     # A group is a world of one process, also when this launcher is itself a rank of an outer job
@@ -214,12 +257,22 @@ def _group_main(entrypoint: Callable[..., Any], args: tuple, env: dict[str, str]
     os.environ.update(env)
     if gate is not None:
         set_first_quorum_gate(functools.partial(_wait_at, gate))
-    # The group's own store (torchft's Manager finds its server's address there), on the group's
-    # address only, alive as long as the group.
-    store = serve_store(env[ADDRESS_ENV], 0, timeout=_STORE_TIMEOUT_S)
-    os.environ[STORE_ENV] = f"{env[ADDRESS_ENV]}:{store.port}"
-    result = entrypoint(*args)
+    # The group's own store (torchft's Manager finds its server's address there; a group of
+    # several meets there), on the group's address only, served by its rank 0 as long as it lives.
+    store = None
+    if STORE_ENV not in env:  # a group of one process: any free port
+        store = serve_store(env[ADDRESS_ENV], 0, timeout=_STORE_TIMEOUT_S)
+        os.environ[STORE_ENV] = f"{env[ADDRESS_ENV]}:{store.port}"
+    elif env["RANK"] == "0":
+        store = serve_store(env[ADDRESS_ENV], int(env["MASTER_PORT"]), timeout=_STORE_TIMEOUT_S)
+    try:
+        result = entrypoint(*args)
+    except ShoalError as err:  # one line, and its status: bad input (2) stops the job, 1 restarts the group
+        write_line(err.format())
+        raise SystemExit(err.exit_code) from None
     del store
+    if target is None:
+        return
     tmp = target.with_suffix(".tmp")
     tmp.write_bytes(pickle.dumps(result))
     tmp.replace(target)
@@ -248,9 +301,18 @@ def _how(code: int) -> str:
     return f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
 
 
+def _stop_group(group: _Group) -> None:
+    """The group's processes still running (a group of several whose one rank failed: the others
+    are blocked in a collective with it) are SIGKILLed, and all reaped."""
+    for process in group.processes:
+        if process.exitcode is None:
+            process.kill()
+        process.join()
+
+
 def _stop_all(groups: list[_Group]) -> None:
     """SIGTERM the groups still running, then SIGKILL those that do not go within 5 s."""
-    started = [g.process for g in groups if g.process is not None]
+    started = [p for g in groups for p in g.processes]
     # Process.terminate/kill send SIGTERM/SIGKILL and ignore a process already gone.
     stop_with_grace(
         started, running=lambda p: p.is_alive(), ask=lambda p: p.terminate(), kill=lambda p: p.kill(), grace_s=5.0

@@ -103,6 +103,10 @@ class TrainConfig:
     """Per-step fault tolerance (torchft): --nproc N runs N replica groups per node that train together; a
     group that dies costs the others one step, is restarted alone and heals from a live group
     (docs/FAULT_TOLERANCE.md). Needs pip install 'shoal[ft]'."""
+    nproc_per_group: int | None = field(default=None, metadata={"metavar": "K"})
+    """--fault-tolerance: processes per replica group (--nproc / K groups per node). A group of several
+    trains as one DDP job inside, or with --strategy fsdp shards the model over its processes (HSDP:
+    FSDP inside a group, replicas across). Default 1, with --strategy fsdp every process of the node."""
     lighthouse: str | None = field(default=None, metadata={"metavar": "URL"})
     """--fault-tolerance: the torchft lighthouse to use (http://HOST:PORT); default, shoal runs one (on node 0)."""
     powersgd_rank: int = 2
@@ -167,7 +171,7 @@ class TrainConfig:
         except ShoalError as err:
             raise ShoalError(f"--comm-hook: {err.message}", err.hint) from None
         _check_strategy(self.strategy, self.comm_hook, self.amp, self.channels_last)
-        if self.fault_tolerance or self.lighthouse is not None:
+        if self.fault_tolerance or self.lighthouse is not None or self.nproc_per_group is not None:
             _check_fault_tolerance(self)
         self.cadence  # noqa: B018  (parsed once here: a malformed --checkpoint-every fails now)
         if self.log_every < 0 or self.log_predictions < 0:
@@ -243,10 +247,11 @@ def _check_strategy(strategy: str, comm_hook: str, amp: str, channels_last: bool
 def _check_fault_tolerance(cfg: TrainConfig) -> None:
     """What --fault-tolerance cannot carry, refused before any worker starts (one line + HINT)."""
     if not cfg.fault_tolerance:
-        raise ShoalError("--lighthouse is for --fault-tolerance", "add --fault-tolerance, or drop --lighthouse")
+        flag = "--lighthouse" if cfg.lighthouse is not None else "--nproc-per-group"
+        raise ShoalError(f"{flag} is for --fault-tolerance", f"add --fault-tolerance, or drop {flag}")
+    _at_least_one("--nproc-per-group", cfg.nproc_per_group)
     refused = {
         "--comm-hook": (cfg.comm_hook != "none", "torchft averages float32 gradients itself; drop --comm-hook"),
-        "--strategy fsdp": (cfg.strategy != "ddp", "each replica group holds the whole model: drop --strategy"),
         "--grad-accum": (cfg.grad_accum != 1, "raise --batch-size instead of accumulating"),
         "--async-checkpoint": (cfg.async_checkpoint, "drop --async-checkpoint (the writing group saves a .pt)"),
         "--amp": (cfg.amp != "off", "drop --amp (replica groups train in float32)"),

@@ -48,6 +48,7 @@ def run(
     all_ranks: bool = False,
     fault_tolerance: bool = False,
     lighthouse: str | None = None,
+    nproc_per_group: int = 1,
     **options: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on every rank of a job, each with the process group joined.
@@ -69,7 +70,9 @@ def run(
             lighthouse instead of one job: each worker is a world of one, and ``fn`` trains through
             ``shoal.current().replicas(model, optimizer)``; a failed group is restarted alone and
             heals from a live one (docs/FAULT_TOLERANCE.md). ``lighthouse``: the URL of a
-            lighthouse someone else runs (default: one started here).
+            lighthouse someone else runs (default: one started here). ``nproc_per_group``: K
+            processes per group (``nproc / K`` groups), each group a process group of its own
+            (wrap the model for it with ``ctx.wrap``, DDP or FSDP: HSDP).
 
     Returns:
         Global rank 0's return value (the values of the other ranks are dropped; they must be
@@ -98,7 +101,7 @@ def run(
         fn, tuple(args), dict(kwargs or {}), {k: v for k, v in options.items() if k in _INIT_OPTIONS}, all_ranks
     )
     if fault_tolerance:
-        return _run_replica_groups(call, options, lighthouse)
+        return _run_replica_groups(call, options, lighthouse, nproc_per_group)
     launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
     if placement(launch) is not Placement.WORKERS:  # one process, or already one rank of a job: fn runs here
         return call()[1]
@@ -142,19 +145,22 @@ class _Call:
         return ctx.rank, value
 
 
-def _run_replica_groups(call: _Call, options: Mapping[str, Any], lighthouse: str | None) -> Any:
-    """``fn`` as ``nproc`` replica groups (:mod:`shoal.launch.replica_groups`); group 0's value, or
-    every group's with ``all_ranks``."""
+def _run_replica_groups(call: _Call, options: Mapping[str, Any], lighthouse: str | None, nproc_per_group: int) -> Any:
+    """``fn`` as ``nproc / nproc_per_group`` replica groups (:mod:`shoal.launch.replica_groups`);
+    group 0's value (its rank 0's), or every group's with ``all_ranks`` (each group's rank 0's)."""
     from shoal.distributed.torchft_check import check_torchft
     from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
-    from shoal.train.replica_job import check_replica_launch
+    from shoal.train.replica_job import check_replica_launch, group_nproc
 
     launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
     check_replica_launch(launch)
+    size = group_nproc(launch, nproc_per_group)
     check_torchft()
     _check_fork_safe(_worker_threads(call.init_options.get("threads"), launch.nproc))
     restarts = launch.max_restarts or DEFAULT_MAX_RESTARTS
-    results = run_replica_groups(_run_call, (call,), groups=launch.nproc, max_restarts=restarts, lighthouse=lighthouse)
+    results = run_replica_groups(
+        _run_call, (call,), groups=launch.nproc // size, group_nproc=size, max_restarts=restarts, lighthouse=lighthouse
+    )
     if call.all_ranks:
         return [results[group][1][0] for group in sorted(results)]
     return results[0][1] if 0 in results else None

@@ -98,13 +98,14 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)  # once, here: every rank gets the resolved config
     if cfg.fault_tolerance:  # replica groups beside a lighthouse (docs/FAULT_TOLERANCE.md)
-        from shoal.train.replica_job import check_replica_launch, run_replica_job
+        from shoal.train.replica_job import check_replica_launch, group_nproc, run_replica_job
 
         options = check_replica_launch(options, cfg.device)
+        size = group_nproc(options, cfg.nproc_per_group, cfg.strategy)
         with _fork_safe():
             _prepare(workload, cfg)
         _import_for_forked_workers()
-        return run_replica_job(cfg, options, workload=workload)
+        return run_replica_job(cfg, options, workload=workload, group_nproc=size)
     where = placement(options)
     # What --out holds, judged before any worker (or this process's training) starts; a rank of a
     # job another launcher started leaves it to the trainer, which says it once, from rank 0.

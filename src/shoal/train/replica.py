@@ -1,14 +1,15 @@
 """One replica group of a fault-tolerant ``shoal train`` job (``--fault-tolerance``): its loop.
 
-The job is N replica groups of one process (:mod:`shoal.launch.replica_groups`); each step every
-live group joins torchft's quorum, computes its gradient on its own batch, averages it with the
-others (:class:`~shoal.distributed.fault_tolerance.ReplicaDataParallel`) and steps the optimizer
-only when the step commits in every member. What stays exact, and how:
+The job is N replica groups (:mod:`shoal.launch.replica_groups`) of one process each, or of K
+(``--nproc-per-group``: DDP inside the group, or FSDP2 with ``--strategy fsdp``: HSDP); each step
+every live group joins torchft's quorum, computes its gradient on its own batch, averages it with
+the others (:class:`~shoal.distributed.fault_tolerance.Replicas`) and steps the optimizer only when
+the step commits in every member. What stays exact, and how:
 
 * The step counter is torchft's committed steps. Epoch ``e`` and its batch ``k`` follow from it;
-  group ``g`` of ``N`` reads batch ``k`` of its shard of epoch ``e``'s one global order
-  (:class:`~shoal.data.sampler.ShardedSampler`, rank ``g`` of ``N``), so the groups of a step
-  cover disjoint samples. A dropped step (a member failed in it) is tried again on the same
+  rank ``r`` of group ``g`` of ``N`` groups of ``K`` reads batch ``k`` of its shard of epoch
+  ``e``'s one global order (:class:`~shoal.data.sampler.ShardedSampler`, rank ``g x K + r`` of
+  ``N x K``), so the processes of a step cover disjoint samples. A dropped step (a member failed in it) is tried again on the same
   batches; its samples are not counted as seen.
 * A group that joins behind the others receives a member's model, optimizer and epoch tally
   (healing) before its forward pass: weights are identical in every group at every commit.
@@ -32,6 +33,7 @@ from shoal.checkpoint.loading import restore
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.context import init as init_context
 from shoal.data import make_loader
+from shoal.distributed.wrap import model_state_dict
 from shoal.env.replica import replica_coordinates
 from shoal.evaluation import evaluate
 from shoal.launch.process import process_started
@@ -74,8 +76,8 @@ class ReplicaEvents:
     first commit after drops), ``finished`` (step, a hash of the
     parameters: equal in every group)."""
 
-    def __init__(self, run_dir: Path, group: int) -> None:
-        self.run_dir, self.group = run_dir, group
+    def __init__(self, run_dir: Path, group: int, *, enabled: bool = True) -> None:
+        self.run_dir, self.group, self.enabled = run_dir, group, enabled
         self.born = time.time() - (time.monotonic() - process_started())  # when this process started
 
     @property
@@ -83,13 +85,15 @@ class ReplicaEvents:
         return self.run_dir / EVENTS_FILE
 
     def write(self, event: str, **fields: Any) -> None:
-        append_event(self.run_dir, self.group, event, **fields)
+        if self.enabled:
+            append_event(self.run_dir, self.group, event, **fields)
 
 
 def parameters_hash(model: nn.Module) -> str:
-    """A SHA-256 of the parameters' bytes, in order: equal when two replicas hold the same weights."""
+    """A SHA-256 of the parameters' bytes, in order: equal when two replicas hold the same weights.
+    Of the whole model also when sharded (FSDP): collective then, every rank of the group calls it."""
     digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
+    for tensor in model_state_dict(model).values():
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
@@ -121,22 +125,27 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     ``cfg`` resolved against ``workload``, as :func:`shoal.train.trainer.train` takes them."""
     where = replica_coordinates()
     group, groups = where.group, where.groups
-    ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)
+    ctx = init_context(device=cfg.device, backend=cfg.backend, seed=cfg.seed)  # a group of several: its own group
+    data_rank, data_world = group * ctx.world_size + ctx.rank, groups * ctx.world_size
     with blame(workload, "load()", "fix the error in your workload's load() or Dataset at that line"):
-        data = workload.load(cfg, ctx.device, rank=group)
+        data = workload.load(cfg, ctx.device, rank=data_rank)
     with blame(workload, "build_model()", "fix the error in your workload's build_model() at that line"):
         model: nn.Module = workload.build_model(cfg, data.num_classes)
+    # A group of several trains the model together: DDP, or FSDP2 (HSDP across the groups).
+    model = ctx.wrap(model, strategy=cfg.strategy, **({"mixed_precision": cfg.amp} if cfg.strategy == "fsdp" else {}))
     loss_fn = checked_loss(workload)
     loader = make_loader(
-        data.train, cfg.batch_size, rank=group, world_size=groups, seed=cfg.seed, drop_last=True,
+        data.train, cfg.batch_size, rank=data_rank, world_size=data_world, seed=cfg.seed, drop_last=True,
         device=ctx.device, transform=data.train_transform, **data.loader_options,
     )  # fmt: skip
     test_loader = ctx.eval_loader(data.test, cfg.eval_batch_size or 4 * cfg.batch_size, transform=data.test_transform)
-    lr = scaled_lr(cfg.lr, cfg.lr_scaling, groups)  # the global batch is the groups' batches together
+    lr = scaled_lr(cfg.lr, cfg.lr_scaling, data_world)  # the global batch is every process's batch together
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr, cfg.weight_decay)
     tally = ReplicaTally()
     replicas = ctx.replicas(model, optimizer, state={"tally": tally})
-    checkpoints = CheckpointManager(Path(cfg.checkpoint_dir or Path(cfg.out) / "checkpoints"), every=cfg.cadence)
+    checkpoints = CheckpointManager(
+        Path(cfg.checkpoint_dir or Path(cfg.out) / "checkpoints"), every=cfg.cadence, sharded=cfg.strategy == "fsdp"
+    )
     if cfg.resume in ("auto", "never"):
         found = checkpoints.load_latest() if cfg.resume == "auto" else None
     else:
@@ -145,20 +154,23 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
         restore(found, {**replicas.healable, "replicas": replicas})
     batches = _Batches(loader)
     if group == 0 and where.starts == 1:
+        inside = f" of {ctx.world_size} processes ({cfg.strategy.upper()} inside)" if ctx.world_size > 1 else ""
         ctx.print(
-            f"shoal train {cfg.workload}: {groups} replica groups (torchft, lighthouse {where.lighthouse}) | "
-            f"{cfg.batch_size}/group x {groups} groups | {batches.batches} steps/epoch x {cfg.epochs} epochs"
+            f"shoal train {cfg.workload}: {groups} replica groups{inside} (torchft, lighthouse {where.lighthouse}) | "
+            f"{cfg.batch_size}/process x {data_world} processes | {batches.batches} steps/epoch x {cfg.epochs} epochs"
         )
     run_dir = Path(cfg.out)
     node = int(os.environ[NODE_ENV]) if os.environ.get(NODE_ENV, "").isdigit() else None
-    events = ReplicaEvents(run_dir, group)
+    speaker = ctx.rank == 0  # a group's rank 0 speaks for it: its events, its progress record
+    events = ReplicaEvents(run_dir, group, enabled=speaker)
     events.write("start", starts=where.starts, node=node, address=where.address, lighthouse=where.lighthouse)
     progress = run_progress_dir(run_dir)
     before = read_one(progress_path(progress, group))  # the previous process's record: the step it died at
     died_at = before.step if before is not None and before.phase != "done" and where.starts > 1 else None
     # The per-rank record every trainer writes, the group as its rank: shoal status and the
     # launcher's watch read it (a few stores into a shared page per step).
-    run = _Run(cfg, ctx, replicas, tally, events, checkpoints, RunOutputs(cfg.out), ProgressWriter(progress, group))
+    writer = ProgressWriter(progress if speaker else None, group)
+    run = _Run(cfg, ctx, replicas, tally, events, checkpoints, RunOutputs(cfg.out), writer)
     run.where, run.died_at = node_label(node, where.address), died_at
     schedule = LRSchedule(lr, cfg.epochs, cfg.warmup_epochs)
     while run.step(batches, loss_fn, schedule, workload):
@@ -167,10 +179,9 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     events.write("finished", step=replicas.step, params=parameters_hash(model))
     run.progress.close()
     replicas.close()
+    state = model_state_dict(model) if group == 0 else {}  # collective in a group of several
     ctx.shutdown()
-    model_path = None
-    if group == 0:
-        model_path = run.outputs.save_model({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    model_path = run.outputs.save_model(state) if group == 0 and speaker else None
     return TrainResult(run_dir=Path(cfg.out), metrics=run.outputs.logged_epochs(), model_path=model_path, config=cfg)
 
 
@@ -208,18 +219,19 @@ class _Run:
         inputs, targets = batches.get(self.epoch, index)
         schedule.apply(replicas.optimizer, epoch + index / batches.batches)
         replicas.optimizer.zero_grad(set_to_none=True)
-        computed = time.perf_counter()
+        computed, waited_before = time.perf_counter(), replicas.waited_s
         with blame(workload, "training", "fix your workload's code at that line"):
             progress.phase("forward")
             loss = loss_fn(replicas.model(inputs), targets)
             progress.phase("backward")  # the gradient all-reduce across the live groups runs in here
             loss.backward()
-        compute_s = time.perf_counter() - computed
+        # Not the wait for the other groups inside backward: a straggler is told by its compute alone.
+        compute_s = time.perf_counter() - computed - (replicas.waited_s - waited_before)
         progress.collective()  # the commit vote, and the optimizer step
         if not replicas.commit():
             tally.dropped += 1
             self.dropped_since += 1
-            error = replicas.error
+            error = replicas.error or "a member failed in it"  # another rank of this group, or another group
             self._say(
                 "dropped", f"dropped step {step + 1} ({error}); the live groups go on", step=step + 1, error=error
             )
@@ -238,7 +250,7 @@ class _Run:
         progress.step_done(targets.shape[0], compute_s, time.perf_counter() - waited - compute_s)
         tally.committed += 1
         tally.participants.append(participants)
-        tally.samples += participants * targets.shape[0]
+        tally.samples += participants * self.ctx.world_size * targets.shape[0]
         tally.loss_sum += float(loss.detach())
         now = time.perf_counter()
         tally.train_s += now - self.started
@@ -247,12 +259,13 @@ class _Run:
 
     def finish_epoch(self, model: nn.Module, test_loader: Any, loss_fn: Any) -> None:
         """The lowest live group evaluates, logs the epoch and checkpoints; every group starts afresh."""
-        writer = self.replicas.is_writer
+        writer = self.replicas.is_writer  # the same in every rank of a group: all its ranks evaluate and save
         if writer:
             self.progress.phase("evaluation")
             groups = self.replicas.groups
             record = _finish_epoch(self.cfg, self.epoch, model, test_loader, loss_fn, self.tally, self.ctx, groups)
-            self.outputs.log_epoch(record)
+            if self.ctx.is_main:
+                self.outputs.log_epoch(record)
         self.tally.reset()  # before the checkpoint: a resumed run starts the next epoch's record afresh
         if writer:
             self.progress.phase("checkpoint")

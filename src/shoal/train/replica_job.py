@@ -51,9 +51,38 @@ def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> LaunchO
     return options
 
 
-def run_replica_job(cfg: TrainConfig, options: LaunchOptions, *, workload: Any = None) -> TrainResult | None:
-    """Train ``cfg`` as ``options.nproc`` replica groups per node on the CPU; group 0's result
-    (None on the other nodes). ``options``: as :func:`check_replica_launch` returned them."""
+def group_nproc(options: LaunchOptions, nproc_per_group: int | None, strategy: str = "ddp") -> int:
+    """Processes per replica group (``--nproc-per-group``; default 1, under FSDP the node's
+    ``--nproc``: one group per node), checked against the node's processes: whole groups, two
+    groups at least in the job. ``options``: as :func:`check_replica_launch` returned them."""
+    size = nproc_per_group if nproc_per_group is not None else (options.nproc if strategy == "fsdp" else 1)
+    if size == 1:
+        return 1
+    if placement(options) is Placement.RANK:
+        raise ShoalError(
+            f"--nproc-per-group {size} under another launcher: each of its ranks is one replica group of one process",
+            "start one shoal train per node (no outer launcher's ranks) and let it start the groups of "
+            f"--nproc-per-group {size} (docs/FAULT_TOLERANCE.md)",
+        )
+    if options.nproc % size:
+        raise ShoalError(
+            f"--nproc-per-group {size} does not divide this node's --nproc {options.nproc} into whole replica groups",
+            f"pass --nproc {size * 2} --nproc-per-group {size} for 2 groups of {size}",
+        )
+    if options.node_counts[0] * options.nproc // size < 2:
+        raise ShoalError(
+            f"--fault-tolerance with one replica group (--nproc {options.nproc} in groups of {size}) has nobody to "
+            "fail over to",
+            f"pass --nproc {size * 2} --nproc-per-group {size} (2 groups of {size}), or run on several nodes",
+        )
+    return size
+
+
+def run_replica_job(
+    cfg: TrainConfig, options: LaunchOptions, *, workload: Any = None, group_nproc: int = 1
+) -> TrainResult | None:
+    """Train ``cfg`` as ``options.nproc / group_nproc`` replica groups per node on the CPU; group 0's
+    result (None on the other nodes). ``options``: as :func:`check_replica_launch` returned them."""
     cfg = cfg.replace(device="cpu")
     if cfg.out is None and options.several_nodes:
         raise ShoalError(
@@ -64,15 +93,17 @@ def run_replica_job(cfg: TrainConfig, options: LaunchOptions, *, workload: Any =
         cfg = cfg.replace(out=default_out_dir(short_name(cfg.workload)))
     cfg = cfg.replace(out=str(prepare_out_dir(cfg.out)))
     place = _addresses(options, cfg.lighthouse)
+    groups = options.nproc // group_nproc
     results = run_replica_groups(
         train_rank,
         (cfg, "fork", None, workload),
-        groups=options.nproc,
+        groups=groups,
+        group_nproc=group_nproc,
         max_restarts=options.max_restarts or DEFAULT_MAX_RESTARTS,
         lighthouse=place.lighthouse,
         host=place.host,
-        first=options.node_rank * options.nproc,
-        total=options.node_counts[0] * options.nproc,
+        first=options.node_rank * groups,
+        total=options.node_counts[0] * groups,
         lighthouse_port=place.lighthouse_port,
         hang_timeout=options.hang_timeout,
         run_dir=cfg.out,

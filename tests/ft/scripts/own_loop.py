@@ -1,4 +1,6 @@
-"""A user's own training loop as replica groups: shoal.run(fn, nproc=2, fault_tolerance=True).
+"""A user's own training loop as replica groups: shoal.run(fn, nproc=2, fault_tolerance=True); with
+the argument ``hsdp``, 2 groups of 2 processes that shard the model with FSDP2 (nproc=4,
+nproc_per_group=2).
 
 Prints one JSON line: every group's committed steps and parameter hash, and the largest difference
 between the groups' weights and the same steps trained in one process on the whole global batch.
@@ -35,19 +37,20 @@ def rows(step: int) -> torch.Tensor:
     return torch.arange(step * BATCH, (step + 1) * BATCH) % 512
 
 
-def replica_group() -> dict:
+def replica_group(sharded: bool) -> dict:
     ctx = shoal.current()
-    net = model()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    net = ctx.wrap(model(), strategy="fsdp") if sharded else model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)  # after wrapping: FSDP's parameters are shards
     replicas = ctx.replicas(net, optimizer)
     x, y = data()
     while (step := replicas.start_step()) < STEPS:
-        mine = rows(step)[replicas.group :: replicas.groups]  # this group's half of the step's batch
+        mine = rows(step)[replicas.data_rank :: replicas.data_world]  # this process's share of the step's batch
         optimizer.zero_grad()
         F.cross_entropy(replicas.model(x[mine].double()), y[mine]).backward()
         replicas.commit()
     replicas.close()
-    weights = torch.cat([p.detach().flatten() for p in net.parameters()])
+    full = [p.full_tensor() if sharded else p for p in net.parameters()]  # collective in the group
+    weights = torch.cat([p.detach().flatten() for p in full])
     return {"group": replicas.group, "step": replicas.step, "weights": weights.tolist()}
 
 
@@ -63,7 +66,11 @@ def one_process() -> torch.Tensor:
 
 
 if __name__ == "__main__":
-    groups = shoal.run(replica_group, nproc=2, fault_tolerance=True, all_ranks=True, threads=1)
+    sharded = sys.argv[1:] == ["hsdp"]
+    groups = shoal.run(
+        replica_group, sharded, nproc=4 if sharded else 2, nproc_per_group=2 if sharded else 1,
+        fault_tolerance=True, all_ranks=True, threads=1,
+    )  # fmt: skip
     reference = one_process()
     report = {
         "groups": [g["group"] for g in groups],
