@@ -5,8 +5,10 @@ One JSON object a line, appended with one ``write`` each (lines of several proce
 interleave): ``{"t", "group", "event", "pid", ...}``. The groups write ``start`` (with their node,
 address and the lighthouse's URL), ``joined``, ``healed``, ``quorum``, ``dropped``, ``recovered`` and
 ``finished`` (:mod:`shoal.train.replica`); their launcher writes ``died`` (the group's pid, how it
-ended, the step of its last commit: :mod:`shoal.launch.replica_watch`). Every ``step`` but a
-``dropped`` one is a count of committed steps.
+ended, the step of its last commit), ``hung``, ``straggler`` (its compute per step against the
+other groups' median: ``ratio``, ``compute_s``, ``others_s`` over its last ``steps`` steps) and
+``caught_up`` (the straggler keeps pace again): :mod:`shoal.launch.replica_watch`. Every ``step``
+but a ``dropped`` one is a count of committed steps.
 
 Nothing here imports torch, nor anything of shoal.
 """
@@ -80,6 +82,9 @@ class GroupState:
     """Its latest ``died`` event (``step``, ``how``, ``after_s``, ``node``), or None."""
     healed: dict[str, Any] | None
     """Its latest ``healed`` event (``step``, ``after_s``), or None."""
+    straggler: dict[str, Any] | None = None
+    """Its ``straggler`` event while that episode lasts (no ``caught_up``, start, death or end
+    since): ``ratio``, ``compute_s``, ``others_s``, ``steps``; else None."""
 
     def failure(self) -> str:
         """One line: which node, which step it died at, where it healed and how long that took."""
@@ -123,9 +128,20 @@ def group_states(events: list[dict[str, Any]]) -> list[GroupState]:
                 state=state,
                 died=died[-1] if died else None,
                 healed=healed[-1] if healed else None,
+                straggler=_straggling(mine),
             )
         )
     return states
+
+
+def _straggling(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A group's latest ``straggler`` event, unless an event since ended that episode."""
+    for event in reversed(events):
+        if event["event"] == "straggler":
+            return event
+        if event["event"] in ("caught_up", "start", "died", "finished"):
+            return None
+    return None
 
 
 def lighthouse_url(events: list[dict[str, Any]]) -> str | None:

@@ -236,17 +236,20 @@ def main_args(args: argparse.Namespace) -> int:
 
 def group_row(group: GroupState, ranks: list[RankProgress], now_wall: float) -> dict:
     """One replica group: its events, and its progress record when its latest process wrote it
-    (the step it is at, and whether it is gone or stuck)."""
+    (the step it is at, and whether it is gone or stuck); a straggler while its launcher's watch
+    says it is one."""
     record = next((r for r in ranks if r.rank == group.group and r.pid == group.pid), None)
     state, step = group.state, group.step
-    if record is not None and state == "training":
+    if state == "training" and group.straggler is not None:  # its launcher's watch named it
+        state = f"straggler ({group.straggler['ratio']:.1f}x compute)"
+    if record is not None and group.state == "training":
         step = max(step, record.step)
         stalled = in_phase_s(record, now_wall)
         if not record.alive and record.phase != "done":
             state = "gone"
         elif stalled >= HangDetector().timeout([record]):
             state = f"stuck in {activity(record)} for {stalled:.0f} s"
-        else:
+        elif group.straggler is None:
             state = f"training ({activity(record)})"
     return {
         "group": group.group,
@@ -258,6 +261,7 @@ def group_row(group: GroupState, ranks: list[RankProgress], now_wall: float) -> 
         "failure": group.failure(),
         "died": group.died,
         "healed": group.healed,
+        "straggler": group.straggler,
     }
 
 

@@ -5,7 +5,10 @@ touched here, so all of it is testable over snapshots):
   hang timeout, and :func:`hang_report` names the odd rank(s) out with the source line from their
   stacks (:func:`where`);
 - stragglers: :class:`StragglerJudge` names a rank whose compute time per step stays above the
-  others' by a margin for several windows in a row; :func:`straggler_line` says so in one line."""
+  others' by a margin for several windows in a row; :class:`StragglerWindows` feeds it each window
+  from successive snapshots of the records and keeps who is named (the launch core's monitor and the
+  replica launcher's watch over its groups both judge through it); :func:`straggler_line` says so in
+  one line."""
 
 from __future__ import annotations
 
@@ -217,6 +220,75 @@ class StragglerJudge:
         for rank in compute_per_step:
             self._streak[rank] = self._streak.get(rank, 0) + 1 if rank in slow else 0
         return sorted(r for r in slow if self._streak[r] >= self.persistence)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank :class:`StragglerWindows` names: its mean compute per step (``mean``, seconds) over its
+    ``steps`` steps of the latest window over the margin, against the median of the other ranks'."""
+
+    rank: int
+    host: str
+    mean: float
+    others: float
+    steps: int
+
+    @property
+    def ratio(self) -> float:
+        return self.mean / self.others
+
+
+@dataclass
+class StragglerWindows:
+    """:class:`StragglerJudge` over successive snapshots of the records, one :meth:`window` call per
+    window. A rank's mean compute per step in a window comes from the deltas of its running totals
+    (nothing lost between polls; a restarted rank's totals begin again). A rank named stays in
+    :attr:`named` until ``persistence`` windows in a row at the others' pace (it leaves as it entered:
+    a blip does neither); a window in which no rank stepped (a hang, a restart) changes nothing."""
+
+    judge: StragglerJudge = field(default_factory=StragglerJudge)
+    named: dict[int, Straggler] = field(default_factory=dict)
+    """The stragglers now, each with the figures of its latest window over the margin."""
+    starts: dict[int, tuple[int, float]] = field(default_factory=dict)
+    """rank -> its (timed steps, compute seconds) totals when the current window began."""
+    _calm: dict[int, int] = field(default_factory=dict)  # a named rank's windows in a row at the others' pace
+
+    def window(self, ranks: Sequence[RankProgress]) -> tuple[list[Straggler], list[int]]:
+        """The window ends with these records: ``(named, left)``, the ranks named anew in it (each the
+        start of an episode) and those that left the named ones."""
+        compute: dict[int, float] = {}
+        steps: dict[int, int] = {}
+        for r in ranks:
+            begun, total = self.starts.get(r.rank, (0, 0.0))
+            if r.steps_timed < begun:  # a restarted worker: its totals began again
+                begun, total = 0, 0.0
+            if r.steps_timed > begun:
+                steps[r.rank] = r.steps_timed - begun
+                compute[r.rank] = (r.total_compute_s - total) / steps[r.rank]
+            self.starts[r.rank] = (r.steps_timed, r.total_compute_s)
+        if not compute:
+            return [], []
+        hosts = {r.rank: r.host for r in ranks}
+        slow = self.judge.window(compute)
+        entered = []
+        for rank in slow:
+            others = statistics.median(v for r, v in compute.items() if r != rank)
+            straggler = Straggler(rank, hosts.get(rank, "?"), compute[rank], others, steps[rank])
+            if rank not in self.named:
+                entered.append(straggler)
+            self.named[rank], self._calm[rank] = straggler, 0
+        left = []
+        for rank in [r for r in self.named if r not in slow]:
+            self._calm[rank] += 1 if rank in compute else 0
+            if self._calm[rank] >= self.judge.persistence:
+                del self.named[rank]
+                left.append(rank)
+        return entered, left
+
+    def forget(self, rank: int) -> None:
+        """``rank``'s process is gone: its next one starts without a past (nor a verdict)."""
+        for known in (self.named, self.starts, self._calm, self.judge._streak):
+            known.pop(rank, None)
 
 
 def straggler_line(rank: int, host: str, mean: float, others: float) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 import sys
 import threading
 import time
@@ -25,12 +24,13 @@ from shoal.launch.watchdog.judges import (
     Hang,
     HangDetector,
     StragglerJudge,
+    StragglerWindows,
     activity,
     hang_report,
     straggler_line,
     where,
 )
-from shoal.launch.watchdog.options import STOP_GRACE_S, WATCHDOG_ENV
+from shoal.launch.watchdog.options import STOP_GRACE_S, WATCHDOG_ENV, straggler_window_s
 from shoal.launch.watchdog.processes import (
     alive,
     children,
@@ -106,13 +106,12 @@ class Monitor:
         self.stragglers: set[int] = set()
         """Every rank named a straggler so far (each line is printed once)."""
         self.verdict_path = Path(verdict_path) if verdict_path is not None else None
-        self._current: dict[int, dict] = {}  # the stragglers of the verdict now
-        self._calm: dict[int, int] = {}  # a named straggler's windows in a row at the others' pace
+        self._windows = StragglerWindows(self.judge)  # the stragglers of the verdict now: its ``named``
         self._hang_line: str | None = None
         self._where: dict[int, str] = {}  # this node's ranks, from the stacks of the current hang
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shoal-watchdog", daemon=True)
-        self._window_start: dict[int, tuple[int, float]] = {}
+        self._window_start = self._windows.starts
         self._window_at = 0.0
         self.publish, self.peers, self.share_s = publish, peers, share_s
         self.peer_wait_s = 2 * share_s + 2 if peer_wait_s is None else peer_wait_s
@@ -246,48 +245,34 @@ class Monitor:
             time.sleep(0.5)
 
     def _judge(self, ranks: Sequence[RankProgress]) -> None:
-        compute: dict[int, float] = {}
-        for r in ranks:
-            steps, total = self._window_start.get(r.rank, (0, 0.0))
-            if r.steps_timed < steps:  # a restarted worker: its totals began again
-                steps, total = 0, 0.0
-            if r.steps_timed > steps:
-                compute[r.rank] = (r.total_compute_s - total) / (r.steps_timed - steps)
-            self._window_start[r.rank] = (r.steps_timed, r.total_compute_s)
-        if not compute:
-            return  # no step in this window (a hang, a restart): the verdict stands
-        slow = self.judge.window(compute)
-        current = {}
-        for rank in slow:
-            others = statistics.median(v for r, v in compute.items() if r != rank)
-            host = next((r.host for r in ranks if r.rank == rank), "?")
-            line = straggler_line(rank, host, compute[rank], others)
-            current[rank] = {"rank": rank, "node": host, "ratio": round(compute[rank] / others, 2), "line": line}
-            self._calm[rank] = 0
-            if rank not in self.stragglers:
-                self.stragglers.add(rank)
+        before = set(self._windows.named)
+        named, _ = self._windows.window(ranks)
+        for straggler in named:
+            if straggler.rank not in self.stragglers:  # each rank's line once
+                self.stragglers.add(straggler.rank)
+                line = straggler_line(straggler.rank, straggler.host, straggler.mean, straggler.others)
                 if self.on_straggler is not None:
                     self.on_straggler(line)
                 else:
                     print(line, file=sys.stderr, flush=True)
-        # A named straggler leaves the verdict as it entered it: after ``persistence`` windows in a
-        # row at the others' pace (one quick window is a blip too).
-        for rank, entry in self._current.items():
-            if rank in current:
-                continue
-            self._calm[rank] = self._calm.get(rank, 0) + (1 if rank in compute else 0)
-            if self._calm[rank] < self.judge.persistence:
-                current[rank] = entry
-        changed = set(current) != set(self._current)
-        self._current = current
-        if changed:
+        if set(self._windows.named) != before:
             self._write_verdict()
 
     def _write_verdict(self) -> None:
         if self.verdict_path is None:
             return
         try:
-            write_verdict(self.verdict_path, [self._current[r] for r in sorted(self._current)], self._hang_line)
+            named = [self._windows.named[r] for r in sorted(self._windows.named)]
+            stragglers = [
+                {
+                    "rank": s.rank,
+                    "node": s.host,
+                    "ratio": round(s.ratio, 2),
+                    "line": straggler_line(s.rank, s.host, s.mean, s.others),
+                }
+                for s in named
+            ]
+            write_verdict(self.verdict_path, stragglers, self._hang_line)
         except OSError as err:
             print(f"shoal: watchdog: cannot write {self.verdict_path}: {err}", file=sys.stderr, flush=True)
 
@@ -335,7 +320,7 @@ class JobWatch:
         self._before = set(children(self._launcher))
         self._known: dict[int, int | None] = {}  # pid -> start time: workers and their descendants
         if window_s is None:
-            window_s = float(os.environ.get("SHOAL_STRAGGLER_WINDOW_S") or 10.0)
+            window_s = straggler_window_s()
         # Share often enough that the other nodes' records are fresh well within the timeout.
         share_s = 5.0 if hang_timeout is None else max(0.5, min(5.0, hang_timeout / 4))
         self.monitor = Monitor(

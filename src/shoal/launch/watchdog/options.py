@@ -1,8 +1,11 @@
 """The watchdog's settings: the hang timeout's floor and factor, the slow phases, the stop grace,
-``--hang-timeout`` and ``--on-hang`` checked (:func:`hang_options`). Imported on the ``--help`` path
-(:mod:`shoal.launch.options`): nothing here imports torch, nor anything but :mod:`shoal.errors`."""
+the straggler window, ``--hang-timeout`` and ``--on-hang`` checked (:func:`hang_options`). Imported
+on the ``--help`` path (:mod:`shoal.launch.options`): nothing here imports torch, nor anything but
+:mod:`shoal.errors`."""
 
 from __future__ import annotations
+
+import os
 
 from shoal.errors import ShoalError
 
@@ -20,6 +23,8 @@ SLOW_FACTOR = 4.0
 STOP_GRACE_S = 5.0
 """``--on-hang stop|restart``: how long a hung rank gets after SIGTERM before SIGKILL (a rank blocked in
 a collective runs no Python handler; one that does, such as the preemption handler, gets to exit)."""
+STRAGGLER_WINDOW_ENV = "SHOAL_STRAGGLER_WINDOW_S"
+"""Seconds of each straggler window (default 10): a straggler is named after 3 windows in a row."""
 WATCHDOG_ENV = "SHOAL_WATCHDOG"
 """``SHOAL_WATCHDOG=0`` in the launcher's environment turns the watchdog off (for an A/B measurement)."""
 
@@ -49,3 +54,8 @@ def hang_options(hang_timeout: str | float | None, on_hang: str = "report") -> t
             f"--on-hang {on_hang!r} is not one of {', '.join(ON_HANG)}", "use --on-hang report|stop|restart"
         )
     return timeout, on_hang
+
+
+def straggler_window_s() -> float:
+    """The straggler window: ``SHOAL_STRAGGLER_WINDOW_S`` seconds, else 10."""
+    return float(os.environ.get(STRAGGLER_WINDOW_ENV) or 10.0)
