@@ -35,9 +35,10 @@ def test_the_modules_rendered_lines_run_exist():
     import importlib.util
 
     from shoal.jobs.hosts.render import RANK_STATUS_MODULE
+    from shoal.jobs.slurm_fault_tolerance import LIGHTHOUSE_MODULE
     from shoal.launch.as_torchrun import MODULE as AS_TORCHRUN_MODULE
 
-    for name in (RANK_STATUS_MODULE, AS_TORCHRUN_MODULE):
+    for name in (RANK_STATUS_MODULE, AS_TORCHRUN_MODULE, LIGHTHOUSE_MODULE):
         assert importlib.util.find_spec(name) is not None, name
 
 

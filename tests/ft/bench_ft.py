@@ -10,7 +10,8 @@
    against HSDP, 2 replica groups of 2.
 2. Faults: ``--kills`` runs of ``--fault-tolerance`` where replica group 1 is SIGKILLed right after
    its first commit: the survivor's next commit after the kill, and the restarted group's first
-   commit after its process started (both from RUN_DIR/replicas.jsonl).
+   commit after its process started (both from RUN_DIR/replicas.jsonl). ``--nodes``: each group
+   on a node of its own (two network namespaces on a veth link; needs root).
 
 3. ``--chaos`` (instead of 1 and 2): ``--groups`` replica groups trained twice with the same seed,
    once unfailed, once with a random live group SIGKILLed every ``--kill-every`` seconds (give or
@@ -84,7 +85,59 @@ def one_fault(workload: str, epochs: int, out: Path) -> dict:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    found = events(out)
+    return _fault_figures(events(out), victim, killed_at)
+
+
+def one_fault_across_nodes(workload: str, epochs: int, out: Path) -> dict:
+    """:func:`one_fault` with each group on a node of its own: two network namespaces on a veth
+    link (tests/cluster/netns.py), node 0 serving the lighthouse; group 1 (node 1) is SIGKILLed
+    and restarted by node 1's launcher, healing from node 0 across the link."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the namespaced nodes' helpers
+    from cluster.helpers import shoal_on, wait_all
+    from cluster.netns import node_pair
+
+    out.mkdir(parents=True)
+    with node_pair() as (a, b):
+        launched = [
+            shoal_on(
+                node,
+                [
+                    "train",
+                    workload,
+                    "--fault-tolerance",
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    str(rank),
+                    "--master-addr",
+                    a.addr,
+                    "--nproc",
+                    "1",
+                    "--epochs",
+                    str(epochs),
+                    "--device",
+                    "cpu",
+                    "--out",
+                    str(out / "run"),
+                ],
+                out / f"node{rank}.log",
+                cwd=out,
+            )  # fmt: skip
+            for rank, node in enumerate((a, b))
+        ]
+        while not all(find(events(out / "run"), g, "joined") for g in (0, 1)):
+            if any(item.proc.poll() is not None for item in launched):
+                raise RuntimeError("a node's launcher ended early: " + " | ".join(i.output[-500:] for i in launched))
+            time.sleep(0.02)
+        victim = find(events(out / "run"), 1, "start")[0]["pid"]
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        wait_all(launched, 600)
+    return _fault_figures(events(out / "run"), victim, killed_at)
+
+
+def _fault_figures(found: list[dict], victim: int, killed_at: float) -> dict:
+    """From the run's events: the survivor's next commit after the kill, the returning group's first."""
     alone = next(e for e in find(found, 0, "quorum") if e["t"] > killed_at)
     second = [e for e in find(found, 1, "joined") if e["pid"] != victim]
     finished = {e["group"]: e["params"] for e in found if e["event"] == "finished"}
@@ -162,6 +215,7 @@ def main() -> None:
     parser.add_argument(
         "--train-args", default="", help='more shoal train flags for the steady state: --train-args="--arch resnet18"'
     )
+    parser.add_argument("--nodes", action="store_true", help="the faults on two namespaced nodes, one group each")
     parser.add_argument("--chaos", action="store_true", help="the chaos run instead (see the module docstring)")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--chaos-kills", type=int, default=10)
@@ -181,7 +235,8 @@ def main() -> None:
         if args.kills == 0:
             print(json.dumps(report, indent=2))
             return
-        report["faults"] = [one_fault(args.workload, args.epochs, root / f"kill-{i}") for i in range(args.kills)]
+        fault = one_fault_across_nodes if args.nodes else one_fault
+        report["faults"] = [fault(args.workload, args.epochs, root / f"kill-{i}") for i in range(args.kills)]
     print(json.dumps(report, indent=2))
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from shoal.cli import launch as launch_cli
 from shoal.errors import ShoalError
+from shoal.jobs.kubernetes import trainjob
 from shoal.jobs.kubernetes.image import render_dockerfile, render_dockerignore
 from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, to_yaml, to_yaml_all
 from shoal.jobs.kubernetes.mpijob import render_mpijob
@@ -89,6 +90,8 @@ CASES = {
     ),
     # Three documents (what --dry-run prints): the lighthouse's Deployment and Service, then the job.
     "pytorchjob_fault_tolerance.txt": lambda: to_yaml_all(render_objects(_ft_job(), CPU_PODS)),
+    # The same lighthouse, then a TrainJob whose pods restart as its runtime says (trainjob.py).
+    "trainjob_fault_tolerance.txt": lambda: to_yaml_all(trainjob.render_objects(_ft_job(max_restarts=0), CPU_PODS)),
     "trainjob.yaml": lambda: to_yaml(render_trainjob(JobSpec(**_trainjob_kwargs()), GPU_PODS)),
     "trainjob_cpu_module.yaml": lambda: to_yaml(
         render_trainjob(JobSpec(command=("-m", "mypkg.train", "--lr", "0.1"), job_name="mod", nodes=2), CPU_PODS)
@@ -120,8 +123,8 @@ CASES = {
 FT_TRAIN = ("shoal", "train", "digits", "--fault-tolerance", "--device", "cpu", "--out", "/shared/run")
 
 
-def _ft_job(command=FT_TRAIN) -> JobSpec:
-    return JobSpec(command=command, job_name="digits-ft", nodes=3, nproc=1, max_restarts=10)
+def _ft_job(command=FT_TRAIN, max_restarts=10) -> JobSpec:
+    return JobSpec(command=command, job_name="digits-ft", nodes=3, nproc=1, max_restarts=max_restarts)
 
 
 def _trainjob_kwargs() -> dict:
@@ -293,6 +296,23 @@ def test_a_fault_tolerant_pytorchjob_names_the_lighthouse_rendered_beside_it():
     assert "&id" not in to_yaml_all([deployment, service, job])
 
 
+def test_a_fault_tolerant_trainjob_names_the_same_lighthouse_and_no_job_alone_names_one_unrendered():
+    *pytorch_lighthouse, _ = render_objects(_ft_job(), CPU_PODS)
+    *lighthouse, job = trainjob.render_objects(_ft_job(max_restarts=0), CPU_PODS)
+    assert lighthouse == pytorch_lighthouse  # one piece, whichever kind runs the pods
+    assert job["spec"]["trainer"]["command"] == [*FT_TRAIN, "--lighthouse", "http://digits-ft-lighthouse:29510"]
+    # The single-object renderers cannot hand out pods that name a lighthouse nobody applies.
+    for alone in (
+        lambda: render_pytorchjob(_ft_job(), CPU_PODS),
+        lambda: render_trainjob(_ft_job(max_restarts=0), CPU_PODS),
+    ):
+        with pytest.raises(ShoalError, match="name the lighthouse rendered beside it") as err:
+            alone()
+        assert "render_objects" in err.value.hint
+    own = (*FT_TRAIN, "--lighthouse", "http://lh.infra:29510")
+    assert render_trainjob(_ft_job(own, 0), CPU_PODS)["spec"]["trainer"]["command"] == list(own)
+
+
 def test_the_rendered_lighthouse_has_the_settings_of_the_one_shoal_runs_itself():
     from shoal.jobs.kubernetes.fault_tolerance import lighthouse_command
     from shoal.launch.lighthouse import Lighthouse
@@ -333,6 +353,8 @@ def test_cli_k8s_fault_tolerance_prints_three_objects_and_restarts_pods_by_defau
     assert objects[-1]["spec"]["runPolicy"]["backoffLimit"] == 10  # a lost group comes back as a restarted pod
     plain = yaml.safe_load(_cli(capsys, "k8s", "--image", IMAGE, "--nodes", "2", "--dry-run", "--", "shoal", "train"))
     assert plain["spec"]["runPolicy"]["backoffLimit"] == 0
+    objects = list(yaml.safe_load_all(_cli(capsys, "k8s", "--kind", "trainjob", *argv[1:])))
+    assert [o["kind"] for o in objects] == ["Deployment", "Service", "TrainJob"]  # no --max-restarts to refuse
 
 
 def test_cli_k8s_env_without_value_comes_from_this_shell(capsys, monkeypatch):
@@ -442,7 +464,7 @@ BAD_INPUT = [
         ([*cli[:1], "--image", IMAGE, *cli[1:], "--volume", "shared:/shared", "--", *FT_TRAIN], message)
         for cli, message in [
             (["k8s"], "a lost pod would take every replica group with it"),
-            (["k8s", "--nodes", "2", "--kind", "trainjob"], "not as a TrainJob"),
+            (["k8s", "--nodes", "2", "--kind", "trainjob", "--max-restarts", "3"], "a TrainJob cannot set how often"),
             (["k8s", "--nodes", "2", "--kind", "mpijob"], "not as an MPIJob"),
             (["runai", "--nodes", "2"], "not as a Run:ai submit command"),
             (["k8s", "--nodes", "2", "--elastic", "1:2"], "--elastic restarts every pod"),

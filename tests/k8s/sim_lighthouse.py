@@ -121,6 +121,8 @@ def started(pod: SimPod, pod_ip: str, secrets: Mapping[str, Mapping[str, str]] |
 
 
 def split(objects: Sequence[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
-    """The Deployment, the Service and the PyTorchJob of a rendered fault-tolerant job."""
-    by_kind = {obj["kind"]: dict(obj) for obj in objects}
-    return by_kind["Deployment"], by_kind["Service"], by_kind["PyTorchJob"]
+    """The Deployment, the Service and the job (a PyTorchJob or a TrainJob) of a rendered fault-tolerant job."""
+    deployment, service, job = (dict(obj) for obj in objects)
+    if (deployment["kind"], service["kind"]) != ("Deployment", "Service"):
+        raise SimulationError(f"not a lighthouse beside a job: {[obj['kind'] for obj in objects]}")
+    return deployment, service, job

@@ -24,7 +24,10 @@ Rules, from kubeflow/trainer at commit 8c0f505 (the CRDs' commit) and the JobSet
   JobSet's name, a headless Service of that name;
 - Kubernetes' Job controller (kubernetes pkg/controller/job/job_controller.go, indexed_job_utils.go):
   an Indexed Job's pod ``i`` has hostname ``<job>-<i>``, generateName ``<job>-<i>-``, the
-  ``batch.kubernetes.io/job-completion-index`` annotation and label, and JOB_COMPLETION_INDEX.
+  ``batch.kubernetes.io/job-completion-index`` annotation and label, and JOB_COMPLETION_INDEX;
+- failures (:func:`jobset`, :func:`job_fails`, :func:`after_job_failure`): the pods' restartPolicy
+  and the Job's backoffLimit as JobSet's webhook and the Job API default them, when the Job
+  controller fails the Job, and what JobSet then does (each function cites its source).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from k8s.sim_cluster import SimPod, SimulationError, start_pod
@@ -114,28 +117,32 @@ def admit(trainjob: Mapping[str, Any], runtime: Mapping[str, Any]) -> None:
                     raise SimulationError("spec.runtimePatches: must not have envs for the node container")
 
 
-def simulate(
-    trainjob: Mapping[str, Any],
-    runtime: Mapping[str, Any],
-    *,
-    secrets: Mapping[str, Mapping[str, str]] | None = None,
-) -> list[SimPod]:
-    """The pods of ``trainjob`` on ``runtime`` (a ClusterTrainingRuntime), by completion index."""
+def jobset(trainjob: Mapping[str, Any], runtime: Mapping[str, Any]) -> dict[str, Any]:
+    """The JobSet spec Trainer makes of ``trainjob`` on ``runtime`` (a ClusterTrainingRuntime), as the
+    API server stores it: Trainer's build (the runtime patches merged, the trainer's fields and PET_*
+    variables on the ``node`` container, ``replicas`` 1 and ``numNodes`` pods: builder.go, torch.go,
+    jobset.go ``SyncParallelCount``), then JobSet's webhook defaults (jobset v0.12.0,
+    pkg/webhooks/jobset_webhook.go ``Default``: completionMode Indexed, pod restartPolicy OnFailure
+    when unset) and the Job API's (kubernetes v1.32, pkg/apis/batch/v1/defaults.go
+    ``SetDefaults_Job``: backoffLimit 6 when unset)."""
     admit(trainjob, runtime)
-    name, namespace = trainjob["metadata"]["name"], trainjob["metadata"].get("namespace", "default")
+    name = trainjob["metadata"]["name"]
     trainer = trainjob["spec"].get("trainer", {})
-    jobset = copy.deepcopy(runtime["spec"]["template"]["spec"])
+    spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
     for patch in trainjob["spec"].get("runtimePatches", []):
         patch_spec = patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec")
         if patch_spec:
-            jobset = strategic_merge(jobset, patch_spec)
+            spec = strategic_merge(spec, patch_spec)
     ml_policy = runtime["spec"].get("mlPolicy", {})
-    pods: list[SimPod] = []
-    for job in jobset["replicatedJobs"]:
+    for job in spec["replicatedJobs"]:
+        job_spec = job["template"]["spec"]
+        job_spec.setdefault("completionMode", "Indexed")
+        job_spec.setdefault("backoffLimit", 6)
+        job_spec["template"]["spec"].setdefault("restartPolicy", "OnFailure")
         if job["template"].get("metadata", {}).get("labels", {}).get(ANCESTOR_LABEL) != "trainer":
             continue  # initializers: not simulated (shoal's TrainJobs use none)
-        pod_template = job["template"]["spec"]["template"]
-        main = next(c for c in pod_template["spec"]["containers"] if c["name"] == NODE)
+        job["replicas"] = 1
+        main = next(c for c in job_spec["template"]["spec"]["containers"] if c["name"] == NODE)
         for field in ("image", "command", "args"):
             if trainer.get(field) is not None:
                 main[field] = copy.deepcopy(trainer[field])
@@ -147,6 +154,7 @@ def simulate(
                 if merged:
                     main.setdefault("resources", {})[part] = merged
         count = trainer.get("numNodes", ml_policy.get("numNodes", 1))
+        job_spec["parallelism"] = job_spec["completions"] = count
         nproc = _nproc_per_node(trainer, main.get("resources", {}))
         _upsert_env(
             main["env"],
@@ -164,12 +172,55 @@ def simulate(
         ports = main.setdefault("ports", [])
         if all(p.get("containerPort") != TRAINER_PORT for p in ports):
             ports.append({"containerPort": TRAINER_PORT})
-        job_name = f"{name}-{job['name']}-0"  # replicas forced to 1 (builder.go)
-        for index in range(count):
-            pods.append(_pod(name, namespace, job_name, index, pod_template, secrets or {}))
+    return spec
+
+
+def simulate(
+    trainjob: Mapping[str, Any],
+    runtime: Mapping[str, Any],
+    *,
+    secrets: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[SimPod]:
+    """The pods of ``trainjob`` on ``runtime`` (a ClusterTrainingRuntime), by completion index."""
+    name, namespace = trainjob["metadata"]["name"], trainjob["metadata"].get("namespace", "default")
+    pods: list[SimPod] = []
+    for job in jobset(trainjob, runtime)["replicatedJobs"]:
+        if job["template"].get("metadata", {}).get("labels", {}).get(ANCESTOR_LABEL) != "trainer":
+            continue
+        job_name = f"{name}-{job['name']}-0"  # <jobset>-<replicatedJob>-<job index>: one job (replicas 1)
+        for index in range(job["template"]["spec"]["completions"]):
+            pods.append(_pod(name, namespace, job_name, index, job["template"]["spec"]["template"], secrets or {}))
     if not pods:
         raise SimulationError("the runtime has no replicated job with the trainer ancestor label")
     return pods
+
+
+def job_fails(job: Mapping[str, Any], restarts: Sequence[int] = (), failed_pods: int = 0) -> bool:
+    """Whether Kubernetes' Job controller fails ``job`` (a replicated job of :func:`jobset`), given
+    the container restarts of its running and pending pods and how many of its pods failed
+    (kubernetes v1.32, pkg/controller/job/job_controller.go: more failed pods than backoffLimit;
+    or, under restartPolicy OnFailure, ``pastBackoffLimitOnFailure``: the restarts sum to
+    backoffLimit, any restart when it is 0)."""
+    spec = job["template"]["spec"]
+    limit = spec["backoffLimit"]
+    if failed_pods > limit:
+        return True
+    if spec["template"]["spec"]["restartPolicy"] != "OnFailure":
+        return False
+    return sum(restarts) > 0 if limit == 0 else sum(restarts) >= limit
+
+
+def after_job_failure(spec: Mapping[str, Any], restarts_so_far: int = 0) -> str:
+    """What JobSet does once a Job of ``spec`` (:func:`jobset`) failed (jobset v0.12.0,
+    pkg/controllers/failure_policy.go ``executeFailurePolicy``): no failurePolicy, "Failed"; one
+    whose rules match nothing, its default action, "RestartJobSet" (every Job recreated: every pod)
+    until ``maxRestarts``, then "Failed". Rules are not simulated (shoal renders none)."""
+    policy = spec.get("failurePolicy")
+    if policy is None:
+        return "Failed"
+    if policy.get("rules"):
+        raise SimulationError("failurePolicy rules are not simulated")
+    return "RestartJobSet" if restarts_so_far < policy.get("maxRestarts", 0) else "Failed"
 
 
 def _nproc_per_node(trainer: Mapping[str, Any], resources: Mapping[str, Any]) -> int | str:
@@ -211,7 +262,7 @@ def _pod(jobset: str, namespace: str, job: str, index: int, template: dict, secr
         services=[jobset],
         pod_spec=pod_spec,
         main=main,
-        restart_policy=pod_spec.get("restartPolicy", "OnFailure"),  # JobSet's webhook default
+        restart_policy=pod_spec["restartPolicy"],
         secrets=secrets,
         labels=labels,
         annotations=annotations,

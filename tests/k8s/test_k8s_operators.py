@@ -17,6 +17,8 @@ import yaml
 
 from k8s import sim_mpijob, sim_pytorchjob, sim_trainjob
 from k8s.sim_cluster import SimulationError, expand, resolvable_names
+from shoal.env.operator import operator_defaults
+from shoal.jobs.kubernetes import pytorchjob, trainjob
 from shoal.jobs.kubernetes.mpijob import render_mpijob
 from shoal.jobs.kubernetes.options import PodOptions, SecretEnv, VolumeClaim
 from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
@@ -212,6 +214,50 @@ def test_trainjob_admission_rules():
     patch["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = "trainer"
     with pytest.raises(SimulationError, match="container 'trainer' is not in the runtime"):
         sim_trainjob.simulate(wrong, RUNTIME)
+
+
+FT_TRAIN = (*TRAIN, "--fault-tolerance")
+
+
+def test_a_fault_tolerant_trainjob_restarts_a_pod_alone_until_the_runtimes_backoff_limit():
+    """What a TrainJob cannot set, its JobSet gets from the defaults: kubernetes-sigs/jobset v0.12.0
+    pkg/webhooks/jobset_webhook.go Default, restartPolicy OnFailure (the kubelet restarts a failed
+    container in place) and an Indexed Job (a lost pod is replaced for its index); kubernetes v1.32
+    pkg/apis/batch/v1/defaults.go SetDefaults_Job, backoffLimit 6; pkg/controller/job/job_controller.go,
+    the Job fails once its pods' container restarts sum to 6; jobset pkg/controllers/failure_policy.go,
+    with no failurePolicy the JobSet then fails: no failure restarts every pod."""
+    job = trainjob.render_objects(*_spec(command=FT_TRAIN, nodes=3, nproc=1))[-1]
+    spec = sim_trainjob.jobset(job, RUNTIME)
+    (node,) = spec["replicatedJobs"]
+    job_spec = node["template"]["spec"]
+    assert (job_spec["completionMode"], job_spec["parallelism"], job_spec["backoffLimit"]) == ("Indexed", 3, 6)
+    assert job_spec["template"]["spec"]["restartPolicy"] == "OnFailure" and "failurePolicy" not in spec
+    assert not sim_trainjob.job_fails(node, restarts=[0, 2, 3])  # five containers restarted, each alone
+    assert not sim_trainjob.job_fails(node, restarts=[1], failed_pods=6)  # six pods lost and replaced
+    assert sim_trainjob.job_fails(node, restarts=[0, 3, 3]) and sim_trainjob.job_fails(node, failed_pods=7)
+    assert sim_trainjob.after_job_failure(spec) == "Failed"
+    # A runtime's failurePolicy would restart the whole JobSet after that, never one pod.
+    restarting = copy.deepcopy(RUNTIME)
+    restarting["spec"]["template"]["spec"]["failurePolicy"] = {"maxRestarts": 2}
+    assert sim_trainjob.after_job_failure(sim_trainjob.jobset(job, restarting), restarts_so_far=1) == "RestartJobSet"
+
+
+def test_a_fault_tolerant_trainjobs_pods_give_the_launcher_what_a_pytorchjobs_do():
+    """The in-pod part is proven on a PyTorchJob's pods (tests/ft/test_ft_k8s_pods.py): a TrainJob's
+    pods run the same command, and shoal reads the same node rank, node count and processes from
+    them (env/operator.py); only the master's name differs, and it resolves to node 0's pod."""
+    tj = sim_trainjob.simulate(trainjob.render_objects(*_spec(command=FT_TRAIN, nodes=2, nproc=1))[-1], RUNTIME)
+    pj = sim_pytorchjob.simulate(pytorchjob.render_objects(*_spec(command=FT_TRAIN, nodes=2, max_restarts=10))[-1])
+    assert (
+        [p.argv for p in tj]
+        == [p.argv for p in pj]
+        == [[*FT_TRAIN, "--lighthouse", "http://digits-lighthouse:29510"]] * 2
+    )
+    for node_rank, (t, p) in enumerate(zip(tj, pj, strict=True)):
+        ours, theirs = operator_defaults(t.env, gpus=0), operator_defaults(p.env, gpus=0)
+        assert (ours.pop("master_addr"), theirs.pop("master_addr")) == ("digits-node-0-0.digits", "digits-master-0")
+        assert ours == theirs and (ours["node_rank"], ours["nnodes"], ours["nproc"]) == (node_rank, "2", 1)
+    assert resolvable_names(tj, tj[1])["digits-node-0-0.digits"] == tj[0].name
 
 
 # ---- MPIJob (MPI operator) -----------------------------------------------------------------------

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k8s import crd_schema, sim_trainjob
+from k8s import crd_schema, sim_lighthouse, sim_trainjob
 from k8s.crd_schema import assert_valid, errors
 from k8s.sim_cluster import SimulationError
+from shoal.jobs.kubernetes import trainjob
 from shoal.jobs.kubernetes.mpijob import render_mpijob
 from shoal.jobs.kubernetes.options import PodOptions, SecretEnv, VolumeClaim
 from shoal.jobs.kubernetes.pytorchjob import render_pytorchjob
@@ -83,6 +84,33 @@ def test_a_trainjob_naming_another_runtime_is_refused():
     assert_valid(job)  # the schema cannot know which runtimes exist
     with pytest.raises(SimulationError, match="must be created before the TrainJob"):
         sim_trainjob.admit(job, RUNTIME)
+
+
+def test_a_fault_tolerant_trainjob_is_admitted_beside_its_lighthouse_and_cannot_set_its_restarts():
+    """The TrainJob passes Trainer's CRD and webhook, its lighthouse the API server's rules
+    (k8s/sim_lighthouse.py). Its runtime patch cannot carry the pods' restartPolicy, a container's,
+    the Job's backoffLimit nor a JobSet failurePolicy (kubeflow/trainer 8c0f505,
+    pkg/apis/trainer/v1alpha1/trainjob_types.go JobSetSpecPatch, JobSpecPatch, PodSpecPatch,
+    ContainerPatch): why a fault-tolerant TrainJob refuses --max-restarts."""
+    command = ("shoal", "train", "digits", "--fault-tolerance", "--out", "/ckpt/run")
+    spec = JobSpec(command=command, job_name="ft", nodes=2, nproc=1)
+    deployment, service, job = sim_lighthouse.split(trainjob.render_objects(spec, PODS[1]))
+    assert_valid(job)
+    sim_trainjob.admit(job, RUNTIME)
+    sim_lighthouse.admit(deployment, service)
+    jobset = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    job_spec = jobset["replicatedJobs"][0]["template"]["spec"]
+    pod = job_spec["template"]["spec"]
+    for where, field, value in [
+        (pod, "restartPolicy", "OnFailure"),
+        (pod["containers"][0], "restartPolicy", "OnFailure"),
+        (job_spec, "backoffLimit", 10),
+        (jobset, "failurePolicy", {"maxRestarts": 10}),
+    ]:
+        where[field] = value
+        assert any(f"'{field}' was unexpected" in e for e in errors(job)), field
+        del where[field]
+    assert errors(job) == []
 
 
 # ---- the validator refuses what the API server refuses -------------------------------------

@@ -1,5 +1,6 @@
 """The Slurm target: its options, the sbatch script (one ``shoal run`` launcher per node, or ``srun``
-starting every process), and submitting it with sbatch.
+starting every process), and submitting it with sbatch. A fault-tolerant command's script (a job
+step per replica group) is :mod:`shoal.jobs.slurm_fault_tolerance`'s, from the pieces here.
 
 :class:`SlurmOptions` holds what only Slurm needs (partition, time limit, output files, cores per
 node, srun starting every process); :func:`render_sbatch` is pure (golden files pin it);
@@ -48,12 +49,17 @@ class SlurmOptions:
     """CPU cores to allocate on every node; default one per process."""
     one_task_per_process: bool = False
     """srun starts every process itself (shoal detects Slurm) instead of one launcher per node."""
+    spare_nodes: int = 0
+    """A fault-tolerant job's nodes beyond its replica groups': idle until a node is lost, when the
+    lost node's groups start again there (:mod:`shoal.jobs.slurm_fault_tolerance`)."""
 
     def __post_init__(self) -> None:
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
             raise ShoalError(
                 f"CPUs per node must be at least 1, got {self.cpus_per_node}", "give --cpus-per-node 1 or more"
             )
+        if self.spare_nodes < 0:
+            raise ShoalError(f"--spare-nodes must be 0 or more, got {self.spare_nodes}", "give --spare-nodes 0 or more")
         if self.time_limit is not None and not _TIME.fullmatch(self.time_limit):
             raise ShoalError(
                 f"--time {self.time_limit!r} is not a Slurm time limit",
@@ -82,26 +88,10 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
         tasks_per_node, cpus_per_task = nproc, (max(1, cpus // nproc) if cpus else None)
     else:
         tasks_per_node, cpus_per_task = 1, cpus or nproc
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={spec.job_name}",
-        f"#SBATCH --nodes={spec.nodes}",
-        f"#SBATCH --ntasks-per-node={tasks_per_node}",
-    ]
-    if cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
-    if spec.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
-    if opts.partition:
-        lines.append(f"#SBATCH --partition={opts.partition}")
-    if opts.time_limit:
-        lines.append(f"#SBATCH --time={opts.time_limit}")
-    lines.append(f"#SBATCH --output={opts.output}")
-    lines.append(f"#SBATCH --signal={WARNING_SIGNAL}@{WARNING_S}")
-    if opts.error:
-        lines.append(f"#SBATCH --error={opts.error}")
-    if spec.workdir:
-        lines.append(f"#SBATCH --chdir={spec.workdir}")
+    lines = sbatch_head(
+        spec, opts, nodes=spec.nodes, tasks_per_node=tasks_per_node, cpus_per_task=cpus_per_task,
+        behaviour=[f"--signal={WARNING_SIGNAL}@{WARNING_S}"],
+    )  # fmt: skip
     world = spec.nodes * nproc
     if opts.one_task_per_process:
         lines += [
@@ -113,11 +103,7 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
             f"{SBATCH_MARKER}: one `shoal run` launcher per node starts {nproc} process{'es' if nproc != 1 else ''};",
             "# the launchers meet in a c10d rendezvous served by the first node of the allocation.",
         ]
-    lines += ["set -eu", ""]
-    env = [(name, value) for name, value in spec.env if value is not None]  # the rest: sbatch exports
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in env]
-    if env:
-        lines.append("")
+    lines += ["set -eu", "", *exports(spec)]
     srun = ["srun"]
     if opts.one_task_per_process:
         if spec.master_port is not None:
@@ -125,15 +111,10 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
         if cpus_per_task:  # srun does not take it from sbatch since Slurm 22.05
             srun.append(f"--cpus-per-task={cpus_per_task}")
         srun.append("--kill-on-bad-exit=1")
-        lines.append(_continued(srun, [spec.python, "-m", AS_TORCHRUN_MODULE, "--"], spec.process_argv()))
+        lines.append(continued(srun, [spec.python, "-m", AS_TORCHRUN_MODULE, "--"], spec.process_argv()))
         return "\n".join(lines) + "\n"
     lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)')
-    if spec.master_port is None:
-        lines.append(
-            "port=$((15000 + SLURM_JOB_ID % 5000))  # as shoal derives it in srun steps: jobs sharing a node differ"
-        )
-    else:
-        lines.append(f"port={spec.master_port}")
+    lines.append(port_line(spec))
     lines += ['echo "shoal: job $SLURM_JOB_ID, $SLURM_NNODES nodes, rendezvous $head_node:$port"', ""]
     srun += ["--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}", "--kill-on-bad-exit=1"]
     launcher = [*spec.shoal, "run", "--nnodes", '"$SLURM_NNODES"', "--nproc", str(nproc)]
@@ -141,20 +122,68 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
         launcher += ["--max-restarts", str(spec.max_restarts)]
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", '"$head_node:$port"', "--rdzv-id", '"$SLURM_JOB_ID"']
     signals = ["--signals-to-handle", LAUNCHER_SIGNALS]
-    lines.append(_continued(srun, launcher, signals, rendezvous, spec.launcher_target()))
+    lines.append(continued(srun, launcher, signals, rendezvous, spec.launcher_target()))
     return "\n".join(lines) + "\n"
 
 
-def _continued(*groups: list[str], width: int = 100) -> str:
+def sbatch_head(
+    spec: JobSpec,
+    opts: SlurmOptions,
+    *,
+    nodes: int,
+    tasks_per_node: int,
+    cpus_per_task: int | None,
+    behaviour: list[str],
+) -> list[str]:
+    """The ``#SBATCH`` lines every rendered script starts with: the allocation, its name, its files,
+    and ``behaviour`` (sbatch options such as ``--signal=USR1@60``) after the output file."""
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={spec.job_name}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={tasks_per_node}",
+    ]
+    if cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
+    if spec.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
+    if opts.partition:
+        lines.append(f"#SBATCH --partition={opts.partition}")
+    if opts.time_limit:
+        lines.append(f"#SBATCH --time={opts.time_limit}")
+    lines.append(f"#SBATCH --output={opts.output}")
+    lines += [f"#SBATCH {option}" for option in behaviour]
+    if opts.error:
+        lines.append(f"#SBATCH --error={opts.error}")
+    if spec.workdir:
+        lines.append(f"#SBATCH --chdir={spec.workdir}")
+    return lines
+
+
+def exports(spec: JobSpec) -> list[str]:
+    """``export NAME=VALUE`` for the variables given a value, then a blank line; sbatch exports
+    the submitting shell's own (``--env NAME``) by itself."""
+    env = [f"export {name}={shlex.quote(value)}" for name, value in spec.env if value is not None]
+    return [*env, ""] if env else []
+
+
+def port_line(spec: JobSpec) -> str:
+    """``port=...``: ``--master-port``, else the port shoal derives in srun steps from the job id."""
+    if spec.master_port is not None:
+        return f"port={spec.master_port}"
+    return "port=$((15000 + SLURM_JOB_ID % 5000))  # as shoal derives it in srun steps: jobs sharing a node differ"
+
+
+def continued(*groups: list[str], width: int = 100, shell_words: frozenset[str] = _SHELL_WORDS) -> str:
     """One shell command: each group of words starts a line (``\\``-continued), long ones wrap.
 
-    Words are quoted for the shell except those in :data:`_SHELL_WORDS`, which it must expand.
+    Words are quoted for the shell except those in ``shell_words``, which it must expand.
     """
     lines: list[str] = []
     for group in groups:
         if not group:
             continue
-        words = [word if word in _SHELL_WORDS else shlex.quote(word) for word in group]
+        words = [word if word in shell_words else shlex.quote(word) for word in group]
         current = ("    " if lines else "") + words[0]
         for word in words[1:]:
             if len(current) + 1 + len(word) > width - 2:

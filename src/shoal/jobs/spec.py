@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shoal.env.base import DEFAULT_MAIN_PORT
@@ -138,6 +139,35 @@ def looks_secret(name: str) -> bool:
     ``*SECRET*``): its value is never written into a launch line, script or manifest."""
     upper = name.upper()
     return upper.endswith(("_TOKEN", "_KEY")) or "PASSWORD" in upper or "SECRET" in upper
+
+
+def shoal_train_args(command: Sequence[str]) -> list[str] | None:
+    """The arguments after ``train`` when ``command`` is ``shoal train ...`` (or ``[python] -m shoal
+    train ...``), else None."""
+    words = list(command)
+    if "-m" in words[:2] and (words[0] == "-m" or os.path.basename(words[0]).startswith("python")):
+        words = words[words.index("-m") + 1 :]
+    if len(words) < 2 or os.path.basename(words[0]) != "shoal" or words[1] != "train":
+        return None
+    return words[2:]
+
+
+def fault_tolerant(command: Sequence[str]) -> bool:
+    """True when ``command`` is ``shoal train ... --fault-tolerance`` (replica groups, torchft)."""
+    args = shoal_train_args(command)
+    return args is not None and "--fault-tolerance" in args
+
+
+def train_option(command: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` (``--device``, ``--out``) in a ``shoal train`` command, or None."""
+    value = None
+    words = shoal_train_args(command) or []
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    return value
 
 
 def parse_env(items: list[str] | None) -> tuple[tuple[str, str | None], ...]:

@@ -181,7 +181,10 @@ def _supervise(
         ifname = os.environ.get(name) or interface_of(host)
         if ifname:
             base[name] = ifname
-    groups = [_Group(layout.first + i) for i in range(count)]
+    # Started again by an outer supervisor (a Slurm batch script's step per group), a launcher
+    # numbers its groups' starts from the count it was given.
+    before = int(os.environ.get(STARTS_ENV, "1")) - 1
+    groups = [_Group(layout.first + i, starts=before) for i in range(count)]
     watch = GroupWatch(layout.run_dir, layout.node, host, layout.hang_timeout)
     # The first start of every group meets here before its first quorum (a late group would
     # otherwise miss it and heal at step 1); a restarted group does not wait.

@@ -21,6 +21,7 @@ examples:
   shoal launch slurm --nodes 2 --gpus-per-node 4 --time 1:00:00 -- shoal train cifar10 --data ~/data
   shoal launch slurm --nodes 2 --nproc-per-node 4 --one-task-per-process --dry-run -- train.py
   shoal launch slurm -p gpu --nodes 4 --gpus-per-node 8 --max-restarts 2 -- train.py --epochs 90
+  shoal launch slurm --nodes 4 --spare-nodes 1 -- shoal train digits --fault-tolerance --out /shared/run
   shoal launch manual --hosts node1:4,node2:4 -- train.py         # the line to type on each node
   shoal launch k8s --kind pytorchjob --image IMG --nodes 2 --gpus-per-node 4 --dry-run -- shoal train mnist
   shoal launch runai --image IMG --nodes 2 -g 1 -- train.py       # runai submit, each CLI generation

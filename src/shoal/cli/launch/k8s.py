@@ -86,7 +86,8 @@ def k8s_parser() -> argparse.ArgumentParser:
         p,
         nodes_help="pods (PyTorchJob, TrainJob) or MPIJob workers (default 1)",
         restarts_help="pod restarts (restartPolicy OnFailure) before the job fails (default 0; 10 for a "
-        "`shoal train --fault-tolerance` command, whose lost groups come back as restarted pods)",
+        "`shoal train --fault-tolerance` PyTorchJob, whose lost groups come back as restarted pods; a "
+        "TrainJob's runtime sets its own)",
     )
     p.add_argument("--namespace", "-n", default="default", help="Kubernetes namespace (default default)")
     p.add_argument("--shm-size", metavar="Q", help="size limit of the memory-backed /dev/shm, e.g. 8Gi")
@@ -189,12 +190,14 @@ def _spec(args: argparse.Namespace, **pod_extra):
 
 
 def run_k8s(args: argparse.Namespace) -> int:
-    from shoal.jobs.kubernetes.fault_tolerance import MIN_RESTARTS, fault_tolerant
+    from shoal.jobs.kubernetes.fault_tolerance import MIN_RESTARTS
     from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, kubectl_apply, to_yaml_all
     from shoal.jobs.kubernetes.options import parse_elastic
+    from shoal.jobs.spec import fault_tolerant
 
-    if args.max_restarts is None:
-        args.max_restarts = MIN_RESTARTS if args.command and fault_tolerant(args.command) else 0
+    if args.max_restarts is None:  # a TrainJob's pod restarts are its runtime's to bound
+        ft = args.kind == "pytorchjob" and args.command and fault_tolerant(args.command)
+        args.max_restarts = MIN_RESTARTS if ft else 0
     spec, pods = _spec(
         args,
         namespace=args.namespace,
@@ -231,9 +234,9 @@ def run_k8s(args: argparse.Namespace) -> int:
 def _render(kind: str, spec, pods, runtime: str) -> list[dict]:
     """The objects to apply, in order (the job last)."""
     if kind == "trainjob":
-        from shoal.jobs.kubernetes.trainjob import render_trainjob
+        from shoal.jobs.kubernetes import trainjob
 
-        return [render_trainjob(spec, pods, runtime)]
+        return trainjob.render_objects(spec, pods, runtime)
     if kind == "mpijob":
         from shoal.jobs.kubernetes.mpijob import render_mpijob
 

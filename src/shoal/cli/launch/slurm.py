@@ -23,7 +23,9 @@ def slurm_parser() -> argparse.ArgumentParser:
         "shoal launch slurm",
         "Render an sbatch script (one `shoal run` launcher per node, c10d "
         "rendezvous on the allocation's first node; or srun starting every process with "
-        "--one-task-per-process), write it and submit it with sbatch; print the job id.",
+        "--one-task-per-process; for `shoal train --fault-tolerance`, a job step per replica group, started "
+        "again when it fails, beside a lighthouse on the batch host), write it and submit it with sbatch; "
+        "print the job id.",
     )
     p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes to allocate (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs per node (default 0)")
@@ -46,13 +48,25 @@ def slurm_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="srun starts every process (shoal detects Slurm) instead of one launcher per node",
     )
-    add_max_restarts(p, "launchers restart the group up to K times after a worker fails")
+    add_max_restarts(
+        p,
+        "launchers restart the group up to K times after a worker fails (default 0); for a `shoal train "
+        "--fault-tolerance` command, each replica group's job step is started again up to K times (default 10)",
+    )
+    p.add_argument(
+        "--spare-nodes",
+        type=int,
+        default=0,
+        metavar="K",
+        help="`shoal train --fault-tolerance`: K nodes more than the replica groups fill, where a lost node's "
+        "groups start again at once (default 0)",
+    )
     p.add_argument("--script", metavar="FILE", help="where to write the script (default JOB_NAME.sbatch)")
     p.add_argument(
         "--master-port",
         type=int,
         metavar="PORT",
-        help="rendezvous port (default 15000 + job id %% 5000)",
+        help="rendezvous port, or a fault-tolerant job's lighthouse port (default 15000 + job id %% 5000)",
     )
     add_python(
         p,
@@ -61,14 +75,24 @@ def slurm_parser() -> argparse.ArgumentParser:
     )
     add_env(p)
     add_command(p)
+    p.set_defaults(max_restarts=None)  # unset: 0, or for a fault-tolerant command its groups' default
     return p
 
 
 def run_slurm(args: argparse.Namespace) -> int:
     from shoal.jobs.programs import require_program
     from shoal.jobs.slurm import SBATCH_HINT, SBATCH_MARKER, SlurmOptions, render_sbatch, submit_sbatch
-    from shoal.jobs.spec import JobSpec, parse_env
+    from shoal.jobs.slurm_fault_tolerance import MAX_RESTARTS, render_replica_sbatch
+    from shoal.jobs.spec import JobSpec, fault_tolerant, parse_env
 
+    replicas = fault_tolerant(args.command)
+    if args.max_restarts is None:
+        args.max_restarts = MAX_RESTARTS if replicas else 0
+    if args.spare_nodes and not replicas:
+        raise ShoalError(
+            "--spare-nodes is for a `shoal train --fault-tolerance` command (a lost node's groups start again there)",
+            "drop --spare-nodes, or add --fault-tolerance to the shoal train command",
+        )
     nproc = args.nproc if args.nproc is not None else max(1, args.gpus_per_node)
     python = args.python or sys.executable
     spec = JobSpec(
@@ -91,10 +115,11 @@ def run_slurm(args: argparse.Namespace) -> int:
         error=args.error,
         cpus_per_node=args.cpus_per_node,
         one_task_per_process=args.one_task_per_process,
+        spare_nodes=args.spare_nodes,
     )
-    if opts.one_task_per_process and spec.max_restarts:
+    if opts.one_task_per_process and spec.max_restarts and not replicas:
         raise ShoalError("--max-restarts needs the per-node launchers", "drop --one-task-per-process or --max-restarts")
-    script = render_sbatch(spec, opts)
+    script = (render_replica_sbatch if replicas else render_sbatch)(spec, opts)
     warn_missing_script(args.command, args.workdir)
     if args.dry_run:
         sys.stdout.write(script)

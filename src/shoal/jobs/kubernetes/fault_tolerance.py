@@ -1,11 +1,13 @@
-"""A fault-tolerant job on Kubernetes: the torchft lighthouse as its own Deployment and Service.
+"""A fault-tolerant job on Kubernetes: the torchft lighthouse as its own Deployment and Service,
+beside a PyTorchJob or a TrainJob, whichever kind runs the pods.
 
-A pod command ``shoal train ... --fault-tolerance`` makes every pod of a PyTorchJob a node of
-replica groups (``docs/FAULT_TOLERANCE.md``): node RANK of PET_NNODES, read from the variables the
-training operator sets (PET_NODE_RANK, PET_NNODES, PET_NPROC_PER_NODE), its groups numbered
-``RANK x nproc`` on. The pod's launcher forks its groups and restarts one that dies; a pod that is
-lost outright comes back as the kubelet restarts its container (restartPolicy OnFailure) or the
-operator recreates the pod, and its groups heal from a live one.
+A pod command ``shoal train ... --fault-tolerance`` makes every pod of the job a node of replica
+groups (``docs/FAULT_TOLERANCE.md``): node PET_NODE_RANK of PET_NNODES, read from the variables both
+operators set (the training operator for a PyTorchJob, Trainer's torch plugin for a TrainJob), its
+groups numbered ``RANK x groups per pod`` on. The pod's launcher forks its groups and restarts one
+that dies; a pod whose container dies comes back as the kubelet restarts it (restartPolicy
+OnFailure) or its controller recreates the pod, and its groups heal from a live one. How each kind
+gets there, and what bounds the restarts, is the kind's (:mod:`.pytorchjob`, :mod:`.trainjob`).
 
 The lighthouse, torchft's quorum server, must outlive any one group, so it is not the master pod's
 (a lost master pod would take the quorum with it and stall every survivor) nor its sidecar (the
@@ -21,6 +23,9 @@ is what torchft's own launch examples make it, a process of its own beside the g
 - a ``Service`` of the same name: a stable address for it while its pod is replaced;
 - each pod of the job gets ``--lighthouse http://<name>-lighthouse:29510`` in its command (a
   command that names a ``--lighthouse`` already keeps it, and no lighthouse is rendered).
+
+:func:`prepare` is the one place that adds that URL, and it returns the Deployment and Service in
+the same call: a kind cannot render pods that name a lighthouse nobody applies.
 """
 
 from __future__ import annotations
@@ -30,10 +35,9 @@ from typing import Any
 
 from shoal.env.replica import lighthouse_args
 from shoal.errors import ShoalError
-from shoal.jobs.kubernetes.options import PodOptions, shoal_train_args, train_option
-from shoal.jobs.spec import JobSpec
+from shoal.jobs.kubernetes.options import PodOptions, check_job_name, train_option
+from shoal.jobs.spec import JobSpec, fault_tolerant
 
-FLAG = "--fault-tolerance"
 LIGHTHOUSE_PORT = 29510
 """torchft's own lighthouse port (``torchft_lighthouse --bind`` default, TORCHFT_LIGHTHOUSE in its examples)."""
 PORT_NAME = "lighthouse"
@@ -45,12 +49,6 @@ restarts counts against the job's runPolicy.backoffLimit, and a lost group comes
 REQUESTS = {"cpu": "100m", "memory": "512Mi"}
 """The lighthouse pod's requests: one process, mostly asleep; torchft's script imports torch (a few
 hundred MB). No limit: a lighthouse killed for memory would stall every group."""
-
-
-def fault_tolerant(command: Sequence[str]) -> bool:
-    """True when ``command`` is ``shoal train ... --fault-tolerance``."""
-    args = shoal_train_args(command)
-    return args is not None and FLAG in args
 
 
 def lighthouse_name(spec: JobSpec) -> str:
@@ -69,16 +67,16 @@ def own_lighthouse(command: Sequence[str]) -> bool:
 
 
 def refuse_kind(spec: JobSpec, kind: str) -> None:
-    """A fault-tolerant command rendered as anything but a PyTorchJob (``kind``: "a TrainJob"...)."""
+    """A fault-tolerant command rendered as a kind that cannot run it (``kind``: "an MPIJob"...)."""
     if fault_tolerant(spec.command):
         raise ShoalError(
-            f"--fault-tolerance is rendered as a PyTorchJob beside its lighthouse, not as {kind}",
-            "use `shoal launch k8s --kind pytorchjob` (its pods restart one at a time)",
+            f"--fault-tolerance is rendered as a PyTorchJob or a TrainJob beside its lighthouse, not as {kind}",
+            "use `shoal launch k8s --kind pytorchjob` or `--kind trainjob` (their pods restart one at a time)",
         )
 
 
 def check(spec: JobSpec, pods: PodOptions) -> None:
-    """What a fault-tolerant PyTorchJob cannot be, refused before anything is rendered."""
+    """What a fault-tolerant job on pods cannot be, whatever its kind, refused before anything is rendered."""
     if spec.nodes < 2:
         raise ShoalError(
             f"--fault-tolerance with --nodes {spec.nodes}: a lost pod would take every replica group with it",
@@ -94,11 +92,6 @@ def check(spec: JobSpec, pods: PodOptions) -> None:
             "--fault-tolerance runs on the CPU for now, but --gpus-per-node asks for GPUs",
             "drop --gpus-per-node (docs/FAULT_TOLERANCE.md says what is built)",
         )
-    if spec.max_restarts < 1:
-        raise ShoalError(
-            "--fault-tolerance with --max-restarts 0: the first pod that restarts would fail the whole PyTorchJob",
-            f"give --max-restarts {MIN_RESTARTS} or more (a lost group comes back as its pod's container restarting)",
-        )
     out = train_option(spec.command, "--out")
     mounted = [v.mount_path.rstrip("/") for v in pods.volumes if not v.read_only]
     if out is None or not any(out == path or out.startswith(path + "/") for path in mounted):
@@ -109,9 +102,34 @@ def check(spec: JobSpec, pods: PodOptions) -> None:
         )
 
 
-def pod_command(spec: JobSpec, command: list[str]) -> list[str]:
-    """The job's pod command, with the rendered lighthouse's URL unless it names its own."""
-    return command if own_lighthouse(spec.command) else [*command, "--lighthouse", lighthouse_url(spec)]
+def prepare(spec: JobSpec, pods: PodOptions, command: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The pods' command and the objects to apply before the job, for a job of any kind whose pods
+    run ``command`` (the job's command as the kind runs it).
+
+    Not fault-tolerant: ``command``, nothing beside it. Fault-tolerant: checked (:func:`check`);
+    naming its own ``--lighthouse``: ``command``, nothing beside it; else ``command`` with the
+    rendered lighthouse's URL, and that lighthouse's Deployment and Service (applied first, so that
+    the name resolves when the job's pods start).
+    """
+    if not fault_tolerant(spec.command):
+        return command, []
+    check(spec, pods)
+    if own_lighthouse(spec.command):
+        return command, []
+    check_job_name(spec.job_name, [lighthouse_name(spec)])
+    return [*command, "--lighthouse", lighthouse_url(spec)], render_lighthouse(spec, pods)
+
+
+def job_alone(objects: list[dict[str, Any]], renderer: str) -> dict[str, Any]:
+    """The job, when ``objects`` (a kind's ``render_objects``) hold nothing else; ShoalError when a
+    lighthouse was rendered beside it: the job alone would name a lighthouse nobody applies."""
+    if len(objects) > 1:
+        raise ShoalError(
+            f"{renderer} renders the job alone, but this fault-tolerant job's pods name the lighthouse "
+            "rendered beside it",
+            "render it with render_objects (what `shoal launch k8s` applies): the lighthouse, then the job",
+        )
+    return objects[0]
 
 
 def lighthouse_command() -> list[str]:

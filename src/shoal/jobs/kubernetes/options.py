@@ -18,14 +18,13 @@ or written, with the rules Kubernetes itself applies:
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shoal.env.grace import EXIT_MARGIN_S, PLATFORM_GRACE_S, PREEMPT_GRACE_S
 from shoal.errors import ShoalError
-from shoal.jobs.spec import looks_secret
+from shoal.jobs.spec import looks_secret, shoal_train_args, train_option
 
 DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -217,29 +216,6 @@ def pod_env(env: Sequence[tuple[str, str | None]], environ: Mapping[str, str]) -
             value = environ[name]
         out.append((name, value))
     return out
-
-
-def shoal_train_args(command: Sequence[str]) -> list[str] | None:
-    """The arguments after ``train`` when ``command`` is ``shoal train ...`` (or ``[python] -m shoal
-    train ...``), else None."""
-    words = list(command)
-    if "-m" in words[:2] and (words[0] == "-m" or os.path.basename(words[0]).startswith("python")):
-        words = words[words.index("-m") + 1 :]
-    if len(words) < 2 or os.path.basename(words[0]) != "shoal" or words[1] != "train":
-        return None
-    return words[2:]
-
-
-def train_option(command: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` (``--device``, ``--preempt-grace``) in a ``shoal train`` command, or None."""
-    value = None
-    words = shoal_train_args(command) or []
-    for i, word in enumerate(words):
-        if word == flag and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith(flag + "="):
-            value = word.split("=", 1)[1]
-    return value
 
 
 def check_devices(command: Sequence[str], gpus_per_node: int) -> None:

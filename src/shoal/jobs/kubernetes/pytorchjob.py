@@ -10,8 +10,10 @@ PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, which shoal reads inside the pod.
 Elastic (``--elastic MIN:MAX``): Workers only, an ``elasticPolicy`` (c10d rendezvous on worker 0's
 Service, PET_NNODES=MIN:MAX, PET_MAX_RESTARTS), as the operator's elastic examples are built.
 
-Fault tolerance (a ``shoal train ... --fault-tolerance`` command): the pods' command names the
-lighthouse that :func:`render_objects` renders beside the job (:mod:`.fault_tolerance`).
+Fault tolerance (a ``shoal train ... --fault-tolerance`` command): :func:`render_objects` renders
+the lighthouse beside the job and the pods' command names it (:mod:`.fault_tolerance`); a pod whose
+container dies is restarted alone (restartPolicy OnFailure), and ``runPolicy.backoffLimit``
+(``--max-restarts``, at least 1) bounds those restarts across the job's pods.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from shoal.errors import ShoalError
 from shoal.jobs.kubernetes import fault_tolerance, template
 from shoal.jobs.kubernetes.options import PodOptions, check_job_name
 from shoal.jobs.spec import JobSpec
@@ -29,18 +32,21 @@ CONTAINER = "pytorch"
 PORT_NAME = "pytorchjob-port"
 
 
-def render_pytorchjob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
-    """The PyTorchJob for ``spec`` on ``pods`` (``spec.nodes`` pods of ``spec.nproc`` processes)."""
+def render_objects(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
+    """What ``shoal launch k8s`` applies: the PyTorchJob for ``spec`` on ``pods`` (``spec.nodes``
+    pods of ``spec.nproc`` processes), after the lighthouse's Deployment and Service when the
+    command is fault-tolerant and names no lighthouse of its own (:func:`.fault_tolerance.prepare`)."""
     template.check(spec, pods)
+    command, lighthouse = fault_tolerance.prepare(spec, pods, template.pod_command(spec))
+    if fault_tolerance.fault_tolerant(spec.command) and spec.max_restarts < 1:
+        raise ShoalError(
+            "--fault-tolerance with --max-restarts 0: the first pod that restarts would fail the whole PyTorchJob",
+            f"give --max-restarts {fault_tolerance.MIN_RESTARTS} or more (a lost group comes back as its pod's "
+            "container restarting)",
+        )
     elastic = pods.elastic
     last_worker = spec.nodes - 1 if elastic else spec.nodes - 2
-    names = [f"{spec.job_name}-master-0", f"{spec.job_name}-worker-{max(0, last_worker)}"]
-    command = template.pod_command(spec)
-    if fault_tolerance.fault_tolerant(spec.command):
-        fault_tolerance.check(spec, pods)
-        names.append(fault_tolerance.lighthouse_name(spec))
-        command = fault_tolerance.pod_command(spec, command)
-    check_job_name(spec.job_name, names)
+    check_job_name(spec.job_name, [f"{spec.job_name}-master-0", f"{spec.job_name}-worker-{max(0, last_worker)}"])
     volumes, mounts = template.volumes(spec, pods)
     container = template.container(
         spec,
@@ -71,14 +77,11 @@ def render_pytorchjob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
     # the first failure (training-operator pkg/core/job.go PastBackoffLimit).
     body["runPolicy"] = {"cleanPodPolicy": "None", "backoffLimit": spec.max_restarts}
     body["pytorchReplicaSpecs"] = replicas
-    return {"apiVersion": API_VERSION, "kind": "PyTorchJob", "metadata": template.metadata(spec, pods), "spec": body}
+    job = {"apiVersion": API_VERSION, "kind": "PyTorchJob", "metadata": template.metadata(spec, pods), "spec": body}
+    return [*lighthouse, job]
 
 
-def render_objects(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
-    """What ``shoal launch k8s`` applies: the PyTorchJob, after the lighthouse's Deployment and
-    Service when the job is fault-tolerant and names no lighthouse of its own (applied first, so
-    that its name resolves when the job's pods start)."""
-    job = render_pytorchjob(spec, pods)
-    if fault_tolerance.fault_tolerant(spec.command) and not fault_tolerance.own_lighthouse(spec.command):
-        return [*fault_tolerance.render_lighthouse(spec, pods), job]
-    return [job]
+def render_pytorchjob(spec: JobSpec, pods: PodOptions) -> dict[str, Any]:
+    """The PyTorchJob alone, for a job that needs nothing beside it (ShoalError for a fault-tolerant
+    command whose lighthouse shoal renders: :func:`render_objects` renders both)."""
+    return fault_tolerance.job_alone(render_objects(spec, pods), "render_pytorchjob")
