@@ -98,31 +98,14 @@ def one_fault_across_nodes(workload: str, epochs: int, out: Path) -> dict:
 
     out.mkdir(parents=True)
     with node_pair() as (a, b):
+        job = ["--nnodes", "2", "--master-addr", a.addr, "--nproc", "1", "--epochs", str(epochs), "--device", "cpu"]
         launched = [
             shoal_on(
                 node,
-                [
-                    "train",
-                    workload,
-                    "--fault-tolerance",
-                    "--nnodes",
-                    "2",
-                    "--node-rank",
-                    str(rank),
-                    "--master-addr",
-                    a.addr,
-                    "--nproc",
-                    "1",
-                    "--epochs",
-                    str(epochs),
-                    "--device",
-                    "cpu",
-                    "--out",
-                    str(out / "run"),
-                ],
+                ["train", workload, "--fault-tolerance", *job, "--node-rank", str(rank), "--out", str(out / "run")],
                 out / f"node{rank}.log",
                 cwd=out,
-            )  # fmt: skip
+            )
             for rank, node in enumerate((a, b))
         ]
         while not all(find(events(out / "run"), g, "joined") for g in (0, 1)):
