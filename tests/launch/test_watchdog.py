@@ -1,16 +1,20 @@
 """The watchdog: hang and straggler judgements over snapshots, and against real gloo jobs the stacks of
-a rank blocked in all_reduce, a real hang reported with the odd rank's source line, and a blocked
-rank that SIGTERM cannot stop stopped by SIGKILL."""
+a rank blocked in all_reduce, a real hang reported with the odd rank's source line, a slow rank of
+``shoal train`` named a straggler, and a blocked rank that SIGTERM cannot stop stopped by SIGKILL."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from procs import alive, wait_for
+from conftest import run_shoal
+from procs import alive, launcher_free_env, wait_for
 from progress_job import start_job, stop_job
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import (
@@ -231,6 +235,32 @@ def test_the_monitor_names_a_persistent_straggler(tmp_path):
         stop_job(procs)
 
 
+SLOW_GROUP = Path(__file__).parents[1] / "ft" / "scripts" / "slow_group.py"
+
+
+@pytest.mark.multiprocess
+def test_a_slow_rank_of_shoal_train_is_named_a_straggler(tmp_path):
+    """2 ranks of a real ``shoal train`` (DDP over gloo), rank 1 sleeping 30 ms in every forward: DDP's
+    all-reduce makes rank 0 wait for it inside its backward, which the trainer counts as wait, so rank
+    0's record shows its own compute and rank 1 is named (the line, verdict.json, metrics.jsonl)."""
+    out = tmp_path / "run"
+    env = launcher_free_env(SLOW_RANK="1", SLOW_S="0.03", SHOAL_STRAGGLER_WINDOW_S="1")
+    cmd = ["train", f"{SLOW_GROUP}:SlowGroup", "--nproc", "2", "--device", "cpu", "--out", str(out)]
+    proc = run_shoal(*cmd, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"^shoal: rank \d+ .* straggles: .*$", proc.stderr, re.M)
+    assert len(lines) == 1 and lines[0].startswith("shoal: rank 1 (node "), proc.stderr[-3000:]
+    verdict = json.loads((out / "progress" / "verdict.json").read_text())
+    assert [(s["rank"], s["line"]) for s in verdict["stragglers"]] == [(1, lines[0])], verdict
+    (epoch,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert epoch["stragglers"] == lines, epoch
+    fast, slow = sorted(read_progress(out / "progress"), key=lambda r: r.rank)
+    per_step = {r.rank: (r.total_compute_s / r.steps_timed, r.total_wait_s / r.steps_timed) for r in (fast, slow)}
+    assert slow.steps_timed == fast.steps_timed == 150, per_step
+    assert per_step[1][0] > 0.03 > 3 * per_step[0][0], per_step  # rank 0's compute is its own...
+    assert per_step[0][1] > 0.02, per_step  # ...and it waited for rank 1
+
+
 @pytest.mark.multiprocess
 def test_stop_processes_kills_a_rank_that_sigterm_cannot_stop(tmp_path):
     # Rank 0 waits in all_reduce with a Python SIGTERM handler (as shoal.preemption installs): the
@@ -332,8 +362,6 @@ def _window(monitor, compute: dict[int, float], steps: int) -> None:
 
 
 def test_the_verdict_file_follows_stragglers_with_the_same_persistence_both_ways(tmp_path):
-    import json
-
     path = tmp_path / "progress" / "verdict.json"
     lines = []
     monitor = Monitor(tmp_path / "progress", tmp_path, verdict_path=path, on_straggler=lines.append)
@@ -355,8 +383,6 @@ def test_the_verdict_file_follows_stragglers_with_the_same_persistence_both_ways
 
 
 def test_a_hang_and_its_end_are_written_to_the_verdict_file(tmp_path):
-    import json
-
     directory = tmp_path / "progress"
     writers = [ProgressWriter(directory, rank, stacks=False) for rank in (0, 1)]
     writers[0].collective()
@@ -389,8 +415,6 @@ def test_the_report_gives_another_nodes_rank_the_place_its_launcher_shared():
 
 
 def test_summaries_carry_the_place_and_ignore_fields_they_do_not_know():
-    import json
-
     from shoal.progress import from_summary, to_summary
 
     data = json.loads(to_summary([rec(1, where="train.py:88 in load_batch")]))

@@ -1,14 +1,18 @@
 """The training pass's clock (shoal.train.step.StepTimer) writing a real progress record: what a step
-counts as compute and as wait, its samples over micro-batches, and the epoch's seconds in the tally."""
+counts as compute and as wait (DDP's wait for the other ranks' gradients too), its samples over
+micro-batches, and the epoch's seconds in the tally."""
 
 import signal
+import threading
 import time
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from shoal.preemption import PreemptionWatch
 from shoal.progress import ProgressWriter, read_progress
-from shoal.train.step import EpochTally, StepTimer
+from shoal.train.step import EpochTally, Step, StepTimer
 
 WAIT_S, COMPUTE_S = 0.03, 0.05
 
@@ -46,3 +50,45 @@ def test_a_step_of_two_micro_batches_is_timed_and_counted(tmp_path):
         assert tally.train_s > held
         assert read_progress(tmp_path)[0].steps_timed == 2
     progress.close()
+
+
+def _late_all_reduce(_state, bucket):
+    """A comm hook whose all-reduce completes ``WAIT_S`` later, as when another rank is slower."""
+    done = torch.futures.Future()
+    threading.Timer(WAIT_S, done.set_result, args=(bucket.buffer(),)).start()
+    return done
+
+
+def test_the_backwards_wait_for_the_other_ranks_is_wait_not_compute(tmp_path):
+    """DDP waits for its all-reduces once the backward's computation is done: that much of a synced
+    backward is :attr:`Step.waited_s`, which the clock counts as wait; none for a no_sync
+    micro-batch, nor for a model outside DDP."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    progress = ProgressWriter(tmp_path, rank=0, stacks=False)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+        inputs, targets = torch.randn(4, 8), torch.tensor([0, 1, 0, 1])
+        plain = Step(model, torch.optim.SGD(model.parameters(), lr=0.1), "off", torch.device("cpu"))
+        plain.micro_batch(inputs, targets, weight=1.0, sync=True)
+        assert plain.waited_s == 0.0
+        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(None, _late_all_reduce)
+        step = Step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), "off", torch.device("cpu"))
+        step.micro_batch(inputs, targets, weight=0.5, sync=False)
+        assert step.waited_s == 0.0
+        step.micro_batch(inputs, targets, weight=0.5, sync=True)
+        assert WAIT_S <= step.waited_s < WAIT_S + 0.02, step.waited_s
+
+        timer = StepTimer(progress, EpochTally(torch.device("cpu")))
+        with PreemptionWatch() as preemption:
+            timer.start(0)
+            timer.fetched()
+            time.sleep(COMPUTE_S)  # forward, backward and the optimizer step, the wait included
+            timer.computed(4, WAIT_S)
+            timer.step_done(preemption)
+        (record,) = read_progress(tmp_path)
+        assert COMPUTE_S - WAIT_S <= record.compute_s < COMPUTE_S and record.wait_s >= WAIT_S, record
+    finally:
+        progress.close()
+        dist.destroy_process_group()

@@ -1,7 +1,8 @@
 """The pieces of a training step and of an epoch's state, each checkpointable where it must be.
 
 - :class:`Step`: forward and backward over ``grad_accum`` micro-batches with AMP and DDP's
-  ``no_sync`` (gradients all-reduced only on the last one), then the optimizer step;
+  ``no_sync`` (gradients all-reduced only on the last one), then the optimizer step; under DDP it
+  also times the last backward's wait for the other ranks' gradients (:attr:`Step.waited_s`);
 - :class:`EpochTally`: the running sums of the current epoch (checkpointed, so an epoch resumed in
   the middle still reports its whole loss);
 - :class:`StepTimer`: the training pass's clock (each step's compute and waits for the watchdog's
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from shoal.distributed import collectives
 from shoal.distributed.collectives import all_reduce_sum
@@ -30,7 +32,19 @@ if TYPE_CHECKING:
 
 
 class Step:
-    """One optimizer step over ``grad_accum`` micro-batches, with AMP and DDP's no_sync handled."""
+    """One optimizer step over ``grad_accum`` micro-batches, with AMP and DDP's no_sync handled.
+
+    Under DDP the backward of the last micro-batch also all-reduces the gradients: DDP's reducer
+    starts each bucket's all-reduce once its gradients are in and waits for them all in a callback
+    it queues on autograd's engine (``Reducer::finalize_backward``), which runs the callbacks queued
+    for a backward in order once all of the backward's computation is done. So the rank that ends its
+    backward first waits there for the slowest one. A callback queued as that backward starts runs
+    first and stamps the end of this rank's own computation; the rest of the backward is
+    :attr:`waited_s`, which the trainer's clock counts as wait, not compute, so that the watchdog's
+    straggler judge sees each rank's own compute. One hook on the backward's first node per synced
+    micro-batch, whatever the number of parameters. Not with one process (no DDP) nor under FSDP,
+    whose waits for the other ranks (all-gathers, reduce-scatters) run throughout the forward and
+    backward: :attr:`waited_s` stays 0."""
 
     def __init__(
         self,
@@ -53,6 +67,10 @@ class Step:
         )
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         self.loss_fn = loss_fn  # the mean over the micro-batch
+        self.waited_s = 0.0
+        """Seconds of the last micro-batch's backward after this rank's own computation: under DDP,
+        when it synced, the wait for the other ranks' gradients (and the last all-reduce); else 0."""
+        self._computed = _ComputedClock() if isinstance(model, DistributedDataParallel) else None
 
     def micro_batch(self, inputs: torch.Tensor, targets: torch.Tensor, *, weight: float, sync: bool) -> torch.Tensor:
         """Forward and backward one micro-batch; gradients are all-reduced only when ``sync``."""
@@ -63,7 +81,16 @@ class Step:
             with self.autocast() if self.autocast else contextlib.nullcontext():
                 loss = self.loss_fn(self.model(inputs), targets)
             progress.phase("backward")  # DDP's all-reduce and FSDP's reduce-scatter run in here
-            self.scaler.scale(loss * weight).backward()
+            scaled = self.scaler.scale(loss * weight)
+            clock = self._computed
+            if clock is None or not sync or scaled.grad_fn is None:
+                scaled.backward()
+                self.waited_s = 0.0
+            else:
+                clock.at = 0.0
+                scaled.grad_fn.register_prehook(clock.queue)
+                scaled.backward()
+                self.waited_s = perf_counter() - clock.at if clock.at else 0.0
         return loss.detach()
 
     def apply(self) -> None:
@@ -121,9 +148,10 @@ class StepTimer:
     The loop tells it where it is: :meth:`start`, then per micro-batch :meth:`fetched`, then
     :meth:`micro_batch_done` (gradients accumulate) or :meth:`computed` and :meth:`step_done` (the
     optimizer stepped), then :meth:`fetching` for the next batch; :meth:`stop` at the end. A step's
-    compute runs from its batch's arrival to the end of its backward (and optimizer step); its wait
-    is the time spent awaiting batches plus what follows the compute (the trackers' reduction, the
-    preemption check). ``perf_counter`` reads the clock without a system call."""
+    compute runs from its batch's arrival to the end of its backward (and optimizer step), less the
+    backward's wait for the other ranks' gradients (:attr:`Step.waited_s`, given to :meth:`computed`);
+    its wait is that, the time spent awaiting batches, and what follows the compute (the trackers'
+    reduction, the preemption check). ``perf_counter`` reads the clock without a system call."""
 
     def __init__(self, progress: ProgressWriter, tally: EpochTally) -> None:
         self.progress, self.tally = progress, tally
@@ -155,10 +183,12 @@ class StepTimer:
         self.progress.phase("data")
         self._fetching = fetching
 
-    def computed(self, samples: int) -> None:
-        """The step's last micro-batch (``samples``) and its optimizer step are done: compute ends."""
+    def computed(self, samples: int, waited_s: float = 0.0) -> None:
+        """The step's last micro-batch (``samples``) and its optimizer step are done: compute ends.
+        ``waited_s`` of it were spent waiting for the other ranks (:attr:`Step.waited_s`): wait."""
         computed = perf_counter()
-        self._compute_s += computed - self._begun
+        self._compute_s += computed - self._begun - waited_s
+        self._wait_s += waited_s
         self._samples += samples
         self._computed = computed
 
@@ -195,6 +225,24 @@ class GeneratorState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["state"])
+
+
+class _ComputedClock:
+    """When this rank's computation in a backward ended: :meth:`queue`, a hook on the backward's
+    first node, queues :meth:`stamp` on autograd's engine before anything else is queued for that
+    backward (DDP queues its wait once its last bucket is ready), so it runs first once the
+    backward's computation is done."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def queue(self, _grad_outputs: Any) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self.stamp)
+
+    def stamp(self) -> None:
+        self.at = perf_counter()
 
 
 class _NoProgress:

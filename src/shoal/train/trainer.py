@@ -355,7 +355,7 @@ def _train_epoch(run: RunState, step: Step, loader: Any, schedule: LRSchedule, p
         remaining = sampler.num_remaining
         position = num_samples - remaining
         run.epoch_trained = sampler.epoch_done and index == batches - 1
-        timer.computed(size)
+        timer.computed(size, step.waited_s)  # the backward's wait for the other ranks is no compute
         reports.step(run.global_step, step.optimizer.param_groups[0]["lr"], tally.samples)
         signum = timer.step_done(preemption)  # every rank agrees on a preemption
         if signum or step_cadence:
