@@ -92,18 +92,18 @@ def main_args(args: argparse.Namespace) -> int:
     from shoal.launch.options import LaunchOptions
     from shoal.train.config import TrainConfig, check_resume
 
+    if getattr(args, "fault_tolerance", False):
+        # Before torch loads, even for the config's checks (--strategy fsdp's import torch): torch
+        # reads its C++ log level once, at import, and the replica groups are forked from this
+        # process. The two C++ warnings every group prints are noise to a user: torchft's gloo
+        # group calls a deprecated sequence-number setter, and DDP's find_unused_parameters (set on
+        # purpose: it keeps buckets from being rebuilt, torchft/ddp.py) finds none.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     # The flags, the workload's name and --resume are checked (TrainConfig, LaunchOptions,
     # check_resume) before torch is imported (2-3 s of CPU): bad input fails at once.
     cfg = TrainConfig(workload=args.workload, **given_fields(args, args.training_fields))
     launch = LaunchOptions.from_environment(given_fields(args, args.launch_fields))
     check_resume(cfg.resume)
-    if cfg.fault_tolerance:
-        # Before torch loads (torch reads its C++ log level once, at import; the replica groups are
-        # forked from this process): the two C++ warnings every group prints are noise to a user.
-        # torchft's gloo group calls a deprecated sequence-number setter, and DDP's
-        # find_unused_parameters (set on purpose: it keeps buckets from being rebuilt,
-        # torchft/ddp.py) finds none.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if cfg.device == "cuda" and not _gpu_device_files():
         from shoal.distributed.device import NO_CUDA
 
