@@ -38,6 +38,7 @@ TORCH = re.compile(r"^import time:.*\|\s+torch$", re.M)
         # said before torch loads where no GPU device file exists; else torch is asked
         (["train", "digits", "--device", "cuda"], ["CUDA is not available"], not _gpu_device_files()),
         (["train", "digits", "--amp", "fp8"], ["--amp 'fp8' is not one of"], True),
+        (["train", "digits", "--strategy", "fsdp", "--comm-hook", "bf16"], ["works only with --strategy ddp"], True),
         (["train", "mnist"], ["needs a data directory", "--data"], False),
         (["train", "digits", "--resume", "no/such/ckpt-e00001.pt"], ["no such checkpoint", "--resume auto"], True),
     ],

@@ -15,13 +15,8 @@ import torchvision
 from torch import nn
 
 import warm
-from shoal.distributed.fsdp import (
-    DEFAULT_MIN_BLOCK_PARAMS,
-    apply_fsdp,
-    check_strategy,
-    find_blocks,
-    refuse_comm_hook_with_fsdp,
-)
+from shoal.distributed.fsdp import DEFAULT_MIN_BLOCK_PARAMS, apply_fsdp, find_blocks
+from shoal.distributed.strategy import check_strategy, refuse_comm_hook_with_fsdp
 from shoal.errors import ShoalError
 from shoal.workloads.language_model import TinyGPT
 

@@ -93,9 +93,8 @@ def main_args(args: argparse.Namespace) -> int:
     from shoal.train.config import TrainConfig, check_resume
 
     if getattr(args, "fault_tolerance", False):
-        # Before torch loads, even for the config's checks (--strategy fsdp's import torch): torch
-        # reads its C++ log level once, at import, and the replica groups are forked from this
-        # process. The two C++ warnings every group prints are noise to a user: torchft's gloo
+        # First, before anything can load torch: torch reads its C++ log level once, at import,
+        # and the replica groups are forked from this process. The two C++ warnings every group prints are noise to a user: torchft's gloo
         # group calls a deprecated sequence-number setter, and DDP's find_unused_parameters (set on
         # purpose: it keeps buckets from being rebuilt, torchft/ddp.py) finds none.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -26,15 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from shoal.distributed.strategy import MIXED_PRECISION
 from shoal.errors import ShoalError
-
-STRATEGIES = ("ddp", "fsdp")
-"""The names ``--strategy`` (and ``ctx.wrap(strategy=)``) accepts; ``ddp`` is the default."""
-
-MIXED_PRECISION = ("off", "bf16")
-"""``mixed_precision`` values: ``bf16`` computes with bf16 copies of the parameters and reduces
-gradients in float32 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``). fp16 is not
-offered: it needs a loss scaler that FSDP2 does not provide (use bf16)."""
 
 BLOCK_LIST_NAMES = ("blocks", "layers", "h", "layer")
 """Names of the ``nn.ModuleList`` attributes whose items are a transformer's repeated blocks."""
@@ -42,29 +35,6 @@ BLOCK_LIST_NAMES = ("blocks", "layers", "h", "layer")
 DEFAULT_MIN_BLOCK_PARAMS = 1_000_000
 """The size rule's threshold: a module with at least this many parameters (not already in a block)
 is a block. 1M float32 parameters = 4 MB, large enough that one all-gather is not latency-bound."""
-
-
-def check_strategy(name: str) -> str:
-    """``name`` if it is a known strategy, else a :class:`ShoalError` listing them."""
-    if name not in STRATEGIES:
-        raise ShoalError(
-            f"unknown strategy {name!r}",
-            f"pass --strategy {' or --strategy '.join(STRATEGIES)} (ddp replicates the model, fsdp shards it)",
-        )
-    return name
-
-
-def refuse_comm_hook_with_fsdp(comm_hook: str | None, strategy: str = "fsdp") -> None:
-    """Refuse a DDP gradient-compression hook (bf16, fp16, powersgd) under FSDP.
-
-    DDP's comm hooks replace DDP's bucketed all-reduce; FSDP reduce-scatters gradients itself and has
-    no such hook (its ``mixed_precision`` reduce dtype is the FSDP way to move fewer bytes).
-    """
-    if strategy == "fsdp" and comm_hook not in (None, "none"):
-        raise ShoalError(
-            f"--comm-hook {comm_hook} works only with --strategy ddp",
-            "drop --comm-hook (FSDP reduce-scatters gradients itself), or use --strategy ddp",
-        )
 
 
 def apply_fsdp(

@@ -58,7 +58,8 @@ def wrap_model(
     :func:`~shoal.distributed.fsdp.apply_fsdp`; what ``ctx.wrap(model, strategy=...)`` and the
     trainer's ``--strategy`` call. Unknown strategies, DDP options or a comm hook with FSDP, and
     FSDP options with DDP are refused with one line and a HINT."""
-    from shoal.distributed.fsdp import apply_fsdp, check_strategy, refuse_comm_hook_with_fsdp
+    from shoal.distributed.fsdp import apply_fsdp
+    from shoal.distributed.strategy import check_strategy, refuse_comm_hook_with_fsdp
 
     check_strategy(strategy)
     refuse_comm_hook_with_fsdp(comm_hook, strategy)

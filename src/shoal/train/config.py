@@ -227,8 +227,8 @@ def check_resume(resume: str) -> None:
 def _check_strategy(strategy: str, comm_hook: str, amp: str, channels_last: bool | None) -> None:
     """--strategy, and what fsdp refuses, in the process that starts the workers (one line + HINT)."""
     if strategy == "ddp":
-        return  # the default: nothing to import (this module stays free of torch)
-    from shoal.distributed.fsdp import check_strategy, refuse_comm_hook_with_fsdp
+        return  # the default
+    from shoal.distributed.strategy import check_strategy, refuse_comm_hook_with_fsdp  # torch-free
 
     check_strategy(strategy)
     refuse_comm_hook_with_fsdp(comm_hook, strategy)
