@@ -89,11 +89,11 @@ class ReplicaEvents:
             append_event(self.run_dir, self.group, event, **fields)
 
 
-def parameters_hash(model: nn.Module) -> str:
-    """A SHA-256 of the parameters' bytes, in order: equal when two replicas hold the same weights.
-    Of the whole model also when sharded (FSDP): collective then, every rank of the group calls it."""
+def parameters_hash(state: dict[str, torch.Tensor]) -> str:
+    """A SHA-256 of a model's plain state dict (:func:`~shoal.distributed.wrap.model_state_dict`),
+    in order: equal when two replicas hold the same weights."""
     digest = hashlib.sha256()
-    for tensor in model_state_dict(model).values():
+    for tensor in state.values():
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
@@ -176,10 +176,12 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     while run.step(batches, loss_fn, schedule, workload):
         if run.epoch_done:
             run.finish_epoch(model, test_loader, loss_fn)
-    events.write("finished", step=replicas.step, params=parameters_hash(model))
+    # The whole model, gathered once: collective under FSDP (every rank of the group calls it; the
+    # speaker, its rank 0, gets it), for the hash every group reports and group 0's model.pt.
+    state = model_state_dict(model)
+    events.write("finished", step=replicas.step, params=parameters_hash(state))
     run.progress.close()
     replicas.close()
-    state = model_state_dict(model) if group == 0 else {}  # collective in a group of several
     ctx.shutdown()
     model_path = run.outputs.save_model(state) if group == 0 and speaker else None
     return TrainResult(run_dir=Path(cfg.out), metrics=run.outputs.logged_epochs(), model_path=model_path, config=cfg)
