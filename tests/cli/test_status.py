@@ -191,3 +191,29 @@ def test_status_of_a_missing_directory_names_the_real_flags(tmp_path):
         f"shoal: error: no run directory {tmp_path / 'missing'}",
         "HINT: pass the run directory of a job: shoal train's --out, or shoal run's --log-dir",
     ]
+
+
+def test_a_record_from_another_node_is_not_judged_by_a_pid_of_this_one(tmp_path):
+    """On a shared --out, another node's ranks write records whose pids are that node's: a pid that
+    does not exist here says nothing (its own launcher watches it). Each record is written by a real
+    process that then dies without closing it, so its pid is gone on this machine; only the one
+    written on this node counts as exited."""
+    writer = (
+        "import os, sys\nfrom shoal.progress import ProgressWriter\n"
+        "w = ProgressWriter(sys.argv[1], int(sys.argv[2]), stacks=False)\nw.phase('forward', 3)\nos._exit(0)"
+    )
+    progress = tmp_path / "progress"
+    # 192.0.2.7: a documentation address (RFC 5737), never this machine's; node-b: a name not this host's.
+    for rank, node_name in enumerate(("192.0.2.7", "node-b")):
+        env = {**os.environ, "SHOAL_NODE_NAME": node_name}
+        subprocess.run([sys.executable, "-c", writer, str(progress), str(rank)], env=env, check=True, timeout=120)
+    payload = json.loads(status(str(tmp_path), "--json").stdout)
+    assert [(r["node"], r["alive"]) for r in payload["ranks"]] == [("192.0.2.7", True), ("node-b", True)]
+    assert payload["verdict"]["state"] == "running", payload["verdict"]
+
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_NODE_NAME"}  # this node: its host name
+    subprocess.run([sys.executable, "-c", writer, str(progress), "2"], env=env, check=True, timeout=120)
+    proc = status(str(tmp_path), "--json")
+    payload = json.loads(proc.stdout)
+    assert [r["alive"] for r in payload["ranks"]] == [True, True, False]
+    assert payload["verdict"]["text"] == "rank 2 exited before finishing" and proc.returncode == 1

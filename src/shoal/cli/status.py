@@ -10,6 +10,9 @@ numbered as the group.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import ipaddress
 import json
 import socket
 import statistics
@@ -17,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from shoal.env.network import is_local_address
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import HangDetector, StragglerJudge, activity, dump_all_stacks, format_ranks
 from shoal.progress import RankProgress, read_progress, run_progress_dir
@@ -71,7 +75,7 @@ def running_jobs(root: Path | None = None) -> list[Path]:
     found = []
     for pattern in TEMPORARY_RUN_DIRS:
         for run_dir in sorted(root.glob(pattern)):
-            if any(r.alive and r.phase != "done" for r in read_progress(run_progress_dir(run_dir))):
+            if any(r.alive and r.phase != "done" for r in read_records(run_progress_dir(run_dir))):
                 found.append(run_dir)
     return found
 
@@ -124,9 +128,28 @@ def last_checkpoint(run_dir: Path) -> str | None:
     return names[-1] if names else None
 
 
+def read_records(directory: Path) -> list[RankProgress]:
+    """The records in ``directory``, those written on another node (a shared ``--out``) marked
+    ``remote``: their pids and monotonic clocks are that node's, and a pid that does not exist here
+    says nothing of whether the rank runs there (its own launcher watches it)."""
+    return [r if _written_here(r.host) else dataclasses.replace(r, remote=True) for r in read_progress(directory)]
+
+
+@functools.cache
+def _written_here(host: str) -> bool:
+    """Whether a record's host (the host name, or across nodes the node's address) is this node."""
+    if host == socket.gethostname():
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False  # another host's name: not resolved, which could wait on DNS
+    return is_local_address(host)
+
+
 def in_phase_s(record: RankProgress, now_wall: float) -> float:
     # On this node the monotonic clock is exact; another node's record only has its wall clock.
-    if record.host == socket.gethostname():
+    if not record.remote:
         return max(0.0, time.monotonic() - record.phase_since_mono)
     return max(0.0, now_wall - record.phase_since_wall)
 
@@ -185,7 +208,7 @@ def main_args(args: argparse.Namespace) -> int:
             f"no run directory {run_dir}",
             "pass the run directory of a job: shoal train's --out, or shoal run's --log-dir",
         )
-    ranks = read_progress(progress_dir(run_dir))
+    ranks = read_records(progress_dir(run_dir))
     events = read_events(run_dir)
     if not ranks and not events:
         raise ShoalError(
@@ -199,7 +222,7 @@ def main_args(args: argparse.Namespace) -> int:
     restarting = {g["group"] for g in groups if g["state"] == "dead, restarting"}
     state = verdict([r for r in ranks if r.rank not in restarting], run_dir) if ranks else _events_verdict(groups)
     rows = [row(r, now) for r in ranks]
-    live = [r for r in ranks if r.alive and r.phase != "done"]
+    live = [r for r in ranks if r.alive and r.phase != "done" and not r.remote]  # a pid means something here only
     stacks = ({r.rank: "" for r in live} | dump_all_stacks(live)) if args.stacks else {}
     if args.json:
         payload = {
