@@ -104,7 +104,7 @@ class Context:
         heals from a live one. docs/FAULT_TOLERANCE.md."""
         from shoal.distributed.fault_tolerance import Replicas
 
-        return Replicas(model.to(self.device), optimizer, device=self.device, state=state)
+        return Replicas(model.to(self.device), optimizer, device=self.device, backend=self.backend, state=state)
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, **kwargs: Any):
         """This rank's shard of ``dataset`` in batches of ``batch_size`` (per process).

@@ -30,6 +30,7 @@ def _refused(*args: str, timeout: float = 60):
         (("--nproc", "2", "--strategy", "fsdp"), "one replica group (--nproc 2 in groups of 2) has nobody to fail"),
         (("--nproc", "4", "--nproc-per-group", "3"), "--nproc-per-group 3 does not divide this node's --nproc 4"),
         (("--nproc", "2", "--grad-accum", "2"), "--grad-accum does not work with --fault-tolerance"),
+        (("--nproc", "2", "--device", "cpu", "--backend", "nccl"), "--backend nccl needs CUDA, but the replica"),
         (("--nproc", "1"), "one replica group has nobody to fail over to"),
         (("--nproc", "2", "--checkpoint-every", "50steps"), "--checkpoint-every Nsteps does not work with"),
         (
@@ -77,3 +78,28 @@ def test_an_unreachable_lighthouse_is_named_within_a_minute(tmp_path):
     took = time.monotonic() - started
     assert f"cannot reach torchft's lighthouse at {endpoint}" in lines[-2], lines
     assert took < 90, took  # 30 s of connect timeout after the groups' start-up
+
+
+def _train_nothing():
+    return None
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused_before_any_group_starts():
+    import shoal
+
+    with pytest.raises(ShoalError, match="--device cuda was asked for but CUDA is not available"):
+        shoal.run(_train_nothing, nproc=2, fault_tolerance=True, device="cuda")
+
+
+def test_each_group_gets_its_share_of_the_gpus():
+    """A group's CUDA_VISIBLE_DEVICES (shoal.launch.replica_groups): the next K of the node's GPUs,
+    counted from the node's first group; groups of one process take turns when GPUs are fewer."""
+    from shoal.launch.replica_groups import _Layout
+
+    four = ("0", "1", "2", "3")
+    assert [_Layout(2, 0, 2, group_nproc=2, gpus=four).gpus_of(g) for g in (0, 1)] == ["0,1", "2,3"]
+    assert [_Layout(2, 2, 4, group_nproc=2, gpus=four).gpus_of(g) for g in (2, 3)] == ["0,1", "2,3"]  # node 1
+    uuids = ("GPU-a", "GPU-b")  # as CUDA_VISIBLE_DEVICES may name them
+    assert [_Layout(4, 0, 4, gpus=uuids).gpus_of(g) for g in range(4)] == ["GPU-a", "GPU-b", "GPU-a", "GPU-b"]
+    assert _Layout(2, 0, 2).gpus_of(0) is None  # the CPU

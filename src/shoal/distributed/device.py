@@ -6,7 +6,9 @@ command-line parsers can list them; the functions import torch when called.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from shoal.env.host import threads_per_process
@@ -63,12 +65,34 @@ def workers_device(requested: str, nproc: int, *, spawned: bool) -> "torch.devic
     without initialising CUDA there when the workers will be forked (the CUDA driver does not survive
     a fork): with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` torch counts the GPUs through NVML and leaves
     the driver alone. Spawned workers start clean, so nothing is needed for them."""
-    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
-    if spawned or name in os.environ:
+    if spawned:
         return choose_device(requested, 0, nproc)
+    with _counted_by_nvml():
+        return choose_device(requested, 0, nproc)
+
+
+def visible_gpus() -> list[str]:
+    """This node's GPUs as a child process's ``CUDA_VISIBLE_DEVICES`` would name them: this
+    process's own list when it has one, else ``0`` .. ``N-1``; counted without initialising CUDA
+    here (NVML), so that processes forked from this one can still use it. Empty without CUDA."""
+    import torch
+
+    with _counted_by_nvml():
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [name.strip() for name in given.split(",") if name.strip()] if given is not None else None
+    return (names if names is not None else [str(index) for index in range(count)])[:count]
+
+
+@contextlib.contextmanager
+def _counted_by_nvml() -> Iterator[None]:
+    name = "PYTORCH_NVML_BASED_CUDA_CHECK"
+    if name in os.environ:
+        yield
+        return
     os.environ[name] = "1"
     try:
-        return choose_device(requested, 0, nproc)
+        yield
     finally:
         os.environ.pop(name, None)
 

@@ -2,8 +2,8 @@
 
 A job is N replica groups that train the same model on different shards of the data. Each step
 every live group asks torchft's lighthouse for a quorum, all-reduces its gradients with the other
-members through torchft's reconfigurable gloo group, and commits the step only when every member
-got through it (:meth:`torchft.Manager.should_commit`). A group that dies costs the others that one
+members through torchft's reconfigurable process group (gloo on the CPU, NCCL on GPUs), and commits
+the step only when every member got through it (:meth:`torchft.Manager.should_commit`). A group that dies costs the others that one
 step; when it comes back it receives a live member's model and optimizer state (healing) and joins
 the next step.
 
@@ -16,7 +16,7 @@ What shoal adds over the stock pieces, each a sharp edge seen with torchft 0.2.0
 * The manager server binds the address shoal chose instead of torchft's hard-coded ``[::]``
   (torchft/manager.py, ``bind = f"[::]:{port}"``), and advertises that address, not
   ``socket.gethostname()``.
-* The state of a healing group travels over the replicas' own gloo group
+* The state of a healing group travels over the replicas' own process group
   (``torchft.checkpointing.pg_transport.PGTransport``), not over torchft's default HTTP server,
   which listens on every interface and advertises the hostname.
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -73,7 +74,9 @@ class Replicas:
         replicas.commit()                     # optimizer.step() only if every member got through
 
     ``state``: more objects with ``state_dict``/``load_state_dict`` (a data position, running
-    sums) that travel with the model and optimizer when a group heals. The coordinates (group,
+    sums) that travel with the model and optimizer when a group heals. ``backend``: how the groups
+    reach each other, ``nccl`` (default on CUDA: a GPU per process) or ``gloo`` (default on the CPU;
+    on CUDA it carries device tensors through host memory, and lets groups share a GPU). The coordinates (group,
     store, lighthouse) come from the launcher (:func:`shoal.env.replica.replica_coordinates`).
     """
 
@@ -83,6 +86,7 @@ class Replicas:
         optimizer: torch.optim.Optimizer,
         *,
         device: torch.device,
+        backend: str | None = None,
         state: dict[str, Any] | None = None,
         coordinates: ReplicaCoordinates | None = None,
         timeout_s: float = COLLECTIVE_TIMEOUT_S,
@@ -94,7 +98,9 @@ class Replicas:
         if self.group_nproc > 1:
             model = _wrapped_for_group(model, device)
         self.healable = {"model": model, "optimizer": optimizer, **(state or {})}
-        self.manager = _make_manager(self, device, timeout_s, quorum_timeout_s)
+        self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        """How the groups reach each other: ``nccl`` or ``gloo``."""
+        self.manager = _make_manager(self, device, self.backend, timeout_s, quorum_timeout_s)
         pass_first_quorum_gate()  # the job's first start: every group heartbeats before any quorum
         # One process: DDP's reducer overlaps the replicas' all-reduce with backward. Several: the
         # group's own wrapper reduces inside it, and commit() averages across the groups.
@@ -276,8 +282,11 @@ def _as_shards_of(obj: Any, state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def _make_manager(replicas: Replicas, device: torch.device, timeout_s: float, quorum_timeout_s: float) -> Any:
-    """torchft's Manager for this process: rank ``group_rank`` of its group's ``group_nproc``.
+def _make_manager(
+    replicas: Replicas, device: torch.device, backend: str, timeout_s: float, quorum_timeout_s: float
+) -> Any:
+    """torchft's Manager for this process: rank ``group_rank`` of its group's ``group_nproc``; the
+    groups meet through torchft's reconfigurable NCCL or gloo group (``backend``).
 
     The manager server (on the group's rank 0) binds and advertises the group's address; weights are synced on the first
     quorum (``init_sync``), so groups need not start from the same initialisation."""
@@ -290,7 +299,13 @@ def _make_manager(replicas: Replicas, device: torch.device, timeout_s: float, qu
     # PGTransport sends a pickle through torch.frombuffer of immutable bytes, read-only (0.2.0).
     warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
     timeout = timedelta(seconds=timeout_s)
-    pg = torchft.ProcessGroupGloo(timeout=timeout)
+    if backend == "nccl":
+        # torchft aborts a timed-out NCCL communicator after this long (it warns and sets it itself
+        # when unset: torchft/process_group.py, ProcessGroupNCCL, 0.2.0).
+        os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(timeout_s))
+        pg, wire = torchft.ProcessGroupNCCL(timeout=timeout), device
+    else:  # gloo sends and receives host memory only: a healing group's state crosses through it
+        pg, wire = torchft.ProcessGroupGloo(timeout=timeout), torch.device("cpu")
     try:
         with _manager_server_bound_to(where.address):
             return torchft.Manager(
@@ -311,7 +326,7 @@ def _make_manager(replicas: Replicas, device: torch.device, timeout_s: float, qu
                 lighthouse_addr=where.lighthouse,
                 replica_id=f"shoal_group_{where.group}",
                 hostname=where.address,
-                checkpoint_transport=PGTransport(pg, timeout=timeout, device=device),
+                checkpoint_transport=PGTransport(pg, timeout=timeout, device=wire),
             )
     except RuntimeError as err:
         raise ShoalError(

@@ -8,10 +8,12 @@ restarted one heals from a live peer. Each group has its own store (torchft's Ma
 group): a group of one process serves it itself; a group of several meets as torchrun's workers do,
 its rank 0 hosting the store on a port chosen here for each start.
 
-Each process of a group runs ``entrypoint(*args)`` forked, with its coordinates set
-(:mod:`shoal.env.replica`; and torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in a group of
-several); what the group's rank 0 returns comes back to the launcher through a pickle file. A group
-fails as a whole: when one of its processes fails, the others are stopped and all restarted.
+Each process of a group runs ``entrypoint(*args)``, forked (spawned with CUDA, which does not
+survive a fork), with its coordinates set (:mod:`shoal.env.replica`; and torchrun's RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT in a group of several) and, with CUDA, its share of the node's
+GPUs as its ``CUDA_VISIBLE_DEVICES`` (its rank r computes on ``cuda:r``); what the group's rank 0
+returns comes back to the launcher through a pickle file. A group fails as a whole: when one of its
+processes fails, the others are stopped and all restarted.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pickle
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,8 @@ def run_replica_groups(
     lighthouse_port: int | None = None,
     hang_timeout: float | None = None,
     run_dir: str | os.PathLike | None = None,
+    start_method: str = "fork",
+    gpus: Sequence[str] = (),
 ) -> dict[int, Any]:
     """Run ``groups`` replica groups of ``entrypoint(*args)`` here; return what each group returned.
 
@@ -114,8 +118,11 @@ def run_replica_groups(
     restarts per group before the job fails. ``hang_timeout``: seconds without progress before a
     group is reported hung (:mod:`shoal.launch.replica_watch`; default the watchdog's rule).
     ``run_dir``: where the groups write their records and events (``shoal train``'s ``--out``), which
-    the watch reads; None for a user's own loop. Raises ShoalError when a group fails for bad input
-    (every group would) or runs out of restarts; the others are stopped.
+    the watch reads; None for a user's own loop. ``start_method``: ``fork`` or ``spawn`` (then
+    ``entrypoint`` and ``args`` must pickle). ``gpus``: with CUDA, the node's GPUs (as
+    ``CUDA_VISIBLE_DEVICES`` names them), handed out in order, ``group_nproc`` to a group (groups of
+    one process take turns when there are fewer than groups). Raises ShoalError when a group fails
+    for bad input (every group would) or runs out of restarts; the others are stopped.
     """
     total = groups if total is None else total
     if total < 2:
@@ -123,8 +130,9 @@ def run_replica_groups(
             f"--fault-tolerance needs at least 2 replica groups, got {total}",
             "pass --nproc 2 or more (one replica group per process), or run on several nodes",
         )
-    layout = _Layout(groups, first, total, hang_timeout, Path(run_dir) if run_dir is not None else None, group_nproc)
-    context = multiprocessing.get_context("fork")
+    run_path = Path(run_dir) if run_dir is not None else None
+    layout = _Layout(groups, first, total, hang_timeout, run_path, group_nproc, tuple(gpus))
+    context = multiprocessing.get_context(start_method)
     with tempfile.TemporaryDirectory(prefix="shoal-groups-") as results_dir:
         results = Path(results_dir)
         if lighthouse is not None:
@@ -143,11 +151,22 @@ class _Layout:
     hang_timeout: float | None = None
     run_dir: Path | None = None
     group_nproc: int = 1
+    gpus: tuple[str, ...] = ()
 
     @property
     def node(self) -> int:
         """This node's rank: its groups are ``node x count`` onwards."""
         return self.first // self.count
+
+    def gpus_of(self, group: int) -> str | None:
+        """Group ``group``'s ``CUDA_VISIBLE_DEVICES``: the next ``group_nproc`` of the node's GPUs,
+        or with fewer GPUs than processes (groups of one), one in turn; None on the CPU."""
+        if not self.gpus:
+            return None
+        local, size = group - self.first, self.group_nproc
+        if len(self.gpus) >= self.count * size:
+            return ",".join(self.gpus[local * size : (local + 1) * size])
+        return self.gpus[local % len(self.gpus)]
 
 
 def _supervise(
@@ -189,7 +208,9 @@ def _supervise(
     # The first start of every group meets here before its first quorum (a late group would
     # otherwise miss it and heal at step 1); a restarted group does not wait.
     gate = context.Barrier(count * layout.group_nproc, timeout=_GATE_TIMEOUT_S)
-    start = functools.partial(_start, context, entrypoint=entrypoint, args=args, base=base, results=results)
+    start = functools.partial(
+        _start, context, entrypoint=entrypoint, args=args, base=base, results=results, gpus_of=layout.gpus_of
+    )
     try:
         for group in groups:
             start(group, layout.group_nproc, host, gate)
@@ -227,11 +248,14 @@ def _supervise(
 
 def _start(
     context: Any, group: _Group, nproc: int, host: str, gate: Any, *,
-    entrypoint: Callable[..., Any], args: tuple, base: dict, results: Path,
+    entrypoint: Callable[..., Any], args: tuple, base: dict, results: Path, gpus_of: Callable[[int], str | None],
 ) -> None:  # fmt: skip
     """Start (again) every process of ``group``: rank 0 writes the group's result."""
     group.starts += 1
     env = {**base, GROUP_ENV: str(group.index), STARTS_ENV: str(group.starts)}
+    gpus = gpus_of(group.index)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     if nproc > 1:  # torchrun's variables: the group's ranks meet at its rank 0's store, a new port each start
         port = str(find_free_port(host))
         env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=host, MASTER_PORT=port)

@@ -150,17 +150,22 @@ def _run_replica_groups(call: _Call, options: Mapping[str, Any], lighthouse: str
     group 0's value (its rank 0's), or every group's with ``all_ranks`` (each group's rank 0's)."""
     from shoal.distributed.torchft_check import check_torchft
     from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
-    from shoal.train.replica_job import check_replica_launch, group_nproc
+    from shoal.train.replica_job import plan_replica_job
 
     launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
-    check_replica_launch(launch)
-    size = group_nproc(launch, nproc_per_group)
+    device, backend = call.init_options.get("device", "auto"), call.init_options.get("backend", "auto")
+    plan = plan_replica_job(launch, nproc_per_group=nproc_per_group, device=device, backend=backend)
     check_torchft()
-    _check_fork_safe(_worker_threads(call.init_options.get("threads"), launch.nproc))
-    restarts = launch.max_restarts or DEFAULT_MAX_RESTARTS
+    # Every group computes on what was decided here (auto would decide again in each process).
+    call = dataclasses.replace(call, init_options={**call.init_options, "device": plan.device})
+    if plan.start_method == "spawn":
+        _check_picklable(call)
+    else:
+        _check_fork_safe(_worker_threads(call.init_options.get("threads"), launch.nproc))
     results = run_replica_groups(
-        _run_call, (call,), groups=launch.nproc // size, group_nproc=size, max_restarts=restarts, lighthouse=lighthouse
-    )
+        _run_call, (call,), groups=plan.groups, group_nproc=plan.group_nproc, lighthouse=lighthouse,
+        max_restarts=launch.max_restarts or DEFAULT_MAX_RESTARTS, start_method=plan.start_method, gpus=plan.gpus,
+    )  # fmt: skip
     if call.all_ranks:
         return [results[group][1][0] for group in sorted(results)]
     return results[0][1] if 0 in results else None

@@ -98,14 +98,16 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)  # once, here: every rank gets the resolved config
     if cfg.fault_tolerance:  # replica groups beside a lighthouse (docs/FAULT_TOLERANCE.md)
-        from shoal.train.replica_job import check_replica_launch, group_nproc, run_replica_job
+        from shoal.train.replica_job import plan_replica_job, run_replica_job
 
-        options = check_replica_launch(options, cfg.device)
-        size = group_nproc(options, cfg.nproc_per_group, cfg.strategy)
+        plan = plan_replica_job(
+            options, nproc_per_group=cfg.nproc_per_group, strategy=cfg.strategy, device=cfg.device, backend=cfg.backend
+        )
         with _fork_safe():
             _prepare(workload, cfg)
-        _import_for_forked_workers()
-        return run_replica_job(cfg, options, workload=workload, group_nproc=size)
+        if plan.start_method == "fork":
+            _import_for_forked_workers()
+        return run_replica_job(cfg, plan, workload=_carried(workload, given, cfg, plan.start_method))
     where = placement(options)
     # What --out holds, judged before any worker (or this process's training) starts; a rank of a
     # job another launcher started leaves it to the trainer, which says it once, from rank 0.
@@ -134,9 +136,6 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
         cfg = cfg.replace(out=default_out_dir(short_name(cfg.workload)))
     cfg = cfg.replace(out=str(prepare_out_dir(cfg.out)))  # the workers get it named, prepared and expanded
     record = dataclasses.asdict(options)
-    # Forked workers inherit the instance; spawned ones import the spec again, or unpickle the
-    # instance they were given after importing its class's file.
-    carried: Any = workload if method == "fork" else (Parcel.of(given, cfg.workload) if given is not None else None)
     # The watchdog's progress records and hang reports go to the run directory (`shoal status
     # RUN_DIR`) on one node. Across nodes --out is shared storage that each node's launcher would
     # clear and read as its own: they stay in each launcher's log directory (`shoal status` finds it).
@@ -144,7 +143,7 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     try:
         results = launch_local(
             train_rank,
-            (cfg, method, record, carried),
+            (cfg, method, record, _carried(workload, given, cfg, method)),
             options=dataclasses.replace(options, start_method=method),
             run_dir=run_dir,
             command="shoal train",
@@ -153,6 +152,14 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
         err.message += _resume_note(cfg, err)
         raise
     return results.get(0)
+
+
+def _carried(workload: Workload, given: Workload | None, cfg: TrainConfig, method: str) -> Any:
+    """What the workers get of the workload: forked ones inherit the instance; spawned ones import
+    the spec again (None), or unpickle the instance they were given after importing its class's file."""
+    if method == "fork":
+        return workload
+    return Parcel.of(given, cfg.workload) if given is not None else None
 
 
 def _resume_note(cfg: TrainConfig, err: WorkersFailed) -> str:

@@ -156,7 +156,8 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     if group == 0 and where.starts == 1:
         inside = f" of {ctx.world_size} processes ({cfg.strategy.upper()} inside)" if ctx.world_size > 1 else ""
         ctx.print(
-            f"shoal train {cfg.workload}: {groups} replica groups{inside} (torchft, lighthouse {where.lighthouse}) | "
+            f"shoal train {cfg.workload}: {groups} replica groups{inside} on {ctx.device.type} "
+            f"(torchft over {replicas.backend}, lighthouse {where.lighthouse}) | "
             f"{cfg.batch_size}/process x {data_world} processes | {batches.batches} steps/epoch x {cfg.epochs} epochs"
         )
     run_dir = Path(cfg.out)

@@ -1,9 +1,9 @@
 """A fault-tolerant job seen from the process that starts it (``shoal train --fault-tolerance``).
 
-It checks what the replica groups need before any starts (two groups at least, the master's
-address and a shared ``--out`` across nodes, the CPU: groups are forked, and CUDA does not survive
-a fork), names and prepares the run directory, then runs this node's groups, node 0's beside a
-supervised lighthouse (:func:`shoal.launch.replica_groups.run_replica_groups`).
+It decides what the replica groups need before any starts (two groups at least, the master's
+address and a shared ``--out`` across nodes, their device: a GPU per process, forked on the CPU and
+spawned with CUDA), names and prepares the run directory, then runs this node's groups, node 0's
+beside a supervised lighthouse (:func:`shoal.launch.replica_groups.run_replica_groups`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from shoal.console import write_line
 from shoal.env.detect import detect_environment
 from shoal.env.network import bracket, route_to
 from shoal.errors import ShoalError
-from shoal.launch.local import Placement, placement
+from shoal.launch.local import Placement, placement, resolve_start_method
 from shoal.launch.options import LaunchOptions
 from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
 from shoal.train.config import TrainConfig
@@ -30,15 +30,37 @@ DEFAULT_LIGHTHOUSE_PORT = 29500
 fault-tolerant job has no other store on the master."""
 
 
-def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> LaunchOptions:
-    """Refuse what a fault-tolerant launch cannot do yet, before anything starts; the options as
-    this node's share of the job (:func:`_as_job_rank`), which :func:`run_replica_job` takes."""
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """This node's share of a fault-tolerant job, decided once before any group starts
+    (:func:`plan_replica_job`)."""
+
+    options: LaunchOptions
+    """The launch options as this node's share of the job (one rank of an outer launcher: a node)."""
+    group_nproc: int
+    """Processes per replica group."""
+    device: str
+    """What every group's processes compute on: ``cuda`` or ``cpu``."""
+    start_method: str
+    """How the groups' processes start: fork on the CPU, spawn with CUDA (it does not survive a fork)."""
+    gpus: tuple[str, ...] = ()
+    """With CUDA: the node's GPUs, handed out to the groups' processes in order (one each; groups
+    of one process over gloo may share them)."""
+
+    @property
+    def groups(self) -> int:
+        """This node's replica groups."""
+        return self.options.nproc // self.group_nproc
+
+
+def plan_replica_job(
+    options: LaunchOptions, *, nproc_per_group: int | None = None, strategy: str = "ddp",
+    device: str = "auto", backend: str = "auto",
+) -> ReplicaPlan:  # fmt: skip
+    """Refuse what a fault-tolerant launch cannot do, before anything starts, and decide this node's
+    share: its groups (``--nproc-per-group``; default 1, under FSDP the node's ``--nproc``: one group
+    per node; whole groups, two at least in the job), their device and how they start."""
     options = _as_job_rank(options)
-    if device == "cuda":
-        raise ShoalError(
-            "--fault-tolerance runs on the CPU for now (its replica groups are forked, and CUDA does not survive a fork)",
-            "drop --device cuda (docs/FAULT_TOLERANCE.md says what is built)",
-        )
     if options.several_nodes:
         _check_nodes(options)
     elif options.nproc < 2:
@@ -46,15 +68,15 @@ def check_replica_launch(options: LaunchOptions, device: str = "cpu") -> LaunchO
             "--fault-tolerance with one replica group has nobody to fail over to",
             "pass --nproc 2 or more: each process is a replica group",
         )
-    if options.start_method == "spawn":
-        raise ShoalError("--fault-tolerance forks its replica groups", "drop --start-method spawn")
-    return options
+    size = _group_nproc(options, nproc_per_group, strategy)
+    gpus = _group_gpus(options.nproc, size, device, backend)
+    compute = "cuda" if gpus else "cpu"
+    if backend == "nccl" and compute == "cpu":
+        raise ShoalError("--backend nccl needs CUDA, but the replica groups run on the CPU", "drop --backend nccl")
+    return ReplicaPlan(options, size, compute, resolve_start_method(options.start_method, compute), tuple(gpus))
 
 
-def group_nproc(options: LaunchOptions, nproc_per_group: int | None, strategy: str = "ddp") -> int:
-    """Processes per replica group (``--nproc-per-group``; default 1, under FSDP the node's
-    ``--nproc``: one group per node), checked against the node's processes: whole groups, two
-    groups at least in the job. ``options``: as :func:`check_replica_launch` returned them."""
+def _group_nproc(options: LaunchOptions, nproc_per_group: int | None, strategy: str) -> int:
     size = nproc_per_group if nproc_per_group is not None else (options.nproc if strategy == "fsdp" else 1)
     if size == 1:
         return 1
@@ -78,12 +100,36 @@ def group_nproc(options: LaunchOptions, nproc_per_group: int | None, strategy: s
     return size
 
 
-def run_replica_job(
-    cfg: TrainConfig, options: LaunchOptions, *, workload: Any = None, group_nproc: int = 1
-) -> TrainResult | None:
-    """Train ``cfg`` as ``options.nproc / group_nproc`` replica groups per node on the CPU; group 0's
-    result (None on the other nodes). ``options``: as :func:`check_replica_launch` returned them."""
-    cfg = cfg.replace(device="cpu")
+def _group_gpus(nproc: int, group_nproc: int, device: str, backend: str) -> list[str]:
+    """The GPUs this node's groups compute on; none: the CPU. ``auto`` takes them when there is one
+    per process, as a plain launch does; ``cuda`` needs one per process too, except groups of one
+    process whose replicas meet over gloo (``--backend gloo``), which may share them."""
+    if device == "cpu":
+        return []
+    from shoal.distributed.device import NO_CUDA, visible_gpus
+
+    gpus = visible_gpus()
+    if len(gpus) >= nproc:
+        return gpus
+    if device == "auto":
+        return []
+    if not gpus:
+        raise ShoalError(*NO_CUDA)
+    if backend == "gloo" and group_nproc == 1:
+        return gpus
+    raise ShoalError(
+        f"--fault-tolerance --device cuda: {nproc} processes on this node but {len(gpus)} GPU(s) visible",
+        f"pass --nproc {len(gpus)} (a GPU per process), or --backend gloo to let replica groups of one "
+        "process share the GPUs",
+    )
+
+
+def run_replica_job(cfg: TrainConfig, plan: ReplicaPlan, *, workload: Any = None) -> TrainResult | None:
+    """Train ``cfg`` as this node's replica groups (``plan``, from :func:`plan_replica_job`); group
+    0's result (None on the other nodes). ``workload``: what the groups' :func:`train_rank` gets (the
+    instance when they are forked, a parcel of it or None when they are spawned)."""
+    options = plan.options
+    cfg = cfg.replace(device=plan.device)
     if cfg.out is None and options.several_nodes:
         raise ShoalError(
             "--fault-tolerance across nodes needs --out",
@@ -93,20 +139,21 @@ def run_replica_job(
         cfg = cfg.replace(out=default_out_dir(short_name(cfg.workload)))
     cfg = cfg.replace(out=str(prepare_out_dir(cfg.out)))
     place = _addresses(options, cfg.lighthouse)
-    groups = options.nproc // group_nproc
     results = run_replica_groups(
         train_rank,
-        (cfg, "fork", None, workload),
-        groups=groups,
-        group_nproc=group_nproc,
+        (cfg, plan.start_method, None, workload),
+        groups=plan.groups,
+        group_nproc=plan.group_nproc,
         max_restarts=options.max_restarts or DEFAULT_MAX_RESTARTS,
         lighthouse=place.lighthouse,
         host=place.host,
-        first=options.node_rank * groups,
-        total=options.node_counts[0] * groups,
+        first=options.node_rank * plan.groups,
+        total=options.node_counts[0] * plan.groups,
         lighthouse_port=place.lighthouse_port,
         hang_timeout=options.hang_timeout,
         run_dir=cfg.out,
+        start_method=plan.start_method,
+        gpus=plan.gpus,
     )
     return results.get(0)
 

@@ -1,0 +1,67 @@
+"""``shoal train --fault-tolerance`` with spawned replica groups, on the CPU and on CUDA.
+
+The groups are forked on the CPU and spawned with CUDA (it does not survive a fork); ``cpu`` runs
+the spawned path on the CPU (``--start-method spawn``) in every CI run, ``cuda`` the same on a GPU
+machine (``make test-gpu``): each group's process on its own GPU with NCCL between the groups when
+there are two GPUs, or both groups sharing one GPU over gloo (``--backend gloo``: NCCL refuses two
+ranks on one device). Group 1 is SIGKILLed after its first commit; group 0 trains on with its one
+process, group 1 is spawned again and heals from it (over gloo, through host memory; over NCCL, on
+the device), and both end on the same weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from ft_events import check_group_one_healed, events, find
+
+import procs
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+CUDA = pytest.param("cuda", marks=pytest.mark.gpu)
+EPOCHS = {"cpu": 10, "cuda": 30}
+"""Enough steps (of 4 samples) that the survivor still trains when the killed group is back: a
+spawned process imports torch afresh (about 5 s here, where a CPU step takes 7 ms)."""
+BATCH = 4
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _spawned(pid: int) -> bool:
+    """Whether ``pid`` is a process that multiprocessing's spawn started (a fresh interpreter)."""
+    return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_spawned_groups_lose_one_step_and_heal(tmp_path, device):
+    if device == "cuda":
+        pytest.importorskip("torchft", reason="this GPU machine has no torchft (pip install 'shoal[ft]')")
+    backend = "nccl" if device == "cuda" and _gpus() >= 2 else "gloo"
+    out = tmp_path / "run"
+    args = ["train", "digits", "--fault-tolerance", "--nproc", "2", "--device", device, "--backend", backend,
+            "--start-method", "spawn", "--epochs", str(EPOCHS[device]), "--batch-size", str(BATCH), "--out", str(out)]  # fmt: skip
+    proc = procs.start(*args, env=procs.launcher_free_env())
+    try:
+        procs.wait_for(
+            lambda: find(events(out), 1, "joined"), timeout=240, what="group 1's first commit",
+            unless=lambda: proc.poll() is not None,
+        )  # fmt: skip
+        victim = find(events(out), 1, "start")[0]["pid"]
+        spawned = _spawned(victim)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        procs.kill_group(proc)
+    assert proc.returncode == 0, stderr[-3000:] + stdout[-2000:]
+    assert spawned, "group 1's process was not spawned"
+    assert f"2 replica groups on {device} (torchft over {backend}," in stdout + stderr, stdout[-2000:]
+    check_group_one_healed(events(out), victim, stderr, killed_at)
