@@ -45,6 +45,7 @@ def killed_after_checkpoint(tmp_path_factory, mlflow_server):
     return {"run_dir": root / "run", "env": env, "state": results[0]["state"]}
 
 
+@pytest.mark.slow  # the fixture's two attempts: make test, not test-quick
 def test_tensorboard_has_every_epoch_once(killed_after_checkpoint):
     board = tensorboard(killed_after_checkpoint["run_dir"] / "tensorboard")
     assert tb_series(board, "epoch/test_accuracy") == pytest.approx(ACCURACY)
@@ -52,6 +53,7 @@ def test_tensorboard_has_every_epoch_once(killed_after_checkpoint):
     assert losses == pytest.approx({s: expected_loss(s, world_size=1) for s in range(1, LAST + 1)})
 
 
+@pytest.mark.slow  # the fixture's two attempts: make test, not test-quick
 def test_mlflow_has_every_epoch_once(killed_after_checkpoint, mlflow_server):
     client = MlflowClient(tracking_uri=mlflow_server)
     (run,) = client.search_runs([client.get_experiment_by_name("killed-after-checkpoint").experiment_id])
@@ -61,6 +63,7 @@ def test_mlflow_has_every_epoch_once(killed_after_checkpoint, mlflow_server):
     assert tables == [f"predictions/step-{s:09d}.json" for s in sorted(ACCURACY)]
 
 
+@pytest.mark.slow  # the fixture's two attempts: make test, not test-quick
 def test_wandb_has_every_epoch_once(killed_after_checkpoint):
     first, second = wandb_runs(killed_after_checkpoint["run_dir"], killed_after_checkpoint["env"])
     assert first.run_id == second.run_id
