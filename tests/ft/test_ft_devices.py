@@ -65,3 +65,18 @@ def test_spawned_groups_lose_one_step_and_heal(tmp_path, device):
     assert spawned, "group 1's process was not spawned"
     assert f"2 replica groups on {device} (torchft over {backend}," in stdout + stderr, stdout[-2000:]
     check_group_one_healed(events(out), victim, stderr, killed_at)
+
+
+def _visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_each_group_process_starts_with_its_share_of_the_gpus(monkeypatch):
+    """The launcher's hand-off in real processes: 2 groups of 2, given four GPUs' names, each start
+    with theirs as CUDA_VISIBLE_DEVICES (what each group's rank 0 returns), not the launcher's own."""
+    from shoal.launch.replica_groups import run_replica_groups
+
+    gpus = ("GPU-a", "GPU-b", "GPU-c", "GPU-d")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(gpus))
+    results = run_replica_groups(_visible_devices, (), groups=2, group_nproc=2, gpus=gpus)
+    assert results == {0: "GPU-a,GPU-b", 1: "GPU-c,GPU-d"}
