@@ -103,3 +103,22 @@ def test_each_group_gets_its_share_of_the_gpus():
     uuids = ("GPU-a", "GPU-b")  # as CUDA_VISIBLE_DEVICES may name them
     assert [_Layout(4, 0, 4, gpus=uuids).gpus_of(g) for g in range(4)] == ["GPU-a", "GPU-b", "GPU-a", "GPU-b"]
     assert _Layout(2, 0, 2).gpus_of(0) is None  # the CPU
+
+
+def _broken(steps):
+    return steps + "1"  # a TypeError in the user's code, before any training
+
+
+@pytest.mark.multiprocess
+def test_a_function_that_fails_before_it_trains_stops_the_job_at_once(capfd):
+    """Every group would fail the same way at every start: the job stops after the first, each
+    group's traceback said once, none restarted (before, 10 restarts and 22 tracebacks)."""
+    import shoal
+
+    with pytest.raises(ShoalError) as err:
+        shoal.run(_broken, 3, nproc=2, fault_tolerance=True)
+    assert "failed before it trained, at its first start" in err.value.message, err.value.message
+    assert "traceback above" in err.value.hint
+    output = capfd.readouterr().err
+    assert 1 <= output.count("TypeError: unsupported operand") <= 2, output  # a group's own, once
+    assert "restarting it" not in output, output

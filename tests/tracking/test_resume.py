@@ -17,7 +17,9 @@ from tracking.harness import run_job, tool_environment
 from tracking.readers import mlflow_series, tb_series, tensorboard, wandb_runs
 from tracking.scripts.tracked_job import expected_epoch, expected_loss
 
-pytestmark = pytest.mark.slow  # two training attempts, one SIGKILLed, beside an MLflow server: make test, not test-quick
+pytestmark = (
+    pytest.mark.slow
+)  # two training attempts, one SIGKILLed, beside an MLflow server: make test, not test-quick
 
 SAVED_AT, KILLED_AFTER, LAST = 4, 6, 12
 OFFSET = 100.0  # what attempt 1 adds to its losses after the checkpoint

@@ -26,6 +26,7 @@ import pickle
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ from shoal.env.replica import (
     set_first_quorum_gate,
 )
 from shoal.errors import ShoalError
+from shoal.launch.failures import says_peer_gone
 from shoal.launch.lighthouse import QUORUM_RETRIES, Lighthouse
 from shoal.launch.ports import find_free_port
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
@@ -64,6 +66,10 @@ _OUTER_JOB_VARS = frozenset(
 """torchrun's worker variables (torch.distributed.elastic.agent.server.local_elastic_agent)."""
 _BAD_INPUT = 2
 """A worker's exit status for a ShoalError (bad input): the same in every group, never restarted."""
+_FAILED_BEFORE_TRAINING = 3
+"""A worker's exit status for an exception raised before its group's first quorum, on the job's
+first start: in the code or its input (a wrong argument, a broken model), which every start would
+hit again; never restarted."""
 
 
 @dataclass
@@ -82,11 +88,18 @@ class _Group:
     def ended(self) -> tuple[int, int] | None:
         """None while the group runs; ``(0, 0)`` once every process exited 0; else the failed
         rank's ``(status, rank)``: a bad-input exit first (it stops the job whichever rank said it),
-        then one killed by a signal (the others of the group fail after it, in their collectives)."""
+        then one killed by a signal (the others of the group fail after it, in their collectives),
+        then any other failure, and a failure before training last."""
         codes = [p.exitcode for p in self.processes]
-        failed = sorted(((c != _BAD_INPUT, c > 0, rank), c) for rank, c in enumerate(codes) if c not in (None, 0))
+        # A rank that failed before it trained stops the job only if no rank of its group was
+        # killed or failed otherwise: its peers' failures then follow from that (a peer gone).
+        failed = sorted(
+            ((c != _BAD_INPUT, c == _FAILED_BEFORE_TRAINING, c > 0, rank), c)
+            for rank, c in enumerate(codes)
+            if c not in (None, 0)
+        )
         if failed:
-            (_, _, rank), code = failed[0]
+            (*_, rank), code = failed[0]
             return code, rank
         return (0, 0) if all(c == 0 for c in codes) else None
 
@@ -282,8 +295,9 @@ def _group_main(
     for name in [n for n in os.environ if n in _OUTER_JOB_VARS or n.startswith("TORCHELASTIC_")]:
         del os.environ[name]
     os.environ.update(env)
+    passed: list[bool] = []  # whether this process reached the gate: its training had begun
     if gate is not None:
-        set_first_quorum_gate(functools.partial(_wait_at, gate))
+        set_first_quorum_gate(functools.partial(_wait_at, gate, passed))
     # The group's own store (torchft's Manager finds its server's address there; a group of
     # several meets there), on the group's address only, served by its rank 0 as long as it lives.
     store = None
@@ -297,6 +311,13 @@ def _group_main(
     except ShoalError as err:  # one line, and its status: bad input (2) stops the job, 1 restarts the group
         write_line(err.format())
         raise SystemExit(err.exit_code) from None
+    except Exception as err:
+        if gate is None or passed or env[STARTS_ENV] != "1" or says_peer_gone(str(err)):
+            raise  # a group that trained, came back, or lost a peer: restarted
+        # Failed before it trained, at the job's first start: every restart would fail the same way
+        # (each group 10 times, a traceback each). Its traceback once, and the job stops.
+        traceback.print_exc()
+        raise SystemExit(_FAILED_BEFORE_TRAINING) from None
     del store
     if target is None:
         return
@@ -305,14 +326,20 @@ def _group_main(
     tmp.replace(target)
 
 
-def _wait_at(gate: Any) -> None:
+def _wait_at(gate: Any, passed: list[bool]) -> None:
     """Wait for the other groups' first start; a group that died before it breaks the gate, and
     the others go on (they heal it later)."""
+    passed.append(True)
     with contextlib.suppress(threading.BrokenBarrierError):
         gate.wait()
 
 
 def _refuse_to_restart(group: _Group, code: int, max_restarts: int) -> None:
+    if code == _FAILED_BEFORE_TRAINING:  # its traceback is above
+        raise ShoalError(
+            f"replica group {group.index} failed before it trained, at its first start: every restart would fail the same way",
+            "fix the error in its traceback above, then run the same command again",
+        )
     if code == _BAD_INPUT:  # the group said why (one line + HINT); every group would say the same
         err = ShoalError(f"replica group {group.index} stopped on bad input", "fix it and run again")
         err.quiet = True
