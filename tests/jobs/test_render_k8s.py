@@ -116,6 +116,8 @@ CASES = {
         JobSpec(command=("train.py", "--lr", "0.1")), shoal_requirement="shoal==0.1.0", requirements="requirements.txt"
     ),
     "Dockerfile.mpi": lambda: render_dockerfile(JobSpec(command=GPU_TRAIN), shoal_requirement="shoal==0.1.0", mpi=True),
+    # A fault-tolerant command: every pod needs torchft, shoal's [ft] extra.
+    "Dockerfile.ft": lambda: render_dockerfile(JobSpec(command=FT_TRAIN), shoal_requirement="shoal==0.1.0"),
     "dockerignore": render_dockerignore,
 }
 
@@ -489,3 +491,20 @@ def test_cli_bad_input_is_one_line_with_a_hint_and_writes_nothing(argv, message,
     for secret in ("hf_abc123", "=pw"):
         assert secret not in err.value.message + err.value.hint
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fault_tolerant_image_installs_shoal_with_torchft_however_it_is_named():
+    from shoal.jobs.kubernetes.image import with_extras
+
+    cases = {
+        "shoal==0.1.0": "shoal[ft]==0.1.0",
+        "shoal[tensorflow]>=0.1": "shoal[tensorflow,ft]>=0.1",
+        "shoal[ft]": "shoal[ft]",
+        ".": ".[ft]",  # the build context is shoal's checkout
+        "./shoal-0.1.0-py3-none-any.whl": "./shoal-0.1.0-py3-none-any.whl[ft]",
+        "shoal@https://example.com/shoal.whl": "shoal[ft]@https://example.com/shoal.whl",
+    }
+    assert {r: with_extras(r, ("ft",)) for r in cases} == cases
+    assert with_extras("shoal==0.1.0", ()) == "shoal==0.1.0"
+    built = render_dockerfile(JobSpec(command=FT_TRAIN), shoal_requirement=".")
+    assert "RUN pip install --no-cache-dir '.[ft]'" in built

@@ -17,7 +17,7 @@ import shlex
 
 from shoal.errors import ShoalError
 from shoal.jobs.kubernetes.template import pod_command
-from shoal.jobs.spec import JobSpec
+from shoal.jobs.spec import JobSpec, fault_tolerant
 
 IMAGE_MARKER = "# Rendered by `shoal launch image`"
 DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
@@ -62,8 +62,9 @@ def render_dockerfile(
     """The Dockerfile of an image that runs ``spec.command`` from ``/workspace``.
 
     ``shoal_requirement``: a pip requirement, a wheel of the build context (copied in first), or
-    ``.`` when the build context is shoal's own checkout (installed from the copy). ``notes``: what
-    the image assumes that differs from the machine that rendered it, as comments at its top."""
+    ``.`` when the build context is shoal's own checkout (installed from the copy); a fault-tolerant
+    command's image installs it with torchft (``shoal[ft]``). ``notes``: what the image assumes that
+    differs from the machine that rendered it, as comments at its top."""
     _check_in_context(spec)
     _check_word(base_image, "--base-image", "an image reference such as " + DEFAULT_BASE_IMAGE)
     _check_word(shoal_requirement, "--shoal-requirement", "a pip requirement such as shoal==0.1.0 or a wheel's path")
@@ -95,6 +96,8 @@ def render_dockerfile(
         _check_relative(shoal_requirement, "--shoal-requirement")
         lines.append(f"COPY {shoal_requirement} ./{os.path.basename(shoal_requirement)}")
         shoal_requirement = f"./{os.path.basename(shoal_requirement)}"
+    extras = ("ft",) if fault_tolerant(spec.command) else ()  # --fault-tolerance needs torchft in every pod
+    shoal_requirement = with_extras(shoal_requirement, extras)
     install = ["pip", "install", "--no-cache-dir"] + ([] if from_context else [shoal_requirement])
     if requirements is not None:
         lines.append(f"COPY {requirements} ./{os.path.basename(requirements)}")
@@ -103,10 +106,24 @@ def render_dockerfile(
         lines.append(f"RUN {shlex.join(install)}")
     lines.append("COPY . ./")
     if from_context:
-        lines.append("RUN pip install --no-cache-dir .")
+        lines.append(f"RUN {shlex.join(['pip', 'install', '--no-cache-dir', shoal_requirement])}")
     lines += ["", 'ENTRYPOINT ["shoal"]']
     lines.append(f"CMD {json.dumps(pod_command(spec)[1:])}")
     return "\n".join(lines) + "\n"
+
+
+def with_extras(requirement: str, extras: tuple[str, ...]) -> str:
+    """``requirement`` (a name with a version, a file, ``.``) with shoal's ``extras`` added to those
+    it names: ``shoal==0.1.0`` -> ``shoal[ft]==0.1.0``, ``.`` -> ``.[ft]``."""
+    if not extras:
+        return requirement
+    match = re.fullmatch(r"(.*?)(?:\[([^\]]*)\])?((?:[=<>!~;@].*)?)", requirement)
+    assert match is not None  # the pattern matches every string
+    where, named, rest = match.groups()
+    if not re.fullmatch(r"[\w./-]+", where):
+        return requirement  # not a name or a path (a URL alone): as given
+    have = [e.strip() for e in (named or "").split(",") if e.strip()]
+    return f"{where}[{','.join(have + [e for e in extras if e not in have])}]{rest}"
 
 
 def _is_local_file(requirement: str) -> bool:
