@@ -456,7 +456,10 @@ BAD_INPUT = [
     (["k8s", "--kind", "mpijob", "--image", IMAGE, "--elastic", "1:2", "--", "x.py"], "only a PyTorchJob is elastic"),
     (["k8s", "--image", IMAGE, "--env", "RANK=3", "--", "x.py"], "the operator sets this variable"),
     (["k8s", "--image", IMAGE, "--grace-period", "10", "--", "shoal", "train"], "shorter than the command's"),
-    (["k8s", "--kind", "trainjob", "--image", IMAGE, "--max-restarts", "2", "--", "x.py"], "failurePolicy"),
+    (
+        ["k8s", "--kind", "trainjob", "--image", IMAGE, "--max-restarts", "2", "--", "x.py"],
+        "a TrainJob cannot set how often",
+    ),
     (["runai", "--image", IMAGE, "--secret-env", "T=s:k", "--", "x.py"], "no flag that references a Kubernetes secret"),
     (["runai", "--image", IMAGE, "--nodes", "1", "--", "x.py"], "a master and at least one worker"),
     (["image", "--", "/abs/train.py"], "lies outside the build context"),

@@ -70,17 +70,14 @@ def render_objects(spec: JobSpec, pods: PodOptions, runtime: str = DEFAULT_RUNTI
             f"--master-port {spec.master_port}: Trainer always uses port {DEFAULT_MAIN_PORT} for the torch rendezvous",
             "drop --master-port",
         )
-    if spec.max_restarts and fault_tolerance.fault_tolerant(spec.command):
+    if spec.max_restarts:
+        # Said alike with or without fault tolerance: a JobSet failurePolicy would act only once the
+        # Job's backoffLimit is spent, and then restart every pod (module docstring).
         raise ShoalError(
             f"--max-restarts {spec.max_restarts}: a TrainJob cannot set how often its pods restart; the runtime's "
             "Job counts them against its backoffLimit (6 in torch-distributed)",
             "drop --max-restarts, name a runtime whose node job sets backoffLimit (--runtime NAME), "
             "or use --kind pytorchjob",
-        )
-    if spec.max_restarts:
-        raise ShoalError(
-            "--max-restarts: a TrainJob's restarts are set by its runtime's JobSet failurePolicy, not by the TrainJob",
-            "drop --max-restarts, or set failurePolicy.maxRestarts in the ClusterTrainingRuntime",
         )
     if pods.elastic is not None:
         raise ShoalError("--elastic: Trainer v2 has no elastic torch jobs yet", "use --kind pytorchjob for --elastic")
