@@ -111,7 +111,12 @@ def _join_later_on(net, tmp_path: Path) -> None:
         assert proc.wait(timeout=600) == 0, "\n".join(p.read_text() for p in logs)
     records = _finished_exactly(out)
     assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 3
-    assert f"node {net['e2'].addr} joined: the job goes on with 3 nodes (3 workers)" in logs[0].read_text()
+    # Node 0 names the newcomer and ends on 3 nodes. On a loaded machine torch may first form a round
+    # of 2 without node 1, whose workers were still stopping when the newcomer's round closed (min
+    # nodes 2): "node <1> left and node <2> joined: ... 2 nodes", then "node <1> joined: ... 3 nodes".
+    text = logs[0].read_text()
+    assert f"node {net['e2'].addr} joined" in text, text
+    assert "joined: the job goes on with 3 nodes (3 workers)" in text, text
 
 
 RUNS = Background(at_once=2)
