@@ -1,6 +1,7 @@
 """The figures of docs/FAULT_TOLERANCE.md, measured in one run against a baseline of the same run.
 
     python tests/ft/bench_ft.py [--workload digits] [--epochs 3] [--kills 3] [--train-args="--arch resnet18 ..."]
+    python tests/ft/bench_ft.py --epochs 40 --kills 3 --train-args="--start-method spawn"   # spawned groups
     python tests/ft/bench_ft.py --chaos [--groups 4] [--chaos-kills 10] [--kill-every 20] [--epochs 30]
 
 1. Steady state: ``shoal train W --nproc 2`` (plain DDP, gloo) and ``shoal train W
@@ -66,9 +67,9 @@ def steady_state(workload: str, epochs: int, root: Path, extra: tuple[str, ...] 
     return {"ddp_step_s": ddp_s, "ft_step_s": ft_s, "ratio": ft_s / ddp_s}
 
 
-def one_fault(workload: str, epochs: int, out: Path) -> dict:
+def one_fault(workload: str, epochs: int, out: Path, extra: tuple[str, ...] = ()) -> dict:
     proc = subprocess.Popen(
-        _shoal(workload, "--nproc", "2", "--epochs", str(epochs), "--fault-tolerance", "--out", str(out)),
+        _shoal(workload, "--nproc", "2", "--epochs", str(epochs), "--fault-tolerance", *extra, "--out", str(out)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -196,7 +197,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument(
-        "--train-args", default="", help='more shoal train flags for the steady state: --train-args="--arch resnet18"'
+        "--train-args",
+        default="",
+        help='more shoal train flags (steady state, and faults on one node): --train-args="--arch resnet18"',
     )
     parser.add_argument("--nodes", action="store_true", help="the faults on two namespaced nodes, one group each")
     parser.add_argument("--chaos", action="store_true", help="the chaos run instead (see the module docstring)")
@@ -218,8 +221,15 @@ def main() -> None:
         if args.kills == 0:
             print(json.dumps(report, indent=2))
             return
-        fault = one_fault_across_nodes if args.nodes else one_fault
-        report["faults"] = [fault(args.workload, args.epochs, root / f"kill-{i}") for i in range(args.kills)]
+        extra = tuple(shlex.split(args.train_args))
+        if args.nodes:
+            report["faults"] = [
+                one_fault_across_nodes(args.workload, args.epochs, root / f"kill-{i}") for i in range(args.kills)
+            ]
+        else:
+            report["faults"] = [
+                one_fault(args.workload, args.epochs, root / f"kill-{i}", extra) for i in range(args.kills)
+            ]
     print(json.dumps(report, indent=2))
 
 
