@@ -59,6 +59,14 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     return type(err).__name__
 
 
+def check_choice(what: str, value: str, choices: tuple[str, ...], hint: str | None = None) -> str:
+    """``value`` if it is one of ``choices``, else a ShoalError naming it (``unknown WHAT 'value'``)
+    with ``hint``, by default the list (``use one of: a, b``)."""
+    if value not in choices:
+        raise ShoalError(f"unknown {what} {value!r}", hint or f"use one of: {', '.join(choices)}")
+    return value
+
+
 def close_match(word: str, choices: Iterable[str]) -> str | None:
     """The one of ``choices`` that ``word`` is a near miss of (difflib's ratio of 0.6 or more), if
     any: for a HINT's "did you mean ...?"."""

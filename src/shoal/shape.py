@@ -9,7 +9,7 @@ refused with the same words whichever command got it.
 
 from __future__ import annotations
 
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, check_choice
 
 RDZV_BACKENDS = ("static", "c10d")
 """Rendezvous of per-node launchers: ``static`` (node ranks given) or ``c10d`` (nodes join in any order)."""
@@ -42,11 +42,8 @@ def check_max_restarts(restarts: int) -> None:
 
 
 def check_rdzv_backend(name: str) -> None:
-    if name not in RDZV_BACKENDS:
-        raise ShoalError(f"unknown rendezvous {name!r}", f"use one of: {', '.join(RDZV_BACKENDS)}")
+    check_choice("rendezvous", name, RDZV_BACKENDS)
 
 
 def check_start_method(name: str) -> str:
-    if name not in START_METHODS:
-        raise ShoalError(f"unknown start method {name!r}", f"use one of: {', '.join(START_METHODS)}")
-    return name
+    return check_choice("start method", name, START_METHODS)

@@ -1,15 +1,43 @@
 """Read what a fault-tolerant run's groups said: ``replicas.jsonl`` in its run directory, one event
-a line (``start``, ``joined``, ``quorum``, ``healed``, ``finished``...) with group, pid, step, time."""
+a line (``start``, ``joined``, ``quorum``, ``healed``, ``finished``...) with group, pid, step, time;
+and the fault the tests share: SIGKILL group 1 after its first commit, let the job finish."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import procs
 
 
 def events(out: Path) -> list[dict]:
     path = out / "replicas.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def kill_group_one(
+    proc: subprocess.Popen, out: Path, victim: Callable[[int], int] = lambda pid: pid, timeout: float = 240.0
+) -> tuple[int, float, str, str]:
+    """Wait for group 1's first commit in ``out``, SIGKILL ``victim(pid of group 1's rank 0)``, and
+    wait for the job ``proc`` (started with pipes) to end: ``(pid killed, when, stdout, stderr)``.
+    ``proc``'s session is killed whatever happens."""
+    try:
+        procs.wait_for(
+            lambda: find(events(out), 1, "joined"), timeout=240, what="group 1's first commit",
+            unless=lambda: proc.poll() is not None,
+        )  # fmt: skip
+        pid = victim(find(events(out), 1, "start")[0]["pid"])
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        procs.kill_group(proc)
+    return pid, killed_at, stdout, stderr
 
 
 def show(found: list[dict], since: float) -> str:

@@ -12,13 +12,11 @@ the device), and both end on the same weights.
 from __future__ import annotations
 
 import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from ft_events import check_group_one_healed, events, find
+from ft_events import check_group_one_healed, events, kill_group_one
 
 import procs
 
@@ -48,21 +46,16 @@ def test_spawned_groups_lose_one_step_and_heal(tmp_path, device):
     out = tmp_path / "run"
     args = ["train", "digits", "--fault-tolerance", "--nproc", "2", "--device", device, "--backend", backend,
             "--start-method", "spawn", "--epochs", str(EPOCHS[device]), "--batch-size", str(BATCH), "--out", str(out)]  # fmt: skip
+    spawned = []
+
+    def seen_spawned(pid: int) -> int:  # read while it lives
+        spawned.append(_spawned(pid))
+        return pid
+
     proc = procs.start(*args, env=procs.launcher_free_env())
-    try:
-        procs.wait_for(
-            lambda: find(events(out), 1, "joined"), timeout=240, what="group 1's first commit",
-            unless=lambda: proc.poll() is not None,
-        )  # fmt: skip
-        victim = find(events(out), 1, "start")[0]["pid"]
-        spawned = _spawned(victim)
-        killed_at = time.time()
-        os.kill(victim, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        procs.kill_group(proc)
+    victim, killed_at, stdout, stderr = kill_group_one(proc, out, seen_spawned, timeout=300)
     assert proc.returncode == 0, stderr[-3000:] + stdout[-2000:]
-    assert spawned, "group 1's process was not spawned"
+    assert spawned == [True], "group 1's process was not spawned"
     assert f"2 replica groups on {device} (torchft over {backend}," in stdout + stderr, stdout[-2000:]
     check_group_one_healed(events(out), victim, stderr, killed_at)
 

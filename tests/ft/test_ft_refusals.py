@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from conftest import run_shoal
 from shoal.errors import ShoalError
@@ -30,7 +31,10 @@ def _refused(*args: str, timeout: float = 60):
         (("--nproc", "2", "--strategy", "fsdp"), "one replica group (--nproc 2 in groups of 2) has nobody to fail"),
         (("--nproc", "4", "--nproc-per-group", "3"), "--nproc-per-group 3 does not divide this node's --nproc 4"),
         (("--nproc", "2", "--grad-accum", "2"), "--grad-accum does not work with --fault-tolerance"),
-        (("--nproc", "2", "--device", "cpu", "--backend", "nccl"), "--backend nccl needs CUDA, but the replica"),
+        (
+            ("--nproc", "2", "--device", "cpu", "--backend", "nccl"),
+            "the nccl backend needs CUDA devices, but this process runs",
+        ),
         (("--nproc", "1"), "one replica group has nobody to fail over to"),
         (("--nproc", "2", "--checkpoint-every", "50steps"), "--checkpoint-every Nsteps does not work with"),
         (
@@ -84,7 +88,7 @@ def _train_nothing():
     return None
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_cuda_without_a_gpu_is_refused_before_any_group_starts():
     import shoal
 

@@ -12,14 +12,11 @@ is tests/ft/test_own_loop.py's.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from ft_events import SURVIVOR_COMMIT_S, events, find, metrics, show
+from ft_events import SURVIVOR_COMMIT_S, events, find, kill_group_one, metrics, show
 
 import procs
 from conftest import run_shoal, shoal_cmd
@@ -52,15 +49,10 @@ def test_a_rank_killed_in_a_sharded_group_restarts_its_group_which_heals_its_sha
     # torch is loaded already: what the command prints is part of what is tested.
     proc = subprocess.Popen(shoal_cmd(*_train(out, EPOCHS)), env=procs.launcher_free_env(), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        procs.wait_for(lambda: find(events(out), 1, "joined"), timeout=180, what="group 1's first commit")
-        group_one = find(events(out), 1, "start")[0]["pid"]  # its rank 0, which speaks for it
-        victim = _next_sibling(group_one, descendants(proc.pid))
-        killed_at = time.time()
-        os.kill(victim, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
-        procs.kill_group(proc)
+    # Group 1's rank 0 speaks for it (its events); its rank 1 is killed.
+    victim, killed_at, stdout, stderr = kill_group_one(
+        proc, out, lambda pid: _next_sibling(pid, descendants(proc.pid)), timeout=240
+    )
     assert proc.returncode == 0, stderr[-3000:] + stdout[-2000:]
     found = events(out)
     assert "2 replica groups of 2 processes (FSDP inside)" in stdout + stderr, stdout[-2000:]
@@ -74,7 +66,7 @@ def test_a_rank_killed_in_a_sharded_group_restarts_its_group_which_heals_its_sha
     assert after and after[0]["t"] - killed_at < SURVIVOR_COMMIT_S, show(found, killed_at)
     # Group 1 came back as a whole, healed and committed.
     starts = find(found, 1, "start")
-    assert [e["starts"] for e in starts] == [1, 2] and starts[1]["pid"] != group_one, found
+    assert [e["starts"] for e in starts] == [1, 2] and starts[1]["pid"] != starts[0]["pid"], found
     assert [e for e in find(found, 1, "healed") if e["pid"] == starts[1]["pid"]], show(found, killed_at)
     finished = {e["group"]: e for e in found if e["event"] == "finished"}
     assert finished[0]["step"] == finished[1]["step"] and finished[0]["params"] == finished[1]["params"], finished

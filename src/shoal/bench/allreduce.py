@@ -26,7 +26,7 @@ from shoal.bench import report as rep
 from shoal.bench.harness import Benchmark, Log, Measured, flag, launch_workers
 from shoal.bench.timing import clock
 from shoal.env.host import usable_cores
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, check_choice
 from shoal.launch.local import check_start_method, resolve_start_method
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -65,8 +65,7 @@ class AllreduceConfig:
     CUDA does not survive a fork. The timings do not depend on it."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ShoalError(f"unknown dtype {self.dtype!r}", f"use one of: {', '.join(DTYPES)}")
+        check_choice("dtype", self.dtype, DTYPES)
         if self.nproc < 0 or (self.nproc == 1 and self.device != "cuda"):
             raise ShoalError(
                 f"an all-reduce needs at least 2 processes, got --nproc {self.nproc}",

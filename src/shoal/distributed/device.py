@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from shoal.env.host import threads_per_process
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, check_choice
 
 NO_CUDA = (
     "--device cuda was asked for but CUDA is not available on this machine",
@@ -25,13 +25,6 @@ if TYPE_CHECKING:
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 BACKEND_CHOICES = ("auto", "gloo", "nccl")
-
-
-def check_choice(what: str, value: str, choices: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``choices``, else a ShoalError listing them."""
-    if value not in choices:
-        raise ShoalError(f"unknown {what} {value!r}", f"use one of: {', '.join(choices)}")
-    return value
 
 
 def choose_device(requested: str, local_rank: int, local_world_size: int) -> "torch.device":

@@ -3,9 +3,9 @@
 A job is N replica groups that train the same model on different shards of the data. Each step
 every live group asks torchft's lighthouse for a quorum, all-reduces its gradients with the other
 members through torchft's reconfigurable process group (gloo on the CPU, NCCL on GPUs), and commits
-the step only when every member got through it (:meth:`torchft.Manager.should_commit`). A group that dies costs the others that one
-step; when it comes back it receives a live member's model and optimizer state (healing) and joins
-the next step.
+the step only when every member got through it (:meth:`torchft.Manager.should_commit`). A group
+that dies costs the others that one step; when it comes back it receives a live member's model and
+optimizer state (healing) and joins the next step.
 
 What shoal adds over the stock pieces, each a sharp edge seen with torchft 0.2.0:
 
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shoal.distributed.device import choose_backend
 from shoal.distributed.torchft_check import INSTALL_HINT
 from shoal.env.replica import ReplicaCoordinates, pass_first_quorum_gate, replica_coordinates
 from shoal.errors import ShoalError, first_line
@@ -76,8 +77,9 @@ class Replicas:
     ``state``: more objects with ``state_dict``/``load_state_dict`` (a data position, running
     sums) that travel with the model and optimizer when a group heals. ``backend``: how the groups
     reach each other, ``nccl`` (default on CUDA: a GPU per process) or ``gloo`` (default on the CPU;
-    on CUDA it carries device tensors through host memory, and lets groups share a GPU). The coordinates (group,
-    store, lighthouse) come from the launcher (:func:`shoal.env.replica.replica_coordinates`).
+    on CUDA it carries device tensors through host memory, and lets groups share a GPU). The
+    coordinates (group, store, lighthouse) come from the launcher
+    (:func:`shoal.env.replica.replica_coordinates`).
     """
 
     def __init__(
@@ -98,7 +100,7 @@ class Replicas:
         if self.group_nproc > 1:
             model = _wrapped_for_group(model, device)
         self.healable = {"model": model, "optimizer": optimizer, **(state or {})}
-        self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        self.backend = choose_backend(backend or "auto", device)
         """How the groups reach each other: ``nccl`` or ``gloo``."""
         self.manager = _make_manager(self, device, self.backend, timeout_s, quorum_timeout_s)
         pass_first_quorum_gate()  # the job's first start: every group heartbeats before any quorum

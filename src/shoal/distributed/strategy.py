@@ -5,7 +5,7 @@ before torch loads (a wrong flag is said at once); :mod:`shoal.distributed.fsdp`
 
 from __future__ import annotations
 
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, check_choice
 
 STRATEGIES = ("ddp", "fsdp")
 """The names ``--strategy`` (and ``ctx.wrap(strategy=)``) accepts; ``ddp`` is the default."""
@@ -18,12 +18,8 @@ offered: it needs a loss scaler that FSDP2 does not provide (use bf16)."""
 
 def check_strategy(name: str) -> str:
     """``name`` if it is a known strategy, else a :class:`ShoalError` listing them."""
-    if name not in STRATEGIES:
-        raise ShoalError(
-            f"unknown strategy {name!r}",
-            f"pass --strategy {' or --strategy '.join(STRATEGIES)} (ddp replicates the model, fsdp shards it)",
-        )
-    return name
+    hint = f"pass --strategy {' or --strategy '.join(STRATEGIES)} (ddp replicates the model, fsdp shards it)"
+    return check_choice("strategy", name, STRATEGIES, hint)
 
 
 def refuse_comm_hook_with_fsdp(comm_hook: str | None, strategy: str = "fsdp") -> None:

@@ -103,6 +103,12 @@ def set_first_quorum_gate(gate: Callable[[], None] | None) -> None:
     _first_quorum_gate = gate
 
 
+def before_first_quorum() -> bool:
+    """Whether this process still has the launcher's gate to pass: the job's first start of its
+    group, before its first quorum (its training has not begun)."""
+    return _first_quorum_gate is not None
+
+
 def pass_first_quorum_gate() -> None:
     """Wait at the launcher's gate, once per process (a no-op without one, or after the first call)."""
     global _first_quorum_gate

@@ -42,6 +42,7 @@ from shoal.env.replica import (
     LIGHTHOUSE_ENV,
     STARTS_ENV,
     STORE_ENV,
+    before_first_quorum,
     set_first_quorum_gate,
 )
 from shoal.errors import ShoalError
@@ -295,9 +296,8 @@ def _group_main(
     for name in [n for n in os.environ if n in _OUTER_JOB_VARS or n.startswith("TORCHELASTIC_")]:
         del os.environ[name]
     os.environ.update(env)
-    passed: list[bool] = []  # whether this process reached the gate: its training had begun
     if gate is not None:
-        set_first_quorum_gate(functools.partial(_wait_at, gate, passed))
+        set_first_quorum_gate(functools.partial(_wait_at, gate))
     # The group's own store (torchft's Manager finds its server's address there; a group of
     # several meets there), on the group's address only, served by its rank 0 as long as it lives.
     store = None
@@ -312,7 +312,7 @@ def _group_main(
         write_line(err.format())
         raise SystemExit(err.exit_code) from None
     except Exception as err:
-        if gate is None or passed or env[STARTS_ENV] != "1" or says_peer_gone(str(err)):
+        if not before_first_quorum() or env[STARTS_ENV] != "1" or says_peer_gone(str(err)):
             raise  # a group that trained, came back, or lost a peer: restarted
         # Failed before it trained, at the job's first start: every restart would fail the same way
         # (each group 10 times, a traceback each). Its traceback once, and the job stops.
@@ -326,10 +326,9 @@ def _group_main(
     tmp.replace(target)
 
 
-def _wait_at(gate: Any, passed: list[bool]) -> None:
+def _wait_at(gate: Any) -> None:
     """Wait for the other groups' first start; a group that died before it breaks the gate, and
     the others go on (they heal it later)."""
-    passed.append(True)
     with contextlib.suppress(threading.BrokenBarrierError):
         gate.wait()
 

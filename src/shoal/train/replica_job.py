@@ -12,7 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from shoal.console import write_line
+from shoal.distributed.device import choose_backend, visible_gpus, workers_device
 from shoal.env.detect import detect_environment
 from shoal.env.network import bracket, route_to
 from shoal.errors import ShoalError
@@ -71,8 +74,7 @@ def plan_replica_job(
     size = _group_nproc(options, nproc_per_group, strategy)
     gpus = _group_gpus(options.nproc, size, device, backend)
     compute = "cuda" if gpus else "cpu"
-    if backend == "nccl" and compute == "cpu":
-        raise ShoalError("--backend nccl needs CUDA, but the replica groups run on the CPU", "drop --backend nccl")
+    choose_backend(backend, torch.device(compute))  # what every group would say (nccl on the CPU), said here once
     return ReplicaPlan(options, size, compute, resolve_start_method(options.start_method, compute), tuple(gpus))
 
 
@@ -101,27 +103,15 @@ def _group_nproc(options: LaunchOptions, nproc_per_group: int | None, strategy: 
 
 
 def _group_gpus(nproc: int, group_nproc: int, device: str, backend: str) -> list[str]:
-    """The GPUs this node's groups compute on; none: the CPU. ``auto`` takes them when there is one
-    per process, as a plain launch does; ``cuda`` needs one per process too, except groups of one
-    process whose replicas meet over gloo (``--backend gloo``), which may share them."""
+    """The GPUs this node's groups compute on; none: the CPU. The device is chosen as for a plain
+    launch (:func:`~shoal.distributed.device.workers_device`: ``auto`` takes the GPUs when there is
+    one per process, ``cuda`` needs one per process), except that groups of one process whose
+    replicas meet over gloo (``--backend gloo``) may share the GPUs: then one will do."""
     if device == "cpu":
         return []
-    from shoal.distributed.device import NO_CUDA, visible_gpus
-
-    gpus = visible_gpus()
-    if len(gpus) >= nproc:
-        return gpus
-    if device == "auto":
-        return []
-    if not gpus:
-        raise ShoalError(*NO_CUDA)
-    if backend == "gloo" and group_nproc == 1:
-        return gpus
-    raise ShoalError(
-        f"--fault-tolerance --device cuda: {nproc} processes on this node but {len(gpus)} GPU(s) visible",
-        f"pass --nproc {len(gpus)} (a GPU per process), or --backend gloo to let replica groups of one "
-        "process share the GPUs",
-    )
+    shared = device == "cuda" and backend == "gloo" and group_nproc == 1
+    chosen = workers_device(device, 1 if shared else nproc, spawned=False)
+    return visible_gpus() if chosen.type == "cuda" else []
 
 
 def run_replica_job(cfg: TrainConfig, plan: ReplicaPlan, *, workload: Any = None) -> TrainResult | None:

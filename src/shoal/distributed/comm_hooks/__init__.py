@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shoal.distributed.comm_hooks.base import DEFAULT_POWERSGD_RANK, CommHook
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, check_choice
 
 if TYPE_CHECKING:
     from torch import nn
@@ -56,12 +56,9 @@ _CASTS = {"bf16": ("bf16_compress_hook", "bfloat16"), "fp16": ("fp16_compress_ho
 
 def check_comm_hook(name: str) -> str:
     """``name`` if it is a known hook name, else a :class:`ShoalError` listing the choices."""
-    if name not in COMM_HOOKS:
-        raise ShoalError(
-            f"unknown communication hook {name!r}",
-            f"use one of: {', '.join(COMM_HOOKS)} (none: plain float32 all-reduce)",
-        )
-    return name
+    return check_choice(
+        "communication hook", name, COMM_HOOKS, f"use one of: {', '.join(COMM_HOOKS)} (none: plain float32 all-reduce)"
+    )
 
 
 def check_powersgd_rank(rank: int) -> int:
