@@ -19,6 +19,12 @@ What shoal adds over the stock pieces, each a sharp edge seen with torchft 0.2.0
 * The state of a healing group travels over the replicas' own process group
   (``torchft.checkpointing.pg_transport.PGTransport``), not over torchft's default HTTP server,
   which listens on every interface and advertises the hostname.
+* A group whose collective failed because a peer's connection closed aborts its own connections at
+  once (:func:`release_peers`). With more than 3 groups, gloo's ring has groups that are no
+  neighbour of the dead one: they stay blocked in a receive from a live group that has already
+  given the step up, until the collective timeout, and the lighthouse waits for them (10 s
+  stalls at 4 groups). Closing the failed group's sockets fails their pending operation now, and
+  each aborts in turn. torchft 0.2.0 aborts only when it reconfigures, after the next quorum.
 
 A group of several processes (``--nproc-per-group K``) is a process group of its own: the model is
 wrapped for it (DDP, or FSDP2 for HSDP: sharded inside the group, replicated across groups), and
@@ -166,6 +172,8 @@ class Replicas:
         No quorum within the quorum timeout (the lighthouse gone for good, or a quorum that never
         formed) is a ShoalError with exit status 1: one line, and this group's launcher restarts it
         (status 2, bad input, would stop the job)."""
+        released = released_connections(self.manager)
+        before = self.quorum
         try:
             self.manager.start_quorum()
         except (TimeoutError, RuntimeError) as err:
@@ -176,6 +184,15 @@ class Replicas:
                 "check that the lighthouse runs and that this node reaches it",
                 exit_code=1,
             ) from None
+        if released and self.quorum == before:
+            # The connections were closed for a peer that went away, yet the same groups met again
+            # (a peer's connection broke while it lived): this group has nothing left to talk over.
+            raise ShoalError(
+                f"replica group {self.coordinates.group}: its connections to the other groups closed "
+                "after a failed step, and the same groups met again",
+                "the launcher restarts this group, which heals from a live one",
+                exit_code=1,
+            )
         self.participants = self.manager.num_participants()
         return self.manager.current_step()
 
@@ -183,6 +200,7 @@ class Replicas:
         """Step the optimizer if every group of the quorum got through this step; else drop it."""
         if self.group_nproc > 1:
             _average_across_groups(self.manager, self.optimizer)
+            release_peers(self.manager)
         if not self.manager.should_commit():
             return False
         self.optimizer.step()
@@ -396,6 +414,32 @@ def replica_allreduce_hook(state, bucket):  # DDP checks the annotations: none, 
     started = time.perf_counter()
     state.manager.allreduce(buffer).wait()  # on success the average is written into ``buffer``
     state.waited_s += time.perf_counter() - started
+    release_peers(state.manager)
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)
     return done
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited")
+"""What gloo (and NCCL's remote error) say when a peer's connection closed: the peer died, or
+aborted its own connections after its step failed. A timeout is not one: a hung peer is left out
+by the lighthouse's heartbeat, a slow one may still come."""
+
+
+def release_peers(manager: Any) -> None:
+    """After a step that failed because a peer's connection closed, close this group's connections to
+    every other group, so that each peer still blocked in the step with it fails now rather than at
+    the collective timeout; the next quorum, which leaves the dead group out, connects anew.
+    Nothing happens when the step did not fail, or failed otherwise (a timeout)."""
+    error = manager.errored()
+    if error is None or released_connections(manager):
+        return
+    text = str(getattr(error, "original_exception", error))
+    if any(marker in text for marker in _PEER_LOST):
+        manager._pg.abort()  # torchft's reconfigurable group: the backend's abort, then no backend
+
+
+def released_connections(manager: Any) -> bool:
+    """Whether this group's connections were closed (:func:`release_peers`) and no quorum has
+    connected it anew since (torchft's reconfigurable group holds no backend then)."""
+    return getattr(manager._pg, "_pg", True) is None
