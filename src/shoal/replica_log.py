@@ -79,9 +79,11 @@ class GroupState:
     """``training``, ``finished``, or ``dead, restarting`` (its launcher said it died, and no
     start came since)."""
     died: dict[str, Any] | None
-    """Its latest ``died`` event (``step``, ``how``, ``after_s``, ``node``), or None."""
+    """Its latest ``died`` event (``step``, ``how``, ``after_s``, ``node``): the end of its previous
+    life, or of this one while it is ``dead, restarting``; None if it never died."""
     healed: dict[str, Any] | None
-    """Its latest ``healed`` event (``step``, ``after_s``), or None."""
+    """Its current process's ``healed`` event (``step``, ``after_s``, ``source``), or None: never
+    one of an earlier life."""
     straggler: dict[str, Any] | None = None
     """Its ``straggler`` event while that episode lasts (no ``caught_up``, start, death or end
     since): ``ratio``, ``compute_s``, ``others_s``, ``steps``; else None."""
@@ -95,7 +97,8 @@ class GroupState:
         text = f"{died.get('how', 'died')}{at}"
         healed = self.healed
         if healed is not None and healed["t"] > died["t"]:
-            text += f"; healed at step {healed['step']} after {healed['after_s']:.1f} s"
+            how = {"checkpoint": "resumed from its checkpoint", "start": "joined"}.get(healed.get("source"), "healed")
+            text += f"; {how} at step {healed['step']} after {healed['after_s']:.1f} s"
         return text
 
 
@@ -116,13 +119,14 @@ def group_states(events: list[dict[str, Any]]) -> list[GroupState]:
         else:
             state = "training"
         steps = [e["step"] for e in mine if e["event"] in COMMITTED and isinstance(e.get("step"), int)]
+        pid = int(start.get("pid", last["pid"]))
         died = [e for e in mine if e["event"] == "died"]
-        healed = [e for e in mine if e["event"] == "healed"]
+        healed = [e for e in mine if e["event"] == "healed" and e["pid"] == pid]  # this life's
         states.append(
             GroupState(
                 group=group,
                 node=node_label(start.get("node"), start.get("address")),
-                pid=int(start.get("pid", last["pid"])),
+                pid=pid,
                 starts=int(start.get("starts", len(starts))),
                 step=max(steps, default=0),
                 state=state,

@@ -115,6 +115,8 @@ class Replicas:
         self.model = ReplicaDataParallel(self.manager, model) if self.group_nproc == 1 else model
         self.participants = 0
         """Groups in the current step's quorum."""
+        self.heals = 0
+        """How many times this process received a live group's state (healing)."""
 
     @property
     def group(self) -> int:
@@ -222,6 +224,7 @@ class Replicas:
         return {name: _local_tensors(obj.state_dict()) for name, obj in self.healable.items()}
 
     def _load_state_dict(self, state: dict[str, Any]) -> None:
+        self.heals += 1
         for name, obj in self.healable.items():
             obj.load_state_dict(_as_shards_of(obj, state[name]))
 

@@ -71,7 +71,9 @@ class ReplicaEvents:
     line per event, every group appending.
 
     Events: ``start`` (pid, start count, node, address, lighthouse), ``joined`` (the first step it committed in, seconds since
-    the process started), ``healed`` (the step it received), ``quorum`` (the first commit in
+    the process started), ``healed`` (the step it joined the others at, and its ``source``: a live
+    group's state, or for a restart that needed none its own checkpoint or the job's start),
+    ``quorum`` (the first commit in
     a new quorum: a group left or joined; with its number of groups), ``dropped`` (a step that did not commit), ``recovered`` (the
     first commit after drops), ``finished`` (step, a hash of the
     parameters: equal in every group)."""
@@ -173,6 +175,7 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     writer = ProgressWriter(progress if speaker else None, group)
     run = _Run(cfg, ctx, replicas, tally, events, checkpoints, RunOutputs(cfg.out), writer)
     run.where, run.died_at = node_label(node, where.address), died_at
+    run.restarted, run.resumed = where.starts > 1, found is not None
     schedule = LRSchedule(lr, cfg.epochs, cfg.warmup_epochs)
     while run.step(batches, loss_fn, schedule, workload):
         if run.epoch_done:
@@ -201,19 +204,20 @@ class _Run:
         """This group's node, as its lines name it."""
         self.died_at: int | None = None
         """The step this group's previous process died at (its record's), for the healed line."""
+        self.restarted = False
+        """Whether this process is a restart of its group (its launcher's start count above 1)."""
+        self.resumed = False
+        """Whether this process loaded a checkpoint before its first quorum."""
 
     def step(self, batches: _Batches, loss_fn: Any, schedule: LRSchedule, workload: Any) -> bool:
         """One step: False once the run's steps are all committed."""
         replicas, tally, events, progress = self.replicas, self.tally, self.events, self.progress
-        before = replicas.step
+        heals = replicas.heals
         waited = time.perf_counter()
         progress.collective()  # the quorum (and a heal)
         step = replicas.start_step()  # heals this group first if it is behind
-        if step != before and not self.joined:
-            after = round(time.time() - events.born, 3)
-            died = f" (it died at step {self.died_at})" if self.died_at is not None else ""
-            line = f"on {self.where} healed at step {step}, {after:.1f} s after it started{died}"
-            self._say("healed", line, step=step, after_s=after, died_at=self.died_at)
+        if replicas.heals != heals and not self.joined:
+            self._healed(step, "peer")
         progress.phase("data", step)
         epoch, index = divmod(step, batches.batches)
         self.epoch, self.epoch_done = epoch + 1, index == batches.batches - 1
@@ -242,6 +246,8 @@ class _Run:
             return True
         participants = replicas.participants
         if not self.joined:
+            if not replicas.heals and self.restarted:  # it came back at the others' step without a heal
+                self._healed(step, "checkpoint" if self.resumed else "start")
             self.joined = True
             events.write("joined", step=step + 1, after_s=round(time.time() - events.born, 3))
         if replicas.quorum != self.quorum:  # the first commit with another set of groups
@@ -277,6 +283,16 @@ class _Run:
             step = self.replicas.step
             self.checkpoints.maybe_save(epoch=self.epoch, step=step, epoch_end=True, final=final, objects=state)
         self.started = time.perf_counter()
+
+    def _healed(self, step: int, source: str) -> None:
+        """The ``healed`` event of a group that joins the others at ``step``: with the state of a live
+        group (``peer``), from its own checkpoint already at that step (``checkpoint``), or at the
+        job's start with nothing committed yet (``start``)."""
+        after = round(time.time() - self.events.born, 3)
+        died = f" (it died at step {self.died_at})" if self.died_at is not None else ""
+        how = {"peer": "healed", "checkpoint": "resumed from its checkpoint", "start": "joined from the start"}[source]
+        line = f"on {self.where} {how} at step {step}, {after:.1f} s after it started{died}"
+        self._say("healed", line, step=step, after_s=after, died_at=self.died_at, source=source)
 
     def _say(self, event: str, line: str, **fields: Any) -> None:
         self.events.write(event, **fields)

@@ -1,0 +1,22 @@
+"""``replicas.jsonl`` read back for ``shoal status``: each group's current life, never an earlier one's."""
+
+from __future__ import annotations
+
+from shoal.replica_log import append_event, group_states, read_events
+
+
+def test_a_group_restarted_and_not_yet_back_shows_no_heal_of_its_earlier_life(tmp_path):
+    append_event(tmp_path, 1, "start", pid=100, starts=1, node=0, address="127.0.0.1")
+    append_event(tmp_path, 1, "healed", pid=100, step=5, after_s=1.0, source="peer")
+    append_event(tmp_path, 1, "joined", pid=100, step=6)
+    append_event(tmp_path, 1, "died", pid=100, step=40, how="killed by SIGKILL")
+    append_event(tmp_path, 1, "start", pid=200, starts=2, node=0, address="127.0.0.1")
+    (state,) = group_states(read_events(tmp_path))
+    assert (state.pid, state.starts, state.state, state.step) == (200, 2, "training", 40)
+    assert state.healed is None and state.died["step"] == 40
+    assert state.failure() == "killed by SIGKILL at step 40"
+
+    append_event(tmp_path, 1, "healed", pid=200, step=41, after_s=1.2, source="checkpoint")
+    (state,) = group_states(read_events(tmp_path))
+    assert state.healed["step"] == 41 and state.healed["source"] == "checkpoint"
+    assert state.failure() == "killed by SIGKILL at step 40; resumed from its checkpoint at step 41 after 1.2 s"
