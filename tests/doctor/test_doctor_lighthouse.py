@@ -35,7 +35,7 @@ def _lighthouse_row(proc: subprocess.CompletedProcess) -> dict:
 
 def test_a_running_lighthouse_answers_and_a_closed_port_is_named():
     pytest.importorskip("torchft")
-    from shoal.launch.lighthouse import Lighthouse
+    from shoal.train.ft.lighthouse import Lighthouse
 
     with Lighthouse("127.0.0.1") as lighthouse:
         up = _doctor("--lighthouse", lighthouse.url)

@@ -36,7 +36,7 @@ def test_dry_run_lists_every_step_and_finds_every_part_runnable():
     collected = [line.strip() for line in out.splitlines() if line.startswith("  tests/")]
     assert "tests/distributed/test_device.py::test_auto_picks_the_local_gpu" in collected
     assert "tests/gpu/test_cuda_paths.py::test_two_spawned_workers_share_one_gpu_over_gloo" in collected
-    assert "tests/ft/test_ft_devices.py::test_spawned_groups_lose_one_step_and_heal[cuda]" in collected
+    assert "tests/train/ft/test_ft_devices.py::test_spawned_groups_lose_one_step_and_heal[cuda]" in collected
     assert all("[cpu]" not in test_id for test_id in collected)  # -m gpu: the CPU variants stay out
     assert out.rstrip().endswith("all runnable")
 

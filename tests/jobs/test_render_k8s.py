@@ -317,7 +317,7 @@ def test_a_fault_tolerant_trainjob_names_the_same_lighthouse_and_no_job_alone_na
 
 def test_the_rendered_lighthouse_has_the_settings_of_the_one_shoal_runs_itself():
     from shoal.jobs.kubernetes.fault_tolerance import lighthouse_command
-    from shoal.launch.lighthouse import Lighthouse
+    from shoal.train.ft.lighthouse import Lighthouse
 
     served = Lighthouse("127.0.0.1", 29510).command()
     rendered = lighthouse_command()

@@ -6,7 +6,7 @@ Regenerate after an intended change, then review the diff::
     SHOAL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/jobs/test_render_slurm_fault_tolerance.py
     git diff tests/jobs/golden/slurm/
 
-The script is run for real on Slurm by tests/ft/test_ft_slurm.py; here nothing starts but ``bash -n``.
+The script is run for real on Slurm by tests/train/ft/test_ft_slurm.py; here nothing starts but ``bash -n``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_each_group_is_a_step_of_its_own_beside_a_lighthouse_on_the_batch_host()
         "SHOAL_REPLICA_STARTS=$((restarts[$1] + 1)) srun --nodes=1 --ntasks=1 --cpus-per-task=8 --exact --mem=0" in flat
     )
     assert '--nnodes 4 --node-rank "$1" --nproc 1 --master-addr "$head_addr" --lighthouse "$lighthouse" &' in script
-    assert '-m shoal.launch.serve_lighthouse --bind "$head_addr:$port" &' in script
+    assert '-m shoal.train.ft.serve_lighthouse --bind "$head_addr:$port" &' in script
     assert "restarts[group] < 10" in script and "((code == 2))" in script
     own = CASES["sbatch_fault_tolerance_own_lighthouse.txt"]()
     assert "serve_lighthouse" not in own.replace("serve_lighthouse --address", "")  # only its address is asked for
@@ -88,7 +88,7 @@ def test_each_group_is_a_step_of_its_own_beside_a_lighthouse_on_the_batch_host()
 
 
 def test_the_default_restarts_are_the_groups_own():
-    from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS
+    from shoal.train.ft.supervisor import DEFAULT_MAX_RESTARTS
 
     assert MAX_RESTARTS == DEFAULT_MAX_RESTARTS
 

@@ -243,7 +243,7 @@ def test_a_fault_tolerant_trainjob_restarts_a_pod_alone_until_the_runtimes_backo
 
 
 def test_a_fault_tolerant_trainjobs_pods_give_the_launcher_what_a_pytorchjobs_do():
-    """The in-pod part is proven on a PyTorchJob's pods (tests/ft/test_ft_k8s_pods.py): a TrainJob's
+    """The in-pod part is proven on a PyTorchJob's pods (tests/train/ft/test_ft_k8s_pods.py): a TrainJob's
     pods run the same command, and shoal reads the same node rank, node count and processes from
     them (env/operator.py); only the master's name differs, and it resolves to node 0's pod."""
     tj = sim_trainjob.simulate(trainjob.render_objects(*_spec(command=FT_TRAIN, nodes=2, nproc=1))[-1], RUNTIME)

@@ -3,7 +3,7 @@
 Reads the workers' progress files (``RUN_DIR/progress/rank-N.progress``, see :mod:`shoal.progress`)
 without touching the job: no store, no collective, no signal unless ``--stacks`` asks for them. No
 torch import. A fault-tolerant run (``--fault-tolerance``) also gets a table of its replica groups,
-from ``RUN_DIR/replicas.jsonl`` (:mod:`shoal.replica_log`); each group's record is the rank
+from ``RUN_DIR/replicas.jsonl`` (:mod:`shoal.train.ft.events`); each group's record is the rank
 numbered as the group.
 """
 
@@ -24,7 +24,7 @@ from shoal.env.network import is_local_address
 from shoal.errors import ShoalError
 from shoal.launch.watchdog import HangDetector, StragglerJudge, activity, dump_all_stacks, format_ranks
 from shoal.progress import RankProgress, read_progress, run_progress_dir
-from shoal.replica_log import GroupState, group_states, lighthouse_url, read_events
+from shoal.train.ft.events import GroupState, group_states, lighthouse_url, read_events
 
 STRAGGLER_MIN_STEPS = 20
 """Steps every rank must have done before ``shoal status`` names a straggler from the running means."""

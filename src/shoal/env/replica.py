@@ -1,6 +1,6 @@
 """Where this process stands in a fault-tolerant job: its replica group, read from the environment.
 
-The launcher of replica groups (:mod:`shoal.launch.replica_groups`: ``shoal train
+The launcher of replica groups (:mod:`shoal.train.ft.supervisor`: ``shoal train
 --fault-tolerance``, ``shoal.fit``, ``shoal.run(fn, fault_tolerance=True)``) sets these variables
 in each group's process; a group started by hand sets them itself (docs/FAULT_TOLERANCE.md).
 Side-effect free, no torch.
@@ -39,7 +39,7 @@ QUORUM_TICK_MS = 20
 
 def lighthouse_args(bind: str, min_replicas: int = 1) -> list[str]:
     """torchft's lighthouse flags with shoal's settings, the same for the lighthouse shoal runs
-    itself (:mod:`shoal.launch.lighthouse`) and the one it renders for Kubernetes
+    itself (:mod:`shoal.train.ft.lighthouse`) and the one it renders for Kubernetes
     (:mod:`shoal.jobs.kubernetes.fault_tolerance`). ``bind``: HOST:PORT, never torchft's ``[::]``."""
     return [
         "--bind", bind, "--min_replicas", str(min_replicas), "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),

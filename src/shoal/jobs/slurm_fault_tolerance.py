@@ -17,7 +17,7 @@
   hit, or a group out of its restarts) is not started again: the script stops the others and exits 2;
 - torchft's lighthouse runs in the batch script, on the batch host, outside every group, bound to
   that host's address (never ``0.0.0.0``/``[::]``) and restarted when it dies
-  (:mod:`shoal.launch.serve_lighthouse`); the groups get ``--lighthouse http://ADDR:PORT``. The batch
+  (:mod:`shoal.train.ft.serve_lighthouse`); the groups get ``--lighthouse http://ADDR:PORT``. The batch
   host is the one node the job cannot lose: the script runs there (sbatch(1): "Slurm runs a single
   copy of the batch script on the first node").
 
@@ -35,11 +35,11 @@ from shoal.jobs.spec import JobSpec, shoal_train_args, train_option
 
 MAX_RESTARTS = 10
 """Starts again of one group's step when ``--max-restarts`` is not given: shoal's own
-``DEFAULT_MAX_RESTARTS`` for a group's process (:mod:`shoal.launch.replica_groups`, which ``jobs``
+``DEFAULT_MAX_RESTARTS`` for a group's process (:mod:`shoal.train.ft.supervisor`, which ``jobs``
 does not import; a test holds the two equal)."""
 BAD_INPUT = 2
 """A step's exit status that ends the job: ``shoal train``'s for a ShoalError."""
-LIGHTHOUSE_MODULE = "shoal.launch.serve_lighthouse"
+LIGHTHOUSE_MODULE = "shoal.train.ft.serve_lighthouse"
 _SET_HERE = ("--nnodes", "--node-rank", "--nproc", "--master-addr", "--master-port", "--local-addr", "--rdzv-backend")
 """Flags of the command that the script sets for each step, or that no step could keep (a step
 lands on any node)."""

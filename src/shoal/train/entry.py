@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shoal.console import write_line
@@ -22,22 +23,23 @@ def train_rank(
     started_by: str | None = None,
     launch_record: dict[str, Any] | None = None,
     workload: Any = None,
+    loop: Callable[..., TrainResult] | None = None,
 ) -> TrainResult:
     """Train as one rank of the job; a ShoalError becomes its message and exit status.
 
     ``cfg``: resolved by the process that started the job (:func:`shoal.train.job.run_training`).
     ``workload``: the instance to train (forked workers), a :class:`~shoal.workloads.spec.Parcel`
-    holding it (spawned workers), or None (the spec ``cfg.workload`` is imported here).
+    holding it (spawned workers), or None (the spec ``cfg.workload`` is imported here). ``loop``:
+    what trains (module-level, for spawn): the trainer's loop by default; a fault-tolerant job's
+    groups run their replica loop (:mod:`shoal.train.ft.loop`), which the trainer does not know.
 
     In a worker of a local launch the launcher reports the failure with this rank's output; in a
     rank started by another launcher (torchrun, srun, mpirun) the message is all there is. A rank
     whose peer vanished (a node of an elastic job lost) leaves quietly when the launcher will
     restart the group: the launcher's line names the node that left and the new world size.
     """
-    if cfg.fault_tolerance:  # one replica group of a fault-tolerant job (torchft)
-        from shoal.train.replica import train_replica as train
-    else:
-        from shoal.train.trainer import train
+    if loop is None:
+        from shoal.train.trainer import train as loop
 
     if not cfg.is_resolved:  # a caller's contract, not a user's input
         raise TypeError("train_rank takes a config resolved by the launcher: cfg.resolved(workload)")
@@ -46,7 +48,7 @@ def train_rank(
             workload = workload.open()
         elif workload is None:  # a spawned worker of a named workload: its own import of it
             workload = get_workload(cfg.workload)
-        return train(cfg, workload=workload, started_by=started_by, launch_record=launch_record)
+        return loop(cfg, workload=workload, started_by=started_by, launch_record=launch_record)
     except ShoalError as err:
         if not getattr(err, "quiet", False):
             write_line(err.format())

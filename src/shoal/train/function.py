@@ -146,11 +146,11 @@ class _Call:
 
 
 def _run_replica_groups(call: _Call, options: Mapping[str, Any], lighthouse: str | None, nproc_per_group: int) -> Any:
-    """``fn`` as ``nproc / nproc_per_group`` replica groups (:mod:`shoal.launch.replica_groups`);
+    """``fn`` as ``nproc / nproc_per_group`` replica groups (:mod:`shoal.train.ft.supervisor`);
     group 0's value (its rank 0's), or every group's with ``all_ranks`` (each group's rank 0's)."""
     from shoal.distributed.torchft_check import check_torchft
-    from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
-    from shoal.train.replica_job import plan_replica_job
+    from shoal.train.ft.job import plan_replica_job
+    from shoal.train.ft.supervisor import DEFAULT_MAX_RESTARTS, run_replica_groups
 
     launch = LaunchOptions.from_environment({k: v for k, v in options.items() if k in _LAUNCH_OPTIONS})
     device, backend = call.init_options.get("device", "auto"), call.init_options.get("backend", "auto")

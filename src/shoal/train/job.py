@@ -98,7 +98,7 @@ def run_training(cfg: TrainConfig, options: LaunchOptions, *, workload: Workload
     workload = get_workload(workload if workload is not None else cfg.workload)
     cfg = cfg.resolved(workload)  # once, here: every rank gets the resolved config
     if cfg.fault_tolerance:  # replica groups beside a lighthouse (docs/FAULT_TOLERANCE.md)
-        from shoal.train.replica_job import plan_replica_job, run_replica_job
+        from shoal.train.ft.job import plan_replica_job, run_replica_job
 
         plan = plan_replica_job(
             options, nproc_per_group=cfg.nproc_per_group, strategy=cfg.strategy, device=cfg.device, backend=cfg.backend

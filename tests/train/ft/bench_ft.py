@@ -1,8 +1,8 @@
 """The figures of docs/FAULT_TOLERANCE.md, measured in one run against a baseline of the same run.
 
-    python tests/ft/bench_ft.py [--workload digits] [--epochs 3] [--kills 3] [--train-args="--arch resnet18 ..."]
-    python tests/ft/bench_ft.py --epochs 40 --kills 3 --train-args="--start-method spawn"   # spawned groups
-    python tests/ft/bench_ft.py --chaos [--groups 4] [--chaos-kills 10] [--kill-every 20] [--epochs 30]
+    python tests/train/ft/bench_ft.py [--workload digits] [--epochs 3] [--kills 3] [--train-args="--arch resnet18 ..."]
+    python tests/train/ft/bench_ft.py --epochs 40 --kills 3 --train-args="--start-method spawn"   # spawned groups
+    python tests/train/ft/bench_ft.py --chaos [--groups 4] [--chaos-kills 10] [--kill-every 20] [--epochs 30]
 
 1. Steady state: ``shoal train W --nproc 2`` (plain DDP, gloo) and ``shoal train W
    --fault-tolerance --nproc 2`` (2 replica groups of one process, torchft): the median

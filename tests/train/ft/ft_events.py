@@ -54,7 +54,7 @@ def metrics(out: Path) -> list[dict]:
 
 
 def lighthouses(pids: list[int]) -> list[int]:
-    """Those of ``pids`` that run a lighthouse (:mod:`shoal.launch.lighthouse_main`)."""
+    """Those of ``pids`` that run a lighthouse (:mod:`shoal.train.ft.lighthouse_main`)."""
     found = []
     for pid in pids:
         try:

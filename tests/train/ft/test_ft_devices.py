@@ -67,7 +67,7 @@ def _visible_devices() -> str | None:
 def test_each_group_process_starts_with_its_share_of_the_gpus(monkeypatch):
     """The launcher's hand-off in real processes: 2 groups of 2, given four GPUs' names, each start
     with theirs as CUDA_VISIBLE_DEVICES (what each group's rank 0 returns), not the launcher's own."""
-    from shoal.launch.replica_groups import run_replica_groups
+    from shoal.train.ft.supervisor import run_replica_groups
 
     gpus = ("GPU-a", "GPU-b", "GPU-c", "GPU-d")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(gpus))

@@ -97,9 +97,9 @@ def test_cuda_without_a_gpu_is_refused_before_any_group_starts():
 
 
 def test_each_group_gets_its_share_of_the_gpus():
-    """A group's CUDA_VISIBLE_DEVICES (shoal.launch.replica_groups): the next K of the node's GPUs,
+    """A group's CUDA_VISIBLE_DEVICES (shoal.train.ft.supervisor): the next K of the node's GPUs,
     counted from the node's first group; groups of one process take turns when GPUs are fewer."""
-    from shoal.launch.replica_groups import _Layout
+    from shoal.train.ft.supervisor import _Layout
 
     four = ("0", "1", "2", "3")
     assert [_Layout(2, 0, 2, group_nproc=2, gpus=four).gpus_of(g) for g in (0, 1)] == ["0,1", "2,3"]

@@ -7,7 +7,7 @@ group 0 keeps its processes and commits again within seconds; each restarted ran
 shards of the model and of AdamW's state from the same rank of group 0; both groups finish the same
 step with the same whole-model weights. Then the same command with one more epoch resumes every
 group from the writer group's sharded (DCP) checkpoint. The exactness of HSDP against one process
-is tests/ft/test_own_loop.py's.
+is tests/train/ft/test_own_loop.py's.
 """
 
 from __future__ import annotations

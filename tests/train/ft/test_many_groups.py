@@ -6,7 +6,7 @@ their closed connections; group 3 is left waiting for a live neighbour that has 
 Before shoal closed a failed group's connections (``shoal.distributed.fault_tolerance.release_peers``)
 group 3 waited out gloo's collective timeout (10 s), and the lighthouse waited for it, so every
 group did. Here group 1 SIGKILLs itself as backward begins in its 20th step
-(tests/ft/scripts/dies_in_step.py), deterministically in the step: every survivor drops that step
+(tests/train/ft/scripts/dies_in_step.py), deterministically in the step: every survivor drops that step
 and commits again within the lighthouse's heartbeat (1 s here), well inside the timeout.
 """
 
@@ -46,7 +46,9 @@ def test_a_group_dead_in_the_all_reduce_frees_the_groups_across_the_ring(tmp_pat
         dropped = [e for e in find(found, group, "dropped") if e["step"] == DIE_AT]
         assert dropped, f"group {group} did not drop step {DIE_AT}\n" + show(found, since)
         assert "Timed out" not in dropped[0]["error"], show(found, since)
-        commits = [e["t"] for e in found if e["group"] == group and e["event"] in ("quorum", "recovered") and e["t"] > since]
+        commits = [
+            e["t"] for e in found if e["group"] == group and e["event"] in ("quorum", "recovered") and e["t"] > since
+        ]
         assert commits and commits[0] - since < FREED_S, f"group {group}\n" + show(found, since)
     finished = [e for e in found if e["event"] == "finished"]
     assert len(finished) == GROUPS and len({e["params"] for e in finished}) == 1, finished

@@ -49,7 +49,7 @@ def test_shoal_run_recipe_two_groups_by_hand():
     Groups started by hand have no launcher to gather them before their first quorum: with
     ``--min_replicas 2`` every quorum holds both (a group that finished its 10 steps before the
     other started would otherwise have trained alone)."""
-    from shoal.launch.lighthouse import Lighthouse
+    from shoal.train.ft.lighthouse import Lighthouse
 
     with Lighthouse(min_replicas=2) as lighthouse:
         started = [

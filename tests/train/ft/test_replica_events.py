@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.replica_log import append_event, group_states, read_events
+from shoal.train.ft.events import append_event, group_states, read_events
 
 
 def test_a_group_restarted_and_not_yet_back_shows_no_heal_of_its_earlier_life(tmp_path):

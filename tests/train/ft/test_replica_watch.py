@@ -1,4 +1,4 @@
-"""The replica launcher's watch (:mod:`shoal.launch.replica_watch`) over real progress records: a
+"""The replica launcher's watch (:mod:`shoal.train.ft.watch`) over real progress records: a
 process stuck in one phase is reported once with its stack; SIGKILLed, its ``died`` line names the
 node and the step of its last commit, and ``shoal status`` shows the group dead and restarting (not
 a failed job). Three groups' records, one computing 3x longer: named a straggler once per episode,
@@ -21,9 +21,9 @@ from ft_events import events, find
 import warm
 from conftest import run_shoal
 from procs import launcher_free_env, wait_for
-from shoal.launch.replica_watch import GroupWatch
 from shoal.progress import ProgressWriter, read_progress
-from shoal.replica_log import append_event, group_states, read_events
+from shoal.train.ft.events import append_event, group_states, read_events
+from shoal.train.ft.watch import GroupWatch
 
 STUCK_GROUP = """
 import sys, time

@@ -19,7 +19,7 @@ is what torchft's own launch examples make it, a process of its own beside the g
   ``strategy: Recreate`` so that an update never runs two lighthouses (two quorums would train
   apart), bound to the pod's own address (``$(POD_IP)`` from the downward API; never ``[::]``,
   torchft's default), shoal's settings (1 s heartbeat timeout, 30 s join timeout, a quorum of
-  one group at least: :mod:`shoal.launch.lighthouse`), a TCP readiness probe;
+  one group at least: :mod:`shoal.train.ft.lighthouse`), a TCP readiness probe;
 - a ``Service`` of the same name: a stable address for it while its pod is replaced;
 - each pod of the job gets ``--lighthouse http://<name>-lighthouse:29510`` in its command (a
   command that names a ``--lighthouse`` already keeps it, and no lighthouse is rendered).

@@ -4,10 +4,10 @@ where each one stands, read back without torch (``shoal status``).
 One JSON object a line, appended with one ``write`` each (lines of several processes do not
 interleave): ``{"t", "group", "event", "pid", ...}``. The groups write ``start`` (with their node,
 address and the lighthouse's URL), ``joined``, ``healed``, ``quorum``, ``dropped``, ``recovered`` and
-``finished`` (:mod:`shoal.train.replica`); their launcher writes ``died`` (the group's pid, how it
+``finished`` (:mod:`shoal.train.ft.loop`); their launcher writes ``died`` (the group's pid, how it
 ended, the step of its last commit), ``hung``, ``straggler`` (its compute per step against the
 other groups' median: ``ratio``, ``compute_s``, ``others_s`` over its last ``steps`` steps) and
-``caught_up`` (the straggler keeps pace again): :mod:`shoal.launch.replica_watch`. Every ``step``
+``caught_up`` (the straggler keeps pace again): :mod:`shoal.train.ft.watch`. Every ``step``
 but a ``dropped`` one is a count of committed steps.
 
 Nothing here imports torch, nor anything of shoal.

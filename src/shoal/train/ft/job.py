@@ -3,7 +3,7 @@
 It decides what the replica groups need before any starts (two groups at least, the master's
 address and a shared ``--out`` across nodes, their device: a GPU per process, forked on the CPU and
 spawned with CUDA), names and prepares the run directory, then runs this node's groups, node 0's
-beside a supervised lighthouse (:func:`shoal.launch.replica_groups.run_replica_groups`).
+beside a supervised lighthouse (:func:`shoal.train.ft.supervisor.run_replica_groups`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from shoal.env.network import bracket, route_to
 from shoal.errors import ShoalError
 from shoal.launch.local import Placement, placement, resolve_start_method
 from shoal.launch.options import LaunchOptions
-from shoal.launch.replica_groups import DEFAULT_MAX_RESTARTS, run_replica_groups
 from shoal.train.config import TrainConfig
 from shoal.train.entry import train_rank
+from shoal.train.ft.loop import train_replica
+from shoal.train.ft.supervisor import DEFAULT_MAX_RESTARTS, run_replica_groups
 from shoal.train.outputs import default_out_dir, prepare_out_dir
 from shoal.train.trainer import TrainResult
 from shoal.workloads import short_name
@@ -131,7 +132,7 @@ def run_replica_job(cfg: TrainConfig, plan: ReplicaPlan, *, workload: Any = None
     place = _addresses(options, cfg.lighthouse)
     results = run_replica_groups(
         train_rank,
-        (cfg, plan.start_method, None, workload),
+        (cfg, plan.start_method, None, workload, train_replica),
         groups=plan.groups,
         group_nproc=plan.group_nproc,
         max_restarts=options.max_restarts or DEFAULT_MAX_RESTARTS,

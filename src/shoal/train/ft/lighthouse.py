@@ -1,6 +1,6 @@
 """torchft's lighthouse, started and kept alive by the launcher of a fault-tolerant job.
 
-The lighthouse (torchft's Rust quorum server, run by :mod:`shoal.launch.lighthouse_main`) decides each step which
+The lighthouse (torchft's Rust quorum server, run by :mod:`shoal.train.ft.lighthouse_main`) decides each step which
 replica groups train together. shoal runs it as a child process bound to the address it chose
 (loopback on one node; never torchft's default ``[::]``), with
 

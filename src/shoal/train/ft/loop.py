@@ -1,6 +1,6 @@
 """One replica group of a fault-tolerant ``shoal train`` job (``--fault-tolerance``): its loop.
 
-The job is N replica groups (:mod:`shoal.launch.replica_groups`) of one process each, or of K
+The job is N replica groups (:mod:`shoal.train.ft.supervisor`) of one process each, or of K
 (``--nproc-per-group``: DDP inside the group, or FSDP2 with ``--strategy fsdp``: HSDP); each step
 every live group joins torchft's quorum, computes its gradient on its own batch, averages it with
 the others (:class:`~shoal.distributed.fault_tolerance.Replicas`) and steps the optimizer only when
@@ -38,8 +38,8 @@ from shoal.env.replica import replica_coordinates
 from shoal.evaluation import evaluate
 from shoal.launch.process import process_started
 from shoal.progress import ProgressWriter, progress_path, read_one, run_progress_dir
-from shoal.replica_log import EVENTS_FILE, NODE_ENV, append_event, node_label
 from shoal.train.config import TrainConfig
+from shoal.train.ft.events import EVENTS_FILE, NODE_ENV, append_event, node_label
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs
 from shoal.train.trainer import TrainResult
@@ -67,7 +67,7 @@ class ReplicaTally:
 
 
 class ReplicaEvents:
-    """``RUN_DIR/replicas.jsonl`` (:mod:`shoal.replica_log`): what each group lived through, one
+    """``RUN_DIR/replicas.jsonl`` (:mod:`shoal.train.ft.events`): what each group lived through, one
     line per event, every group appending.
 
     Events: ``start`` (pid, start count, node, address, lighthouse), ``joined`` (the first step it committed in, seconds since

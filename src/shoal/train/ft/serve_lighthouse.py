@@ -1,16 +1,16 @@
-"""torchft's lighthouse for replica groups that another program starts: ``python -m shoal.launch.serve_lighthouse``.
+"""torchft's lighthouse for replica groups that another program starts: ``python -m shoal.train.ft.serve_lighthouse``.
 
 The sbatch script that ``shoal launch slurm`` renders for ``shoal train --fault-tolerance`` runs it
 on the batch host, outside every replica group (:mod:`shoal.jobs.slurm_fault_tolerance`)::
 
-    head_addr=$(python -m shoal.launch.serve_lighthouse --address)
-    python -m shoal.launch.serve_lighthouse --bind "$head_addr:$port" &
+    head_addr=$(python -m shoal.train.ft.serve_lighthouse --address)
+    python -m shoal.train.ft.serve_lighthouse --bind "$head_addr:$port" &
 
 ``--address`` prints this host's address as the job's other nodes reach it: the address its name
 resolves to, or, where the name resolves to loopback here (Debian's /etc/hosts maps it to
 127.0.1.1), the address of the default route's interface (:func:`shoal.env.network.route_to`, the
 rule node 0 of a job started by hand follows). ``--bind HOST:PORT`` serves the lighthouse there, with
-shoal's settings, restarted when it dies (:class:`shoal.launch.lighthouse.Lighthouse`), until
+shoal's settings, restarted when it dies (:class:`shoal.train.ft.lighthouse.Lighthouse`), until
 SIGTERM or SIGINT. Bad input is one line and a HINT, exit status 2.
 """
 
@@ -25,8 +25,8 @@ import threading
 from shoal.console import write_line
 from shoal.env.network import bracket, route_to
 from shoal.errors import ShoalError
-from shoal.launch.lighthouse import Lighthouse
 from shoal.launch.ports import check_port_free
+from shoal.train.ft.lighthouse import Lighthouse
 
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
@@ -60,7 +60,9 @@ def serve(bind: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shoal.launch.serve_lighthouse", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m shoal.train.ft.serve_lighthouse", description=__doc__.split("\n")[0]
+    )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--address", action="store_true", help="print this host's address toward the other nodes")
     what.add_argument("--bind", metavar="ADDR:PORT", help="serve the lighthouse there until SIGTERM or SIGINT")

@@ -1,7 +1,7 @@
 """Start the replica groups of a fault-tolerant job on this node, and restart those that fail.
 
 ``shoal train --fault-tolerance --nproc N`` runs N replica groups of one process each beside a
-supervised torchft lighthouse (:mod:`shoal.launch.lighthouse`); with ``--nproc-per-group K``, N / K
+supervised torchft lighthouse (:mod:`shoal.train.ft.lighthouse`); with ``--nproc-per-group K``, N / K
 groups of K processes each (a process group of their own: DDP or FSDP inside, HSDP). Unlike an elastic restart, a
 failed group is restarted *alone*: the other groups go on training (they lose one step), and the
 restarted one heals from a live peer. Each group has its own store (torchft's Manager needs one per
@@ -47,14 +47,14 @@ from shoal.env.replica import (
 )
 from shoal.errors import ShoalError
 from shoal.launch.failures import says_peer_gone
-from shoal.launch.lighthouse import QUORUM_RETRIES, Lighthouse
 from shoal.launch.ports import find_free_port
 from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
 from shoal.launch.rendezvous.plan import SOCKET_IFNAME_VARS
 from shoal.launch.rendezvous.stores import serve_store
-from shoal.launch.replica_watch import GroupWatch
-from shoal.replica_log import NODE_ENV
 from shoal.stopping import stop_with_grace
+from shoal.train.ft.events import NODE_ENV
+from shoal.train.ft.lighthouse import QUORUM_RETRIES, Lighthouse
+from shoal.train.ft.watch import GroupWatch
 
 DEFAULT_MAX_RESTARTS = 10
 _POLL_S = 0.05
@@ -130,7 +130,7 @@ def run_replica_groups(
     ``lighthouse``: the URL of a lighthouse someone else runs (another node, or the user's); default,
     one started here on ``host`` (port ``lighthouse_port``, default a free one). ``max_restarts``:
     restarts per group before the job fails. ``hang_timeout``: seconds without progress before a
-    group is reported hung (:mod:`shoal.launch.replica_watch`; default the watchdog's rule).
+    group is reported hung (:mod:`shoal.train.ft.watch`; default the watchdog's rule).
     ``run_dir``: where the groups write their records and events (``shoal train``'s ``--out``), which
     the watch reads; None for a user's own loop. ``start_method``: ``fork`` or ``spawn`` (then
     ``entrypoint`` and ``args`` must pickle). ``gpus``: with CUDA, the node's GPUs (as

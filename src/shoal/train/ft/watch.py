@@ -1,4 +1,4 @@
-"""The replica launcher's watch over its groups (:mod:`shoal.launch.replica_groups`): a dead
+"""The replica launcher's watch over its groups (:mod:`shoal.train.ft.supervisor`): a dead
 group's one line, a hung group reported, and stragglers among the groups named.
 
 The groups run outside torch's agent, so the launch core's :class:`~shoal.launch.watchdog.JobWatch`
@@ -7,7 +7,7 @@ does not see them. Each group writes the per-rank progress record every trainer 
 this watch reads this node's groups' records:
 
 - a group that died is named with its node and the step of its last commit, in the launcher's line
-  and as a ``died`` event in ``RUN_DIR/replicas.jsonl`` (:mod:`shoal.replica_log`), which ``shoal
+  and as a ``died`` event in ``RUN_DIR/replicas.jsonl`` (:mod:`shoal.train.ft.events`), which ``shoal
   status`` shows;
 - a group whose record has not changed for the hang timeout (the watchdog's
   :class:`~shoal.launch.watchdog.HangDetector`, judged for each group alone: the others go on
@@ -37,7 +37,7 @@ from shoal.launch.watchdog import HangDetector, activity, dump_stacks, where
 from shoal.launch.watchdog.judges import Straggler, StragglerWindows
 from shoal.launch.watchdog.options import straggler_window_s
 from shoal.progress import RankProgress, progress_path, read_one, read_progress, run_progress_dir
-from shoal.replica_log import COMMITTED, append_event, node_label, read_events
+from shoal.train.ft.events import COMMITTED, append_event, node_label, read_events
 
 _STACK_TIMEOUT_S = 2.0
 """The longest the launcher waits for a hung group's stack (it restarts dead groups meanwhile)."""

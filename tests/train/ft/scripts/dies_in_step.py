@@ -1,5 +1,5 @@
 """A workload whose replica group ``DIE_GROUP`` SIGKILLs itself inside a step, on its first start:
-``shoal train tests/ft/scripts/dies_in_step.py:DiesInStep --fault-tolerance``. At its
+``shoal train tests/train/ft/scripts/dies_in_step.py:DiesInStep --fault-tolerance``. At its
 ``DIE_AT``-th forward pass (default 20) it dies as backward begins, before it sends its gradients,
 so that every other group is in, or enters, the step's all-reduce without it: the fault that
 stalled the groups across gloo's ring from the dead one until the collective timeout. A tiny MLP on

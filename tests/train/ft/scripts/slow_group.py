@@ -1,4 +1,4 @@
-"""A workload with one slow replica group: ``shoal train tests/ft/scripts/slow_group.py:SlowGroup
+"""A workload with one slow replica group: ``shoal train tests/train/ft/scripts/slow_group.py:SlowGroup
 --fault-tolerance``. Group ``SLOW_GROUP`` sleeps ``SLOW_S`` seconds (default 0.02) in every forward,
 as a slower machine would take longer to compute; the others compute at their own pace. Without
 ``--fault-tolerance``, rank ``SLOW_RANK`` does. A tiny MLP on ``SAMPLES`` (default 2400) random
