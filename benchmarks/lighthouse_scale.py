@@ -35,11 +35,14 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +66,9 @@ HEARTBEAT_INTERVAL_MS = 100
 QUORUM_TARGET_S = 1.0
 DEAD_SLACK_S = 1.0
 """The target for a dead group: out within the heartbeat timeout + this."""
+STATUS_EVERY_S = 0.5
+"""How often the lighthouse's /status page is read for the age of its oldest heartbeat of a live group."""
+_HEARTBEAT_AGE = re.compile(r"sim_group_(\d+):[0-9a-f-]+: seen ([0-9.e+-]+)s ago")
 IDLE_WINDOW_S = 2.0
 """How long the lighthouse's CPU is sampled while every group only heartbeats."""
 
@@ -165,6 +171,19 @@ class _LighthouseProcess:
         return {"peak_rss_mib": int(values["VmHWM"]) / 1024, "rss_mib": int(values["VmRSS"]) / 1024,
                 "threads": int(values["Threads"])}  # fmt: skip
 
+    def watch_heartbeats(self, skip: int, stop: threading.Event, ages: list[float]) -> None:
+        """Until ``stop``: every STATUS_EVERY_S, the age of the oldest heartbeat the lighthouse holds of
+        a live group (its /status page; group ``skip``, the one that dies, left out), into ``ages``."""
+        while not stop.wait(STATUS_EVERY_S):
+            try:
+                with urllib.request.urlopen(f"{self.url}/status", timeout=5) as answer:
+                    page = answer.read().decode(errors="replace")
+            except OSError:
+                continue
+            seen = [float(age) for group, age in _HEARTBEAT_AGE.findall(page) if int(group) != skip]
+            if seen:
+                ages.append(max(seen))
+
     def _tail(self) -> str:
         self._log.flush()
         return " ".join(self.log_path.read_text(errors="replace").split()[-30:])
@@ -202,6 +221,8 @@ def measure_size(cfg: LighthouseScaleConfig, n: int, work: Path, log: Log) -> di
     context = multiprocessing.get_context("spawn")
     workers: list[tuple[Any, Any]] = []
     load = load_average()
+    ages: list[float] = []
+    watch_stop = threading.Event()
     try:
         lighthouse.wait_listening()
         base = {
@@ -221,6 +242,10 @@ def measure_size(cfg: LighthouseScaleConfig, n: int, work: Path, log: Log) -> di
             if errors:
                 raise ShoalError(f"simulated groups failed to start: {errors[0]}", "see the lighthouse's log")
         created_s = time.monotonic() - started
+        watcher = threading.Thread(
+            target=lighthouse.watch_heartbeats, args=(victim, watch_stop, ages), name="lighthouse-status", daemon=True
+        )
+        watcher.start()
         # Every group heartbeats now and none has asked for a quorum: the lighthouse's idle cost.
         time.sleep(0.5)
         cpu0, t0 = lighthouse.cpu_s(), time.monotonic()
@@ -238,7 +263,10 @@ def measure_size(cfg: LighthouseScaleConfig, n: int, work: Path, log: Log) -> di
             deaths += died
         run_cpu, run_s = lighthouse.cpu_s() - cpu1, time.monotonic() - t1
         memory = lighthouse.memory()
+        watch_stop.set()
+        watcher.join(timeout=10)
     finally:
+        watch_stop.set()
         for process, conn in workers:
             with contextlib.suppress(OSError):
                 conn.send(("stop",))
@@ -250,7 +278,7 @@ def measure_size(cfg: LighthouseScaleConfig, n: int, work: Path, log: Log) -> di
     row = _row(n, records, deaths, die_at, settings)
     row.update(
         created_s=created_s, idle_cpu_pct=idle_pct, cpu_s_per_step=run_cpu / cfg.steps, run_cpu_pct=100 * run_cpu / run_s,
-        load_average=load, **memory,
+        load_average=load, heartbeat_age_max_s=max(ages, default=float("nan")), **memory,
     )  # fmt: skip
     log(
         f"  {n} groups: first quorum {_s(row['first_quorum_s'])}, step quorum {_s(row['step_quorum_s'])} "
@@ -279,8 +307,12 @@ def _row(
         by_step.setdefault(record[1], []).append(record)
     failed = sum(1 for r in records if r[4] < 0)
     ok = [r for r in records if r[4] >= 0]
-    # A live group left out: a quorum smaller than the groups alive at that step.
-    left_out = sum(1 for r in ok if r[5] < (n if r[1] < die_at else n - 1))
+    # Live groups left out: at each step, the groups alive less the smallest quorum any of them got.
+    left_out = 0
+    for step, got in by_step.items():
+        sizes = [r[5] for r in got if r[4] >= 0]
+        if sizes:
+            left_out += max(0, (n if step < die_at else n - 1) - min(sizes))
 
     def after_last_join(step: int) -> float:
         got = [r for r in by_step.get(step, []) if r[4] >= 0]
@@ -364,6 +396,7 @@ def text(report: dict[str, Any]) -> list[str]:
                 "dead out",
                 "left out",
                 "failed",
+                "oldest HB",
                 "LH CPU idle",
                 "LH CPU/step",
                 "LH peak RSS",
@@ -378,6 +411,7 @@ def text(report: dict[str, Any]) -> list[str]:
                     _s(r["dead_out_s"]),
                     str(r["left_out"]),
                     str(r["failed"]),
+                    _s(r["heartbeat_age_max_s"]),
                     f"{r['idle_cpu_pct']:.1f}%",
                     f"{r['cpu_s_per_step']:.3f} s",
                     f"{r['peak_rss_mib']:.0f} MiB",
@@ -385,7 +419,7 @@ def text(report: dict[str, Any]) -> list[str]:
                 ]
                 for r in report["rows"]
             ],
-            align="rrrrrrrrrrr",
+            align="rrrrrrrrrrrr",
         ),
     ]
 
