@@ -381,6 +381,9 @@ def _node_counts(nnodes: str) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
+    from shoal.launch.process import die_with_parent
+
+    die_with_parent()  # the benchmark's process stopped: so does this one
     spec = json.loads(argv[0])
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # shoal's launcher sets it; see rendezvous_scale
@@ -393,7 +396,9 @@ def main(argv: list[str]) -> int:
     import torch.distributed.elastic.agent.server.api  # noqa: F401  (imported before "ready")
 
     sim.serve()
-    return 0
+    sys.stdout.flush()
+    # Nothing of a simulated job outlives it: not a node blocked in the store, nor the store's threads.
+    os._exit(0)
 
 
 if __name__ == "__main__":

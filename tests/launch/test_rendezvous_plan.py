@@ -172,3 +172,28 @@ def test_failures_name_the_endpoint_the_arrivals_and_a_hint():
 
     left = explain_failure(NodeLeft("another node ended the job"), client).format()
     assert left.startswith("shoal: error: another node ended the job; this node's workers were stopped")
+
+
+def test_c10d_heartbeats_by_number_of_nodes():
+    """Up to 64 nodes a heartbeat every 2 s; above, every 5 s (each rewrites the whole rendezvous
+    state), said in one start-up line; the user's own interval wins, and static has none."""
+    few = _plan(nnodes="64", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29400")
+    assert few.rdzv_configs["keep_alive_interval"] == 2 and few.scale_note is None
+    assert len(few.lines("shoal run", 1)) == 2
+    many = _plan(nnodes="32:1000", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29400")
+    assert many.rdzv_configs["keep_alive_interval"] == 5 and many.rdzv_configs["keep_alive_max_attempt"] == 3
+    lines = many.lines("shoal run", 8)
+    assert lines[2] == (
+        "shoal run: 1000 nodes: c10d heartbeats every 5 s, not 2 s (each one rewrites the whole rendezvous "
+        "state in the store), so a lost node is noticed after 15 s; at this size the static rendezvous "
+        "costs the store far less (docs/MULTINODE.md)"
+    )
+    yours = _plan(
+        nnodes="1000",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:29400",
+        rdzv_conf=parse_conf("keep_alive_interval=3"),
+    )
+    assert yours.rdzv_configs["keep_alive_interval"] == 3 and yours.scale_note is None
+    static = _plan(nnodes="1000", node_rank=3, master_addr="127.0.0.1", master_port=29555)
+    assert "keep_alive_interval" not in static.rdzv_configs and static.scale_note is None

@@ -41,6 +41,12 @@ LAST_CALL_S = 5
 """c10d: how long a rendezvous that has MIN nodes waits for more (torch: 30 s)."""
 KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 2, 3
 """c10d: heartbeat interval and how many may be missed before a node counts as gone (6 s; torch 15 s)."""
+MANY_NODES, MANY_NODES_KEEP_ALIVE_S = 64, 5
+"""c10d above ``MANY_NODES`` nodes: a heartbeat every 5 s (torch's default), a lost node noticed in 15 s.
+torch's c10d rendezvous keeps every node in one pickled state that each heartbeat reads and rewrites
+whole (a compare-and-set, retried when another node wrote first): the store's traffic grows with
+nodes x heartbeats/s x state size (measured: ``python -m benchmarks.rendezvous_scale``, docs/BENCHMARKS.md,
+"Rendezvous at 1,000 simulated nodes")."""
 EXIT_MARGIN_S = 2.0
 """torch overshoots its own timeouts a little and the failure is then diagnosed (one TCP probe of at
 most 1 s): this much of the join budget is kept for that."""
@@ -80,6 +86,8 @@ class RendezvousPlan:
     user_ifnames: Mapping[str, str] = field(default_factory=dict)
     """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` as the user set them."""
     warnings: tuple[str, ...] = ()
+    scale_note: str | None = None
+    """A setting chosen for this many nodes that differs from the one for a few (said at start)."""
     workers_port: int = 0
     """The port of the workers' store (their MASTER_PORT) on a single node; 0: the OS picks."""
 
@@ -117,7 +125,8 @@ class RendezvousPlan:
             f"{prog}: {workers} on this node ({node}), waiting for the {self.backend} rendezvous at "
             f"{self.endpoint} (join timeout {self.join_timeout:g} s){extra}"
         )
-        return [first, self.network_line(prog), *(f"{prog}: warning: {w}" for w in self.warnings)]
+        scale = [f"{prog}: {self.scale_note}"] if self.scale_note else []
+        return [first, self.network_line(prog), *scale, *(f"{prog}: warning: {w}" for w in self.warnings)]
 
     def network_line(self, prog: str) -> str:
         parts = []
@@ -225,6 +234,7 @@ def plan_rendezvous(
 
     timeout = max(1, int(options.join_timeout - spent - EXIT_MARGIN_S))
     configs: dict[str, Any] = {}
+    scale_note: str | None = None
     if static:
         configs["rank"] = options.node_rank
         configs["timeout"] = int(conf.get("timeout", timeout))
@@ -237,7 +247,10 @@ def plan_rendezvous(
         configs["last_call_timeout"] = int(conf.get("last_call_timeout", max(1, min(LAST_CALL_S, timeout // 2))))
         # A node is declared gone after keep_alive_interval x keep_alive_max_attempt without a
         # heartbeat (torch: 5 s x 3); every node writes one heartbeat per interval to the store.
-        configs["keep_alive_interval"] = int(conf.get("keep_alive_interval", KEEP_ALIVE_S))
+        keep_alive, scale_note = keep_alive_for(max_nodes)
+        if "keep_alive_interval" in conf:
+            scale_note = None  # the user's setting: nothing chosen for them
+        configs["keep_alive_interval"] = int(conf.get("keep_alive_interval", keep_alive))
         configs["keep_alive_max_attempt"] = int(conf.get("keep_alive_max_attempt", KEEP_ALIVE_MISSES))
         if is_host is not None:
             configs["is_host"] = is_host
@@ -268,5 +281,18 @@ def plan_rendezvous(
         nnodes=options.nnodes, node_rank=options.node_rank, run_id=options.rdzv_id,
         join_timeout=options.join_timeout, route=route, local_addr=local_addr, bind_addr=bind_addr,
         bind_ifname=bind_ifname, is_host=is_host, hosts_store=hosts_store, rdzv_configs=configs,
-        environ=env, user_ifnames=user_ifnames, warnings=tuple(warnings),
+        environ=env, user_ifnames=user_ifnames, warnings=tuple(warnings), scale_note=scale_note,
     )  # fmt: skip
+
+
+def keep_alive_for(max_nodes: int) -> tuple[int, str | None]:
+    """c10d's heartbeat interval for a job of up to ``max_nodes`` nodes, and the start-up note when it
+    is not the few-node one (see :data:`MANY_NODES`)."""
+    if max_nodes <= MANY_NODES:
+        return KEEP_ALIVE_S, None
+    s = MANY_NODES_KEEP_ALIVE_S
+    return s, (
+        f"{max_nodes} nodes: c10d heartbeats every {s} s, not {KEEP_ALIVE_S} s (each one rewrites the whole "
+        f"rendezvous state in the store), so a lost node is noticed after {s * KEEP_ALIVE_MISSES} s; "
+        "at this size the static rendezvous costs the store far less (docs/MULTINODE.md)"
+    )
