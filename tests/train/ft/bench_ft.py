@@ -2,7 +2,8 @@
 
     python tests/train/ft/bench_ft.py [--workload digits] [--epochs 3] [--kills 3] [--train-args="--arch resnet18 ..."]
     python tests/train/ft/bench_ft.py --epochs 40 --kills 3 --train-args="--start-method spawn"   # spawned groups
-    python tests/train/ft/bench_ft.py --chaos [--groups 4] [--chaos-kills 10] [--kill-every 20] [--epochs 30]
+    python tests/train/ft/bench_ft.py --chaos [--groups 8] [--chaos-kills 10] [--kill-every 2] [--epochs 30]
+    python tests/train/ft/bench_ft.py --chaos --groups 8 --chaos-nodes 4 [--nproc-per-group 2 --train-args="--strategy fsdp"]
 
 1. Steady state: ``shoal train W --nproc 2`` (plain DDP, gloo) and ``shoal train W
    --fault-tolerance --nproc 2`` (2 replica groups of one process, torchft): the median
@@ -14,11 +15,15 @@
    commit after its process started (both from RUN_DIR/replicas.jsonl). ``--nodes``: each group
    on a node of its own (two network namespaces on a veth link; needs root).
 
-3. ``--chaos`` (instead of 1 and 2): ``--groups`` replica groups trained twice with the same seed,
-   once unfailed, once with a random live group SIGKILLed every ``--kill-every`` seconds (give or
-   take a third), ``--chaos-kills`` times, each restarted by shoal: whether the run finished, whether
-   any group restarted more often than it was killed (a survivor restarted), whether every group
-   ended on the same weights, and the test accuracy of both runs.
+3. ``--chaos`` (instead of 1 and 2): ``--groups`` replica groups (of ``--nproc-per-group``
+   processes) trained twice with the same seed, once unfailed, once with a random group SIGKILLed
+   ``--chaos-kills`` times, each ``--kill-every`` seconds (give or take a third) after the previous
+   victim's new process committed; ``--chaos-nodes N``: the groups spread over N namespaced nodes on
+   one bridge (tests/cluster/pods.py; needs root). Per kill: the survivors' next commit (the last
+   survivor's first commit after the kill) and the victim's return (its new process's first commit,
+   seconds after it started); their median and worst; whether the run finished, whether any group
+   restarted more often than it was killed (a survivor restarted), whether every restart recorded
+   where it healed, whether every group ended on the same weights, the test accuracy of both runs.
 
 Prints one JSON document. Not a test: the figures depend on the machine and its load.
 """
@@ -26,6 +31,7 @@ Prints one JSON document. Not a test: the figures depend on the machine and its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -37,6 +43,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: procs, warm, the namespaced nodes
 
 from ft_events import events, find, metrics
 
@@ -93,7 +101,6 @@ def one_fault_across_nodes(workload: str, epochs: int, out: Path) -> dict:
     """:func:`one_fault` with each group on a node of its own: two network namespaces on a veth
     link (tests/cluster/netns.py), node 0 serving the lighthouse; group 1 (node 1) is SIGKILLed
     and restarted by node 1's launcher, healing from node 0 across the link."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the namespaced nodes' helpers
     from cluster.helpers import shoal_on, wait_all
     from cluster.netns import node_pair
 
@@ -137,56 +144,151 @@ def _final_accuracy(out: Path) -> float:
     return metrics(out)[-1]["test_accuracy"]
 
 
-def chaos(workload: str, epochs: int, groups: int, kills: int, every_s: float, root: Path) -> dict:
-    """An unfailed run and a chaos run of ``groups`` replica groups, the same seed (see the module docstring)."""
-    common = [workload, "--nproc", str(groups), "--epochs", str(epochs), "--seed", "0", "--fault-tolerance"]
+def chaos(
+    workload: str, epochs: int, groups: int, kills: int, every_s: float, root: Path, *, nodes: int = 1,
+    per_group: int = 1, extra: tuple[str, ...] = (),
+) -> dict:  # fmt: skip
+    """An unfailed run and a chaos run of ``groups`` replica groups of ``per_group`` processes on
+    ``nodes`` nodes (network namespaces on one bridge when more than one), the same seed (see the
+    module docstring). Each kill waits for the previous victim's new process to commit."""
+    common = [
+        workload,
+        "--epochs",
+        str(epochs),
+        "--seed",
+        "0",
+        "--fault-tolerance",
+        "--nproc-per-group",
+        str(per_group),
+        *extra,
+    ]
     base, run = root / "unfailed", root / "chaos"
-    subprocess.run(_shoal(*common, "--out", str(base)), check=True, capture_output=True)
-    chance = random.Random(0)
-    log = root / "chaos.log"
-    started = time.monotonic()
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(_shoal(*common, "--out", str(run)), stdout=sink, stderr=subprocess.STDOUT)
-    killed: dict[int, int] = {}
-    try:
-        while not all(find(events(run), g, "joined") for g in range(groups)):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the chaos run ended before every group committed ({proc.returncode})")
-            time.sleep(0.1)
-        while len(killed) < kills and sum(killed.values()) < kills and proc.poll() is None:
-            time.sleep(every_s * chance.uniform(2 / 3, 4 / 3))
-            found = events(run)
-            if proc.poll() is not None or any(e["event"] == "finished" for e in found):
-                break
-            live = {g: find(found, g, "start")[-1]["pid"] for g in range(groups) if find(found, g, "start")}
-            group = chance.choice(sorted(live))
-            try:
-                os.kill(live[group], signal.SIGKILL)
-            except ProcessLookupError:  # it ended between the read and the kill: pick again next time
-                continue
-            killed[group] = killed.get(group, 0) + 1
-        proc.wait(timeout=3600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with _nodes(nodes, root) as start:
+        for proc in start(common, groups * per_group, base):
+            proc.wait(timeout=3600)
+        started = time.monotonic()
+        procs = start(common, groups * per_group, run)
+        try:
+            per_kill = _kill_in_turn(run, groups, kills, every_s, procs)
+            for proc in procs:
+                proc.wait(timeout=3600)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     wall_s = time.monotonic() - started
     found = events(run)
+    status = max((p.returncode for p in procs), key=abs)
+    killed = [k["group"] for k in per_kill]
     starts = {g: len(find(found, g, "start")) for g in range(groups)}
+    restarts = [e for e in found if e["event"] == "start" and e["starts"] > 1]
+    unrecorded = [e for e in restarts if not any(h["event"] == "healed" and h["pid"] == e["pid"] for h in found)]
     finished = {e["group"]: e["params"] for e in found if e["event"] == "finished"}
+    waits = [k["survivors_next_commit_s"] for k in per_kill if k["survivors_next_commit_s"] is not None]
+    returns = [k["returned_first_commit_s"] for k in per_kill if k["returned_first_commit_s"] is not None]
     return {
-        "exit_status": proc.returncode,
+        "groups": groups, "nodes": nodes, "processes_per_group": per_group,
+        "exit_status": status,
         "wall_s": round(wall_s, 1),
-        "kills": sum(killed.values()),
-        "kills_per_group": killed,
+        "kills": len(per_kill),
+        "per_kill": per_kill,
+        "survivors_next_commit_s": _spread(waits, len(per_kill)),
+        "returned_first_commit_s": _spread(returns, len(per_kill)),
         "starts_per_group": starts,
-        "a_survivor_restarted": any(starts[g] != 1 + killed.get(g, 0) for g in range(groups)),
+        "a_survivor_restarted": any(starts[g] != 1 + killed.count(g) for g in range(groups)),
+        "restarts_without_healed_event": len(unrecorded),
         "weights_equal": len(finished) == groups and len(set(finished.values())) == 1,
         "accuracy_unfailed": _final_accuracy(base),
-        "accuracy_chaos": _final_accuracy(run) if proc.returncode == 0 else None,
+        "accuracy_chaos": _final_accuracy(run) if status == 0 else None,
         "steps_dropped": sum(1 for e in found if e["event"] == "dropped"),
-        "log_tail": log.read_text()[-2000:] if proc.returncode != 0 else "",
+    }  # fmt: skip
+
+
+def _spread(values: list[float], expected: int) -> dict:
+    """Median and worst of ``values``; ``missing``: how many of ``expected`` never came."""
+    return {
+        "median": round(statistics.median(values), 3) if values else None,
+        "worst": round(max(values), 3) if values else None,
+        "missing": expected - len(values),
     }
+
+
+def _kill_in_turn(run: Path, groups: int, kills: int, every_s: float, procs: list) -> list[dict]:
+    """SIGKILL a random group ``kills`` times, each after the previous victim's new process committed:
+    per kill, the survivors' next commit (the last of them) and the victim's return."""
+    chance = random.Random(0)
+
+    def wait(predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                return False
+            if predicate(events(run)):
+                return True
+            time.sleep(0.02)
+        return False
+
+    if not wait(lambda found: all(find(found, g, "joined") for g in range(groups)), 600):
+        raise RuntimeError("the chaos run ended or stalled before every group committed")
+    per_kill = []
+    for _ in range(kills):
+        time.sleep(every_s * chance.uniform(2 / 3, 4 / 3))
+        found = events(run)
+        if any(e["event"] == "finished" for e in found):
+            break
+        group = chance.randrange(groups)
+        victim = find(found, group, "start")[-1]["pid"]
+        killed_at = time.time()
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        survivors = [g for g in range(groups) if g != group]
+
+        freed = wait(lambda found, ss=survivors, t=killed_at: all(_next_commit(found, g, t) for g in ss), 120)
+        back = wait(lambda found, g=group, v=victim: any(e["pid"] != v for e in find(found, g, "joined")[-1:]), 120)
+        found = events(run)
+        returned = [e for e in find(found, group, "joined") if e["pid"] != victim]
+        per_kill.append({
+            "group": group,
+            "survivors_next_commit_s": round(max(_next_commit(found, g, killed_at) for g in survivors), 3) if freed else None,
+            "returned_first_commit_s": returned[-1]["after_s"] if back and returned else None,
+        })  # fmt: skip
+    return per_kill
+
+
+def _next_commit(found: list[dict], group: int, since: float) -> float | None:
+    """Seconds from ``since`` to ``group``'s first commit after it (a new quorum, or the end of drops)."""
+    after = [e["t"] for e in found if e["group"] == group and e["t"] > since and e["event"] in ("quorum", "recovered")]
+    return min(after) - since if after else None
+
+
+@contextlib.contextmanager
+def _nodes(nodes: int, root: Path):
+    """A function that starts one job (``shoal train`` with ``args``, ``nproc`` processes in all, on
+    ``nodes`` nodes) and returns its launchers: one process here, or one per namespaced node."""
+    if nodes == 1:
+        yield lambda args, nproc, out: [
+            subprocess.Popen(_shoal(*args, "--nproc", str(nproc), "--out", str(out)), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        ]  # fmt: skip
+        return
+    from cluster.helpers import clean_env
+    from cluster.pods import PodSpec, pod_network
+
+    with pod_network([PodSpec(f"n{i}") for i in range(nodes)], tag="ft") as net:
+        pods = [net[f"n{i}"] for i in range(nodes)]
+
+        def start(args: list[str], nproc: int, out: Path) -> list:
+            job = ["--nnodes", str(nodes), "--master-addr", pods[0].addr, "--nproc", str(nproc // nodes)]
+            return [
+                pod.popen(_shoal(*args, *job, "--node-rank", str(rank), "--out", str(out)), env=clean_env(),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=root)
+                for rank, pod in enumerate(pods)
+            ]  # fmt: skip
+
+        yield start
 
 
 def main() -> None:
@@ -205,12 +307,18 @@ def main() -> None:
     parser.add_argument("--chaos", action="store_true", help="the chaos run instead (see the module docstring)")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--chaos-kills", type=int, default=10)
-    parser.add_argument("--kill-every", type=float, default=20.0)
+    parser.add_argument(
+        "--kill-every", type=float, default=2.0, help="seconds between a victim's return and the next kill"
+    )
+    parser.add_argument("--chaos-nodes", type=int, default=1, help="the chaos run's nodes (namespaced; needs root)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-ft-bench-") as tmp:
         root = Path(tmp)
         if args.chaos:
-            report = chaos(args.workload, args.epochs, args.groups, args.chaos_kills, args.kill_every, root)
+            report = chaos(
+                args.workload, args.epochs, args.groups, args.chaos_kills, args.kill_every, root,
+                nodes=args.chaos_nodes, per_group=args.nproc_per_group, extra=tuple(shlex.split(args.train_args)),
+            )  # fmt: skip
             print(json.dumps(report, indent=2))
             return
         report = {
