@@ -20,3 +20,18 @@ def test_a_group_restarted_and_not_yet_back_shows_no_heal_of_its_earlier_life(tm
     (state,) = group_states(read_events(tmp_path))
     assert state.healed["step"] == 41 and state.healed["source"] == "checkpoint"
     assert state.failure() == "killed by SIGKILL at step 40; resumed from its checkpoint at step 41 after 1.2 s"
+
+
+def test_every_event_written_is_in_the_guides_table():
+    """docs/FAULT_TOLERANCE.md's table of replicas.jsonl names every event the groups and their
+    launcher write (found in the source by their calls), so tooling can trust the page."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    source = "".join(p.read_text() for p in (root / "src" / "shoal" / "train" / "ft").glob("*.py"))
+    written = set(re.findall(r'(?:events\.write|self\._say|append_event)\([^"]*"(\w+)"', source))
+    assert {"start", "joined", "quorum", "dropped", "recovered", "finished", "died", "hung"} <= written, written
+    table = (root / "docs" / "FAULT_TOLERANCE.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \| (?:the group|its launcher|node 0's launcher) \|", table, re.M))
+    assert written == documented, (written, documented)
