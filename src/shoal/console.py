@@ -1,4 +1,5 @@
-"""shoal's lines on the terminal: one write per line, so lines from several processes never run together."""
+"""shoal's lines on the terminal: one write per line, so lines from several processes never run together;
+and the one style of a flag's help (:func:`help_text`), the same in every command's ``--help``."""
 
 from __future__ import annotations
 
@@ -28,3 +29,20 @@ def write_line(text: str, stream: TextIO | None = None) -> None:
         return
     while data:
         data = data[os.write(fd, data) :]
+
+
+_NAMES = frozenset({"Open", "Kubernetes", "Kubeflow", "Slurm", "Python", "TensorFlow", "Horovod", "Docker", "Linux"})
+"""Capitalised words a help may start with that stay capitalised: names."""
+
+
+def help_text(text: str) -> str:
+    """A flag's help in the one style of shoal's ``--help`` (argparse's own: "show this help message
+    and exit"): whitespace collapsed, a lower-case first letter unless the first word is an acronym or
+    a name (``CUDA``, ``PyTorch``, ``Kubernetes``, ``Run:ai``), no closing full stop."""
+    text = " ".join(text.split())
+    first = text.split(" ", 1)[0]
+    if first == "A" or (first[:1].isupper() and first[1:].isalpha() and first[1:].islower() and first not in _NAMES):
+        text = text[0].lower() + text[1:]
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]
+    return text

@@ -67,10 +67,10 @@ def check_choice(what: str, value: str, choices: tuple[str, ...], hint: str | No
     return value
 
 
-def close_match(word: str, choices: Iterable[str]) -> str | None:
-    """The one of ``choices`` that ``word`` is a near miss of (difflib's ratio of 0.6 or more), if
-    any: for a HINT's "did you mean ...?"."""
+def close_match(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The one of ``choices`` that ``word`` is a near miss of (difflib's ratio of ``cutoff`` or
+    more), if any: for a HINT's "did you mean ...?"."""
     import difflib
 
-    close = difflib.get_close_matches(word, list(choices), n=1)
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return close[0] if close else None

@@ -44,7 +44,7 @@ def test_docstrings_under_fields_become_help():
     assert docs["batch_size"].startswith("Samples per process per step.")
     assert "undocumented" not in docs
     text = parser_for()[0].format_help()
-    assert "--batch-size N" in text and "Samples per process per step." in text
+    assert "--batch-size N" in text and "samples per process per step" in text  # shoal's help style
     assert "second paragraph" not in text
     assert "(default: 0.1)" in text and "100% of the world size" in text
     assert "--mode none|linear|sqrt" in text

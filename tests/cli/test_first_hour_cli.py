@@ -51,7 +51,7 @@ def test_help_texts_fit_the_command(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "scaling", "--help"])
     text = capsys.readouterr().out
-    assert "launch_local" not in text and "How the workers start: auto" in " ".join(text.split())
+    assert "launch_local" not in text and "how the workers start: auto" in " ".join(text.split())
 
 
 def test_sbatch_names_this_interpreter_and_asks_for_the_preemption_signal(capsys, tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ def test_an_unknown_option_is_one_line_and_a_hint(form, tmp_path):
     name = "shoal launch" + (f" {form[0]}" if not form[0].startswith("--") else "")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "shoal: error: unrecognized arguments: --no-such-flag",
+        "shoal: error: unknown flag --no-such-flag",
         f"HINT: see `{name} --help`",
     ]
     assert list(tmp_path.iterdir()) == []  # nothing written

@@ -42,7 +42,7 @@ BAD_INPUT = [
     (["--"], "no command given"),
     (["--file", "Dockerfile.gpu", "--", "train.py"], "no such option: --file"),
     (["--output=out", "--", "train.py"], "no such option: --output"),
-    (["--no-such-flag", "--", "train.py"], "unrecognized arguments: --no-such-flag"),
+    (["--no-such-flag", "--", "train.py"], "unknown flag --no-such-flag"),
 ]
 
 

@@ -356,11 +356,11 @@ def test_nproc_and_nproc_per_node_disagree(capsys):
     assert code == 2 and "disagree" in err
 
 
-def test_unknown_flag_is_one_line_from_torchruns_parser(capsys):
+def test_unknown_flag_is_one_line(capsys):
     code, err = _main_run(capsys, "--no-such-flag", ALLREDUCE)
     assert code == 2
     assert err.splitlines() == [
-        "shoal: error: unrecognized arguments: --no-such-flag",
+        "shoal: error: unknown flag --no-such-flag",
         "HINT: see `shoal run --help`",
     ]
 
@@ -417,7 +417,7 @@ def test_launching_leaves_os_environ_alone(monkeypatch):
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
 def test_under_mpirun_every_copy_stops_instead_of_training_alone(tmp_path):
     """``mpirun -np 2 shoal run SCRIPT``: each copy is a rank of mpirun's job and would start a
-    standalone job of its own; each stops with one line and a HINT, and the script never runs."""
+    standalone job of its own; it stops with one line and a HINT, and the script never runs."""
     script = tmp_path / "train.py"
     script.write_text("open(__file__ + '.ran', 'a').close()\n")
     env = {
@@ -431,9 +431,10 @@ def test_under_mpirun_every_copy_stops_instead_of_training_alone(tmp_path):
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
-    for rank in (0, 1):
-        assert f"shoal: error: openmpi started this process as rank {rank} of 2" in out, out
-    assert out.count("HINT: mpirun starts every process itself") == 2 and "Traceback" not in out
+    # Each copy stops before torch loads: mpirun may end the other copy before it has said so.
+    said = [rank for rank in (0, 1) if f"shoal: error: openmpi started this process as rank {rank} of 2" in out]
+    assert said, out
+    assert out.count("HINT: mpirun starts every process itself") == len(said) and "Traceback" not in out
     assert not (tmp_path / "train.py.ran").exists()
 
 

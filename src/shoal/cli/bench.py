@@ -19,14 +19,16 @@ import sys
 from typing import Any
 
 from shoal.cli.fields import add_fields, field_docs, flag_name, given_fields
+from shoal.cli.parser import ArgumentParser, HelpFormatter
+from shoal.console import help_text as help_style
 from shoal.errors import ShoalError
 
 EXAMPLES = """\
 examples:
-  shoal bench scaling                            # ResNet-18 32x32 on 1..cores processes, with controls
+  shoal bench scaling                            # ResNet-18 32x32 on 1..cores processes, controls
   shoal bench scaling --comm-hook bf16,powersgd  # what gradient compression is worth on this link
   shoal bench allreduce --nproc 2                # 4 KB .. 256 MB all-reduce vs memcpy
-  shoal bench scaling --smoke --json out.json    # seconds; also writes out.png when matplotlib is installed
+  shoal bench scaling --smoke --json out.json    # seconds; also out.png (with matplotlib)
 """
 
 
@@ -39,15 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Measure how well a job scales over processes or nodes on this machine or cluster, and why "
         "not better. Every figure is measured in the same run as its baseline.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.set_defaults(func=lambda args: _help(parser))
     benches = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", parser_class=_BenchmarkParser)
     for name, summary in BENCHMARKS.items():
-        benches.add_parser(name, help=summary, benchmark=name, formatter_class=argparse.RawDescriptionHelpFormatter)
+        benches.add_parser(name, help=summary, benchmark=name, formatter_class=HelpFormatter)
 
 
-class _BenchmarkParser(argparse.ArgumentParser):
+class _BenchmarkParser(ArgumentParser):
     """The parser of one benchmark, filled in from its ``BENCHMARK`` the first time it is used
     (parsing or help): importing every benchmark and reading its fields' docstrings would cost
     ``shoal --help`` about 0.1 s."""
@@ -81,7 +83,7 @@ def main(bench: Any, argv: list[str] | None = None) -> int:
     """``bench.command ARGV``: the whole command line of one benchmark, for a benchmark run as its own
     program (``python -m benchmarks.NAME``); a ShoalError is its one line and HINT, as ``shoal``'s."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog=bench.command, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog=bench.command, formatter_class=HelpFormatter)
     add_benchmark_arguments(parser, bench, [*shlex.split(bench.command), *argv])
     try:
         args = parser.parse_args(argv)
@@ -122,7 +124,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
             names += add_fields(parser, cls, only=[field.name])
             continue
         default = spec.default if spec.default is not None else field.default
-        help_text = doc + (f" (default: {default})" if default not in (None, (), dataclasses.MISSING) else "")
+        help_text = help_style(doc) + (
+            f" (default: {default})" if default not in (None, (), dataclasses.MISSING) else ""
+        )
         parser.add_argument(
             spec.name or flag_name(field.name),
             dest=field.name,

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from shoal.cli.fields import add_fields, given_fields
+from shoal.cli.parser import HelpFormatter
 from shoal.errors import ShoalError
 
 EXAMPLES = """\
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "mpirun) or start their own workers with --nproc. Each rank prints where it runs and what it\n"
         "got; the exit status is non-zero if any rank got a wrong result.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     demos = parser.add_subparsers(dest="demo", metavar="DEMO", required=True)
     for name, help_text in DEMOS.items():
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             help=help_text,
             description=help_text,
             epilog=EXAMPLES,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         p.add_argument(
             "--size",

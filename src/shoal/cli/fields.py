@@ -12,7 +12,10 @@ the default shown; :func:`given_fields` returns only the fields the user gave, s
 defaults (and its ``__post_init__`` checks) stay the single source of truth. Adding an option is
 adding a field.
 
-A field's ``metadata={"metavar": "DIR"}`` names its value in the help (default: N, X or TEXT).
+A field's ``metadata={"metavar": "DIR"}`` names its value in the help (default: N, X or TEXT), and
+``metadata={"aliases": ("--nodes",)}`` adds the other spellings users bring from elsewhere (Slurm's,
+torchrun's): one meaning, one flag, every command the same spellings. The help is written in the one
+style of shoal's ``--help`` (:func:`shoal.console.help_text`).
 Types understood: ``bool`` (``--x/--no-x``), ``int``, ``float``, ``str``, ``Literal[...]`` (choices),
 ``X | None`` of those (``None``: "not given, decide later"), and ``tuple[int, ...]`` /
 ``tuple[str, ...]`` (comma-separated). Nothing here imports torch.
@@ -30,6 +33,8 @@ import types
 import typing
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Union
+
+from shoal.console import help_text as help_style
 
 _MISSING = dataclasses.MISSING
 _METAVARS = {int: "N", float: "X", str: "TEXT"}
@@ -93,10 +98,10 @@ def add_fields(
             continue
         kind, choices, convert = _flag_type(hints[field.name], field.name, cls)
         default = _default_of(field)
-        help_text = (help_overrides or {}).get(field.name) or _first_paragraph(docs.get(field.name, ""))
+        help_text = help_style((help_overrides or {}).get(field.name) or _first_paragraph(docs.get(field.name, "")))
         if default is not _MISSING and default is not None and default != () and kind != "bool":
             help_text += f" (default: {_show(default)})"
-        names = [flag_name(field.name), *(aliases or {}).get(field.name, [])]
+        names = [flag_name(field.name), *field.metadata.get("aliases", ()), *(aliases or {}).get(field.name, [])]
         help_text = help_text.replace("%", "%%")  # argparse formats help with %
         options: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
         if kind == "bool":

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from shoal.cli.parser import ArgumentParser
+from shoal.cli.parser import ArgumentParser, HelpFormatter
 from shoal.errors import ShoalError
 
 # Subcommands whose arguments are handed over untouched (they have parsers of their own).
@@ -31,13 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="shoal",
         description="Take a PyTorch training job from one device to many machines without a rewrite.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
             "examples:\n"
             "  shoal train digits --nproc 2          # train the bundled digits workload on 2 workers\n"
             "  shoal run --nproc 4 train.py --lr 0.1  # torchrun, done right\n"
             "  shoal env                             # what launcher/rank/world size shoal sees here\n"
         ),
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"shoal {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

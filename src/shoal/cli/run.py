@@ -1,8 +1,8 @@
 """``shoal run``: launch a script as N workers per node, a drop-in for torchrun.
 
-The arguments are torchrun's (parsed by torch's own parser in :mod:`shoal.launch.run`), so
-:func:`shoal.cli.main.main` hands them over raw to :func:`main_raw`; :func:`register` only adds the
-subcommand to ``shoal --help``.
+The arguments are torchrun's (parsed by torchrun's flags, frozen, in :mod:`shoal.launch.run`: no
+torch import before an argument error), so :func:`shoal.cli.main.main` hands them over raw to
+:func:`main_raw`; :func:`register` only adds the subcommand to ``shoal --help``.
 """
 
 from __future__ import annotations
@@ -16,14 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``run`` to ``shoal --help``; ``shoal run --help`` shows torchrun's flags and shoal's."""
     from shoal.launch.run import DESCRIPTION, EXAMPLES
 
-    parser = subparsers.add_parser(
-        "run",
-        help=HELP,
-        description=DESCRIPTION,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        add_help=False,
-    )
+    parser = subparsers.add_parser("run", help=HELP, description=DESCRIPTION, epilog=EXAMPLES, add_help=False)
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="[torchrun flags] SCRIPT [ARGS...]")
     parser.set_defaults(func=lambda args: main_raw(args.argv))
 
@@ -31,20 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def main_raw(argv: list[str]) -> int:
     """Run ``shoal run ARGV`` (everything after ``run``); return the exit status.
 
-    Raises :class:`shoal.errors.ShoalError` for problems the user can fix; the caller prints it.
+    The command line is parsed and checked (flags, values, the script exists and compiles) before
+    torch is imported: every argument error is said in a fraction of a second. Raises
+    :class:`shoal.errors.ShoalError` for problems the user can fix; the caller prints it.
     """
-    if asks_for_help(argv):  # the frozen text: torch's parser would cost seconds of import
-        from shoal.launch.run_help import TEXT
-
-        print(TEXT, end="", flush=True)
-        return 0
-    from shoal.launch.precheck import precheck
-
-    precheck(list(argv))  # --nproc 0, a missing script, a syntax error: said before torch is imported
-    from shoal.cli.parser import errors_with_hints
+    from shoal.cli.parser import ArgumentParser
     from shoal.launch.run import build_parser, run
 
-    return run(list(argv), errors_with_hints(build_parser()))
+    parser = build_parser(ArgumentParser)
+    if asks_for_help(argv):
+        parser.print_help()
+        return 0
+    return run(list(argv), parser)
 
 
 def asks_for_help(argv: list[str]) -> bool:

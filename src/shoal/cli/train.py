@@ -13,6 +13,7 @@ import argparse
 import os
 
 from shoal.cli.fields import add_fields, given_fields
+from shoal.cli.parser import HelpFormatter
 from shoal.errors import ShoalError
 
 EXAMPLES = """\
@@ -30,10 +31,10 @@ examples:
   shoal train cifar10 --data ~/data --out runs/c10 --checkpoint-every 500steps --keep 2
   shoal train cifar10 --data ~/data --out runs/c10    # again: resumes from the newest checkpoint
   shoal train digits --nproc 2 --max-restarts 3       # a crashed worker: restart, resume, go on
-  shoal train digits --nproc 2 --fault-tolerance      # 2 replica groups: a lost one costs one step (torchft)
+  shoal train digits --nproc 2 --fault-tolerance      # 2 replica groups (torchft): a lost one costs a step
   shoal train synthetic --nproc 2 --comm-hook bf16    # gradients all-reduced in bfloat16
   # two nodes (static rendezvous; run on each node with its own --node-rank), see docs/MULTINODE.md:
-  shoal train mnist --data /shared --out /shared/runs/m --nproc 4 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1
+  shoal train mnist --data /shared --out /shared/m --nproc 4 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1
 """
 
 _LAUNCH_HERE = ("nproc", "start_method", "max_restarts", "verbose")
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a bundled workload or your own shoal.Workload on one process, N local processes "
         "(--nproc), or as one rank of a job started by torchrun, srun, mpirun or Kubernetes.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "workload",

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 
-from shoal.console import write_line
+from shoal.console import help_text, write_line
 from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.env.host import threads_per_process
 from shoal.env.operator import classic_defaults, classic_pod, classic_pod_line, nproc_from
@@ -60,7 +59,7 @@ examples:
   shoal run --nproc 2 train.py --lr 0.1          # 2 workers on this machine, free port
   shoal run --nproc-per-node 4 -m mypkg.train    # run a module, like python -m
   OMP_NUM_THREADS=4 shoal run --nproc 2 train.py # your thread count wins
-  shoal run --nproc 2 --log-dir logs train.py    # keep every worker's stdout/stderr logs (and torch's agent.log)
+  shoal run --nproc 2 --log-dir run1 train.py    # keep the run directory (logs; shoal status run1)
   # two nodes, static rendezvous (run on each node with its --node-rank):
   shoal run --nnodes 2 --node-rank 0 --nproc 4 --master-addr 10.0.0.1 --master-port 29500 train.py
   # two to four nodes, c10d (the same line on every node; 10.0.0.1 hosts the store):
@@ -75,32 +74,137 @@ examples:
 RUN_DIR_PREFIX = "shoal-run-"
 """``shoal run`` without ``--log-dir``: its run directory is a temporary ``shoal-run-*`` (what
 ``shoal status`` with no argument looks for)."""
-HELP_WIDTH = 100
-"""Columns of the help text frozen in :mod:`shoal.launch.run_help`."""
+USAGE = "shoal run [--nproc N] [--nnodes N|MIN:MAX] [flags] SCRIPT|-m MODULE [ARGS...]"
+NO_SCRIPT = (
+    "no script given: shoal run starts SCRIPT (or -m MODULE) as N workers",
+    "put the script after the flags, e.g. `shoal run --nproc 2 train.py --lr 0.1` (see `shoal run --help`)",
+)
+"""What ``shoal run`` with flags and no script says (argparse: ``training_script`` is required)."""
+
+_HELP = {
+    "nproc_per_node": "workers on this node: a number, or auto/gpu (one per visible GPU, or one without GPUs)",
+    "nnodes": "number of nodes: N, or MIN:MAX for an elastic job (with --rdzv-backend c10d)",
+    "rdzv_backend": "rendezvous: static (fixed node ranks; the default) or c10d (nodes join in any order; "
+    "elastic); etcd is torchrun's alone",
+    "master_addr": "several nodes, static rendezvous: the address of node rank 0, where the store listens "
+    "(one node: loopback, whatever is given)",
+    "master_port": "several nodes, static rendezvous: the store's port on node rank 0 (default 29500); one "
+    "node: the port to use (default: a free one, picked by shoal)",
+    "local_addr": "this node's address as the other nodes reach it (default: found from the route to the "
+    "master, with the interface that leads there)",
+    "log_dir": "the run directory, kept after the run: every worker's stdout/stderr logs, torch's agent.log, "
+    "progress/ (what `shoal status DIR` reads) and hang reports (default: a temporary shoal-run-* "
+    "directory, which `shoal status` finds while the run lives, removed at its end)",
+}
+"""shoal's help for the torchrun flags whose torchrun help is not true of ``shoal run``."""
+_ALIASES = {"nproc_per_node": (("--nproc",), ()), "nnodes": ((), ("--nodes",))}
+"""Spellings ``shoal run`` adds before and after torchrun's: shoal's own ``--nproc`` (first: the one
+every shoal command shares), Slurm's ``--nodes``."""
+LEFT_OUT = {"print_completion": "prints a completion script for torchrun's command line, not shoal's"}
+"""torchrun flags ``shoal run`` does not take, and why (``tests/cli/test_help.py`` checks the rest
+are torchrun's as installed)."""
 
 
-def build_parser(width: int | None = None) -> argparse.ArgumentParser:
-    """torchrun's own parser, renamed, with shoal's additions and worked examples.
+class _Env(argparse.Action):
+    """torch's ``env`` action (``torch.distributed.argparse_util``, which imports torch): the default
+    comes from ``PET_<DEST>`` when that is set, as for torchrun."""
 
-    ``width``: wrap the help at this many columns (default: the terminal's, as argparse does).
-    """
-    from torch.distributed.run import get_args_parser
+    def __init__(self, option_strings, dest, default=None, required=False, **kwargs):
+        default = os.environ.get(f"PET_{dest.upper()}", default)
+        super().__init__(option_strings, dest, default=default, required=required and not default, **kwargs)
 
-    parser = get_args_parser()
-    parser.prog = "shoal run"
-    parser.description = DESCRIPTION
-    parser.epilog = EXAMPLES
-    if width is None:
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    else:
-        parser.formatter_class = functools.partial(argparse.RawDescriptionHelpFormatter, width=width)
-    group = parser.add_argument_group("shoal additions")
-    group.add_argument(
-        "--nproc",
-        metavar="N",
-        default=None,
-        help="short for --nproc-per-node N (workers on this node: an integer, or auto/gpu)",
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+
+
+class _CheckEnv(argparse.Action):
+    """torch's ``check_env``: a switch, on by default when ``PET_<DEST>`` is a non-zero number."""
+
+    def __init__(self, option_strings, dest, default=False, **kwargs):
+        default = bool(int(os.environ.get(f"PET_{dest.upper()}", "1" if default else "0")))
+        super().__init__(option_strings, dest, nargs=0, const=True, default=default, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const)
+
+
+class _Nproc(_Env):
+    """``--nproc``/``--nproc-per-node``: checked as given (named as typed), and two spellings that
+    disagree are an error rather than the last one winning."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        check_nproc_text(values, option_string or "--nproc")
+        earlier = getattr(namespace, "nproc_given", None)
+        if earlier and earlier[0] != option_string and earlier[1] != values:
+            raise ShoalError(
+                f"{earlier[0]} {earlier[1]} and {option_string} {values} disagree",
+                "give only one of them (--nproc-per-node is another spelling of --nproc)",
+            )
+        namespace.nproc_given = (option_string, values)
+        setattr(namespace, self.dest, values)
+
+
+def check_nproc_text(text: str, flag: str) -> None:
+    """A worker count as typed: a whole number of at least 1, ``auto`` or ``gpu``."""
+    value = str(text).strip().lower()
+    if value.lstrip("-").isdigit():
+        if int(value) < 1:
+            raise ShoalError(f"{flag} must be at least 1, got {value}", "give the number of worker processes, e.g. 2")
+    elif value not in ("auto", "gpu"):
+        raise ShoalError(
+            f"{flag} {text!r} is neither a number of processes nor auto/gpu",
+            f"give the number of worker processes, e.g. {flag} 2, or {flag} auto (one per GPU)",
+        )
+
+
+def _nnodes(text: str) -> str:
+    try:
+        parse_nnodes(text)
+    except ShoalError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or MIN:MAX (1 <= MIN <= MAX)") from None
+    return text
+
+
+def _comma_list(text: str) -> list[str]:
+    """torchrun's ``comma_separated_list``: ``a,b`` -> ["a", "b"]; ``,,`` is an escaped comma."""
+    placeholder = "<COMMA_PLACEHOLDER>"
+    return [item.replace(placeholder, ",") for item in text.replace(",,", placeholder).split(",")]
+
+
+_TYPES = {"str": str, "int": int, "float": float, "list": _comma_list}
+_ACTIONS = {"env": _Env, "check_env": _CheckEnv, "store": "store"}
+
+
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``shoal run``'s parser, torch-free: torchrun's flags as installed torch declares them (frozen in
+    :mod:`shoal.launch.run_help`, checked against torch's parser by ``tests/cli/test_help.py``),
+    with shoal's help where torchrun's is not true here, shoal's spellings, and shoal's additions.
+    ``parser_class``: the CLI's (its one-line errors and help style)."""
+    from shoal.launch.run_help import FLAGS
+
+    parser = parser_class(
+        prog="shoal run",
+        usage=USAGE,
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.required_messages = {"SCRIPT": NO_SCRIPT}  # type: ignore[attr-defined]
+    torchrun = parser.add_argument_group("torchrun's flags (both spellings: --nproc-per-node, --nproc_per_node)")
+    for names, dest, action, kind, default, choices, torch_help in FLAGS:
+        if dest in LEFT_OUT:
+            continue
+        options: dict = {"dest": dest, "default": default, "help": help_text(_HELP.get(dest, torch_help))}
+        options["action"] = _Nproc if dest == "nproc_per_node" else _ACTIONS[action]
+        if action != "check_env":
+            options["type"] = _nnodes if dest == "nnodes" else _TYPES[kind]
+            options["metavar"] = ("|".join(choices) if len(choices) < 4 else "MODE") if choices else _metavar(dest)
+        if choices:
+            options["choices"] = choices
+            if options["metavar"] == "MODE":
+                options["help"] += f" (one of: {', '.join(choices)})"
+        torchrun.add_argument(*_spellings(dest, names), **options)
+    group = parser.add_argument_group("shoal additions")
     group.add_argument(
         "--join-timeout",
         type=float,
@@ -129,7 +233,27 @@ def build_parser(width: int | None = None) -> argparse.ArgumentParser:
         "address and a port it reserved, its index = RANK); the same as SHOAL_TF_CONFIG=1",
     )
     group.add_argument("--verbose", action="store_true", help="show torch's elastic agent logs too")
+    parser.add_argument("training_script", metavar="SCRIPT", help="the script (or, with -m, the module) to run")
+    script_args = parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    script_args.help = "the script's own arguments"
+    script_args.required = False  # only SCRIPT is reported missing
     return parser
+
+
+def _spellings(dest: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    before, after = _ALIASES.get(dest, ((), ()))
+    return (*before, *names, *after)
+
+
+def _metavar(dest: str) -> str:
+    return {
+        "nproc_per_node": "N", "nnodes": "N|MIN:MAX", "node_rank": "R", "master_addr": "ADDR", "master_port": "PORT",
+        "local_addr": "ADDR", "rdzv_endpoint": "HOST:PORT", "rdzv_id": "ID", "rdzv_conf": "K=V,...",
+        "max_restarts": "K", "monitor_interval": "S", "shutdown_timeout": "S", "log_dir": "DIR",
+        "rdzv_backend": "static|c10d", "event_log_handler": "NAME", "log_line_prefix_template": "TEMPLATE",
+        "local_ranks_filter": "RANKS", "duplicate_stdout_filters": "FILTERS", "duplicate_stderr_filters": "FILTERS",
+        "logs_specs": "NAME", "signals_to_handle": "SIGNALS",
+    }.get(dest, dest.upper())  # fmt: skip
 
 
 def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
@@ -184,7 +308,6 @@ def parse(
     if classic_pod(environ):
         parser.set_defaults(**_torchrun_defaults(classic_defaults(environ)))
     args = parser.parse_args(argv)
-    _apply_nproc_alias(args, argv)
     return args, options_from_args(args)
 
 
@@ -201,7 +324,8 @@ def _standalone(args: argparse.Namespace, options: LaunchOptions) -> bool:
 
 def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     """torchrun's arguments as LaunchOptions (``--standalone``: this machine only)."""
-    nproc = nproc_from(str(args.nproc_per_node), "--nproc-per-node")
+    flag = getattr(args, "nproc_given", ("--nproc",))[0]  # as typed (_Nproc)
+    nproc = nproc_from(str(args.nproc_per_node), flag)
     _, max_nodes = parse_nnodes(args.nnodes)
     check_join_timeout(args.join_timeout)
     if args.rdzv_backend not in ("static", "c10d"):
@@ -257,46 +381,58 @@ def _preset(name: str, value: str) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
-def _apply_nproc_alias(args: argparse.Namespace, argv: list[str]) -> None:
-    """``--nproc N`` is ``--nproc-per-node N``; giving both (differently) is an error."""
-    if args.nproc is None:
-        return
-    launcher_argv = argv[: len(argv) - len(args.training_script_args) - 1]
-    spelled = {"--nproc-per-node", "--nproc_per_node"}
-    given = any(tok.split("=", 1)[0] in spelled for tok in launcher_argv)
-    if given and args.nproc != args.nproc_per_node:
-        raise ShoalError(
-            f"--nproc {args.nproc} and --nproc-per-node {args.nproc_per_node} disagree",
-            "give only one of them (--nproc is short for --nproc-per-node)",
-        )
-    args.nproc_per_node = args.nproc
-
-
 def _check_script(args: argparse.Namespace) -> None:
     """The script (or ``--no-python`` program) must exist here and compile; ``-m module`` is not checked."""
     check_script(args.training_script, module=args.module, no_python=args.no_python, run_path=args.run_path)
 
 
-_FROZEN_HELP_DOC = '''"""``shoal run --help`` without importing torch: the help of :func:`shoal.launch.run.build_parser`,
-frozen at :data:`shoal.launch.run.HELP_WIDTH` columns. Generated: do not edit.
+_FROZEN_DOC = '''"""torchrun's flags as the installed torch declares them, frozen so that ``shoal run`` parses its
+command line without importing torch (2-3 s of CPU before any error or ``--help``). Generated: do
+not edit; write it again with ``python -m shoal.launch.run``.
 
-torchrun's flags live in torch's parser, and importing torch takes seconds, while every other
-``--help`` of shoal answers in a fraction of one. ``tests/cli/test_help.py`` compares :data:`TEXT`
-with what torch's parser (plus shoal's additions) gives now, so a torch release that changes
-torchrun's flags fails that test until this file is written again: ``python -m shoal.launch.run``.
+One row per flag: (spellings, dest, action, type, default, choices, torchrun's help). ``action``:
+``env`` (the default comes from ``PET_<DEST>``, as torchrun's), ``check_env`` (a switch, on when
+``PET_<DEST>`` is a non-zero number) or ``store``; ``type``: ``str``, ``int``, ``float`` or ``list``
+(comma-separated). :func:`shoal.launch.run.build_parser` builds ``shoal run``'s parser from them;
+``tests/cli/test_help.py`` fails when torch's parser says something else (a torch release that adds,
+drops or changes a flag).
 """
 '''
 
 
-def frozen_help_source(text: str) -> str:
-    """The source of :mod:`shoal.launch.run_help` holding ``text``, one line per string literal."""
-    lines = "".join(f"    {line!r}\n" for line in text.splitlines(keepends=True))
-    return f"{_FROZEN_HELP_DOC}\nTEXT = (\n{lines})\n"
+def torchrun_flags() -> tuple[tuple, ...]:
+    """The rows of :data:`shoal.launch.run_help.FLAGS`, read from the installed torch's torchrun parser."""
+    from torch.distributed.run import get_args_parser
+
+    rows = []
+    for action in get_args_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        kind = {"env": "env", "check_env": "check_env", "_StoreAction": "store"}.get(type(action).__name__, "other")
+        type_name = getattr(action.type, "__name__", None)
+        type_name = {"comma_separated_list": "list"}.get(type_name, type_name)
+        choices = tuple(action.choices) if action.choices is not None else None
+        default = None if kind == "other" else _default_without_environment(action)
+        rows.append((tuple(action.option_strings), action.dest, kind, type_name, default, choices, action.help))
+    return tuple(rows)
+
+
+def _default_without_environment(action: argparse.Action):
+    """A flag's default as torch declares it, not as this process's ``PET_*`` variables made it."""
+    if f"PET_{action.dest.upper()}" in os.environ:
+        raise RuntimeError(f"unset PET_{action.dest.upper()} to write the frozen flags")
+    return action.default
+
+
+def frozen_flags_source(rows: tuple[tuple, ...]) -> str:
+    """The source of :mod:`shoal.launch.run_help` holding ``rows``."""
+    lines = "".join(f"    {row!r},\n" for row in rows)
+    return f"{_FROZEN_DOC}\n# fmt: off\nFLAGS = (\n{lines})\n# fmt: on\n"
 
 
 if __name__ == "__main__":  # write shoal/launch/run_help.py from the installed torch's parser
     import pathlib
 
     target = pathlib.Path(__file__).with_name("run_help.py")
-    target.write_text(frozen_help_source(build_parser(width=HELP_WIDTH).format_help()))
+    target.write_text(frozen_flags_source(torchrun_flags()))
     print(f"wrote {target}")

@@ -1,189 +1,48 @@
-"""``shoal run --help`` without importing torch: the help of :func:`shoal.launch.run.build_parser`,
-frozen at :data:`shoal.launch.run.HELP_WIDTH` columns. Generated: do not edit.
+"""torchrun's flags as the installed torch declares them, frozen so that ``shoal run`` parses its
+command line without importing torch (2-3 s of CPU before any error or ``--help``). Generated: do
+not edit; write it again with ``python -m shoal.launch.run``.
 
-torchrun's flags live in torch's parser, and importing torch takes seconds, while every other
-``--help`` of shoal answers in a fraction of one. ``tests/cli/test_help.py`` compares :data:`TEXT`
-with what torch's parser (plus shoal's additions) gives now, so a torch release that changes
-torchrun's flags fails that test until this file is written again: ``python -m shoal.launch.run``.
+One row per flag: (spellings, dest, action, type, default, choices, torchrun's help). ``action``:
+``env`` (the default comes from ``PET_<DEST>``, as torchrun's), ``check_env`` (a switch, on when
+``PET_<DEST>`` is a non-zero number) or ``store``; ``type``: ``str``, ``int``, ``float`` or ``list``
+(comma-separated). :func:`shoal.launch.run.build_parser` builds ``shoal run``'s parser from them;
+``tests/cli/test_help.py`` fails when torch's parser says something else (a torch release that adds,
+drops or changes a flag).
 """
 
-TEXT = (
-    "usage: shoal run [-h] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NODE]\n"
-    "                 [--rdzv-backend RDZV_BACKEND] [--rdzv-endpoint RDZV_ENDPOINT] [--rdzv-id RDZV_ID]\n"
-    "                 [--rdzv-conf RDZV_CONF] [--standalone] [--max-restarts MAX_RESTARTS]\n"
-    "                 [--monitor-interval MONITOR_INTERVAL] [--start-method {spawn,fork,forkserver}]\n"
-    "                 [--event-log-handler EVENT_LOG_HANDLER] [--role ROLE] [-m] [--no-python]\n"
-    "                 [--run-path] [--log-dir LOG_DIR] [-r REDIRECTS] [-t TEE]\n"
-    "                 [--log-line-prefix-template LOG_LINE_PREFIX_TEMPLATE]\n"
-    "                 [--local-ranks-filter LOCAL_RANKS_FILTER]\n"
-    "                 [--duplicate-stdout-filters DUPLICATE_STDOUT_FILTERS]\n"
-    "                 [--duplicate-stderr-filters DUPLICATE_STDERR_FILTERS] [--node-rank NODE_RANK]\n"
-    "                 [--master-addr MASTER_ADDR] [--master-port MASTER_PORT] [--local-addr LOCAL_ADDR]\n"
-    "                 [--logs-specs LOGS_SPECS] [--numa-binding {node,socket,exclusive,core-complex}]\n"
-    "                 [--signals-to-handle SIGNALS_TO_HANDLE] [--shutdown-timeout SHUTDOWN_TIMEOUT]\n"
-    "                 [--virtual-local-rank] [--print-completion {bash,zsh,tcsh}] [--nproc N]\n"
-    "                 [--join-timeout S] [--hang-timeout S] [--on-hang {report,stop,restart}]\n"
-    "                 [--tf-config] [--verbose]\n"
-    "                 training_script ...\n"
-    "\n"
-    "Launch SCRIPT as N worker processes per node: a drop-in for torchrun (every torchrun flag works, in\n"
-    "both spellings), run by torch's own elastic agent. What shoal adds:\n"
-    "  - one node and no --master-port/--rdzv-endpoint: a free port is picked (jobs never collide);\n"
-    "  - every socket of the job listens on loopback (one node) or on the interface that leads to the\n"
-    "    other nodes, never on every interface (torch's stores have no authentication);\n"
-    "  - a given port that is already taken on this machine is an immediate error;\n"
-    "  - OMP_NUM_THREADS, unless set, = usable cores // workers per node (torchrun: always 1);\n"
-    "  - when a worker fails, its own traceback is shown and shoal exits with its exit code;\n"
-    "  - across nodes: the interface and address that route to the master are found and used\n"
-    "    (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, --local-addr, c10d is_host) unless you set them,\n"
-    "    and every node gives up after --join-timeout with the reason;\n"
-    "  - in a Kubeflow pod, the operator's PET_* variables give the defaults, as for torchrun;\n"
-    "    --nproc-per-node auto is one worker per GPU, or one without GPUs;\n"
-    "  - in a pod with only MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE > 1 (Run:ai, training-operator\n"
-    "    before 1.7): node RANK of WORLD_SIZE meeting on MASTER_ADDR:MASTER_PORT, one worker per GPU;\n"
-    "  - started as one rank of a larger job (srun, mpirun, torchrun) or in an allocation of more tasks\n"
-    "    than it starts, with no rendezvous given: an error, never a job of its own per copy;\n"
-    "  - a script that reports its progress (`progress = shoal.init().progress()`) is watched: a hang is\n"
-    "    reported with every rank's phase and source line (--hang-timeout, --on-hang), a straggler is\n"
-    "    named, and `shoal status` shows each rank live (docs/WATCHDOG.md).\n"
-    "\n"
-    "positional arguments:\n"
-    "  training_script       Full path to the (single GPU) training program/script to be launched in\n"
-    "                        parallel, followed by all the arguments for the training script.\n"
-    "  training_script_args\n"
-    "\n"
-    "options:\n"
-    "  -h, --help            show this help message and exit\n"
-    "  --nnodes NNODES       Number of nodes, or the range of nodes in form\n"
-    "                        <minimum_nodes>:<maximum_nodes>.\n"
-    "  --nproc-per-node NPROC_PER_NODE, --nproc_per_node NPROC_PER_NODE\n"
-    "                        Number of workers per node; supported values: [auto, cpu, gpu, xpu, int].\n"
-    "  --rdzv-backend RDZV_BACKEND, --rdzv_backend RDZV_BACKEND\n"
-    "                        Rendezvous backend.\n"
-    "  --rdzv-endpoint RDZV_ENDPOINT, --rdzv_endpoint RDZV_ENDPOINT\n"
-    "                        Rendezvous backend endpoint; usually in form <host>:<port>.\n"
-    "  --rdzv-id RDZV_ID, --rdzv_id RDZV_ID\n"
-    "                        User-defined group id.\n"
-    "  --rdzv-conf RDZV_CONF, --rdzv_conf RDZV_CONF\n"
-    "                        Additional rendezvous configuration (<key1>=<value1>,<key2>=<value2>,...).\n"
-    "  --standalone          Start a local standalone rendezvous backend that is represented by a C10d\n"
-    "                        TCP store on a free port. Useful when launching single-node, multi-worker\n"
-    "                        job. If specified --rdzv-backend, --rdzv-endpoint, --rdzv-id are auto-\n"
-    "                        assigned and any explicitly set values are ignored.\n"
-    "  --max-restarts MAX_RESTARTS, --max_restarts MAX_RESTARTS\n"
-    "                        Maximum number of worker group restarts before failing.\n"
-    "  --monitor-interval MONITOR_INTERVAL, --monitor_interval MONITOR_INTERVAL\n"
-    "                        Interval, in seconds, to monitor the state of workers.\n"
-    "  --start-method {spawn,fork,forkserver}, --start_method {spawn,fork,forkserver}\n"
-    "                        Multiprocessing start method to use when creating workers.\n"
-    "  --event-log-handler EVENT_LOG_HANDLER, --event_log_handler EVENT_LOG_HANDLER\n"
-    "                        name of a registered event logging handler (see:\n"
-    "                        https://docs.pytorch.org/docs/stable/elastic/events.html)\n"
-    "  --role ROLE           User-defined role for the workers.\n"
-    "  -m, --module          Change each process to interpret the launch script as a Python module,\n"
-    "                        executing with the same behavior as 'python -m'.\n"
-    "  --no-python, --no_python\n"
-    "                        Skip prepending the training script with 'python' - just execute it\n"
-    "                        directly. Useful when the script is not a Python script.\n"
-    "  --run-path, --run_path\n"
-    "                        Run the training script with runpy.run_path in the same interpreter. Script\n"
-    "                        must be provided as an abs path (e.g. /abs/path/script.py). Takes precedence\n"
-    "                        over --no-python.\n"
-    "  --log-dir LOG_DIR, --log_dir LOG_DIR\n"
-    "                        Base directory to use for log files (e.g. /var/log/torch/elastic). The same\n"
-    "                        directory is reused for multiple runs (a unique job-level sub-directory is\n"
-    "                        created with rdzv_id as the prefix).\n"
-    "  -r REDIRECTS, --redirects REDIRECTS\n"
-    "                        Redirect std streams into a log file in the log directory (e.g. [-r 3]\n"
-    "                        redirects both stdout+stderr for all workers, [-r 0:1,1:2] redirects stdout\n"
-    "                        for local rank 0 and stderr for local rank 1).\n"
-    "  -t TEE, --tee TEE     Tee std streams into a log file and also to console (see --redirects for\n"
-    "                        format).\n"
-    "  --log-line-prefix-template LOG_LINE_PREFIX_TEMPLATE, --log_line_prefix_template LOG_LINE_PREFIX_TEMPLATE\n"
-    "                        Template for the prefix prepended to each console log line of a tee'd stream\n"
-    "                        (e.g. [--log-line-prefix-template '${hostname}:${rank}: '] renders as\n"
-    "                        'r12i0n8:3: '). Available macros: ${role_name}, ${local_rank}, ${rank},\n"
-    "                        ${hostname}. Defaults to '[${role_name}${local_rank}]:'.\n"
-    "  --local-ranks-filter LOCAL_RANKS_FILTER, --local_ranks_filter LOCAL_RANKS_FILTER\n"
-    "                        Only show logs from specified ranks in console (e.g.\n"
-    "                        [--local_ranks_filter=0,1,2] will only show logs from rank 0, 1 and 2). This\n"
-    "                        will only apply to stdout and stderr, not tolog files saved via --redirect\n"
-    "                        or --tee\n"
-    "  --duplicate-stdout-filters DUPLICATE_STDOUT_FILTERS, --duplicate_stdout_filters DUPLICATE_STDOUT_FILTERS\n"
-    "                        Duplicates logs streamed to stdout to another specified file with a list of\n"
-    "                        filters (e.g. [--duplicate_stdout_filters 'apple,orange'] will duplicate log\n"
-    "                        lines matching 'apple' OR 'orange'. An empty filters list won't duplicate\n"
-    "                        any lines. Use double comma to escape a comma)\n"
-    "  --duplicate-stderr-filters DUPLICATE_STDERR_FILTERS, --duplicate_stderr_filters DUPLICATE_STDERR_FILTERS\n"
-    "                        Duplicates logs streamed to stderr to another specified file with a list of\n"
-    "                        filters (e.g. [--duplicate_stdout_filters 'apple,orange'] will duplicate log\n"
-    "                        lines matching 'apple' OR 'orange'. An empty filters list won't duplicate\n"
-    "                        any lines. Use double comma to escape a comma)\n"
-    "  --node-rank NODE_RANK, --node_rank NODE_RANK\n"
-    "                        Rank of the node for multi-node distributed training. It is only used for\n"
-    "                        static rendezvous (i.e., when ``--rdzv-backend=static``).\n"
-    "  --master-addr MASTER_ADDR, --master_addr MASTER_ADDR\n"
-    "                        Address of the master node (rank 0) that only used for static rendezvous. It\n"
-    "                        should be either the IP address or the hostname of rank 0. For single node\n"
-    "                        multi-proc training the --master-addr can simply be 127.0.0.1; IPv6 should\n"
-    "                        have the pattern `[0:0:0:0:0:0:0:1]`.\n"
-    "  --master-port MASTER_PORT, --master_port MASTER_PORT\n"
-    "                        Port on the master node (rank 0) to be used for communication during\n"
-    "                        distributed training. It is only used for static rendezvous. Defaults to\n"
-    "                        29500.\n"
-    "  --local-addr LOCAL_ADDR, --local_addr LOCAL_ADDR\n"
-    "                        Address of the local node. If specified, will use the given address for\n"
-    "                        connection. Else, will look up the local node address instead. Else, it will\n"
-    "                        be default to local machine's FQDN.\n"
-    "  --logs-specs LOGS_SPECS, --logs_specs LOGS_SPECS\n"
-    "                        torchrun.logs_specs group entrypoint name, value must be type of LogsSpecs.\n"
-    "                        Can be used to override custom logging behavior.\n"
-    "  --numa-binding {node,socket,exclusive,core-complex}, --numa_binding {node,socket,exclusive,core-complex}\n"
-    "                        Bind worker processes to CPUs near their assigned GPUs for better\n"
-    "                        performance. See torch/numa/binding.py for available modes and details.\n"
-    "  --signals-to-handle SIGNALS_TO_HANDLE, --signals_to_handle SIGNALS_TO_HANDLE\n"
-    "                        Comma-separated list of signals to handle and forward to subprocesses.\n"
-    "                        Default: SIGTERM,SIGINT,SIGHUP,SIGQUIT. Common additional signals:\n"
-    "                        SIGUSR1,SIGUSR2 (used in SLURM environments).\n"
-    "  --shutdown-timeout SHUTDOWN_TIMEOUT, --shutdown_timeout SHUTDOWN_TIMEOUT\n"
-    "                        Time in seconds to wait for graceful shutdown of worker processes before\n"
-    "                        sending SIGKILL. If not specified, uses TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
-    "                        environment variable or defaults to 30 seconds.\n"
-    "  --virtual-local-rank, --virtual_local_rank\n"
-    "                        Enable virtual local rank mode for workers. When enabled, LOCAL_RANK is set\n"
-    "                        to 0 for all workers and CUDA_VISIBLE_DEVICES is adjusted so each worker\n"
-    "                        accesses its assigned GPU at device index 0.\n"
-    "  --print-completion {bash,zsh,tcsh}, --print_completion {bash,zsh,tcsh}\n"
-    "                        Print a shell completion script for torchrun to stdout and exit (e.g.\n"
-    "                        [--print-completion zsh > ~/.zsh/completions/_torchrun]). Requires the\n"
-    "                        optional 'shtab' package.\n"
-    "\n"
-    "shoal additions:\n"
-    "  --nproc N             short for --nproc-per-node N (workers on this node: an integer, or auto/gpu)\n"
-    "  --join-timeout S      several nodes: fail when they have not all arrived after S seconds (default\n"
-    "                        60)\n"
-    "  --hang-timeout S      report a hang when no rank made progress for S seconds (default: 10 x the\n"
-    "                        step time, at least 30; only for scripts that report progress:\n"
-    "                        docs/WATCHDOG.md)\n"
-    "  --on-hang {report,stop,restart}\n"
-    "                        after a hang report: only report (default), stop the workers and fail, or\n"
-    "                        restart them (counts against --max-restarts)\n"
-    "  --tf-config           give each worker TF_CONFIG for TensorFlow's MultiWorkerMirroredStrategy\n"
-    "                        (every worker's address and a port it reserved, its index = RANK); the same\n"
-    "                        as SHOAL_TF_CONFIG=1\n"
-    "  --verbose             show torch's elastic agent logs too\n"
-    "\n"
-    "examples:\n"
-    "  shoal run --nproc 2 train.py --lr 0.1          # 2 workers on this machine, free port\n"
-    "  shoal run --nproc-per-node 4 -m mypkg.train    # run a module, like python -m\n"
-    "  OMP_NUM_THREADS=4 shoal run --nproc 2 train.py # your thread count wins\n"
-    "  shoal run --nproc 2 --log-dir logs train.py    # keep every worker's stdout/stderr logs (and torch's agent.log)\n"
-    "  # two nodes, static rendezvous (run on each node with its --node-rank):\n"
-    "  shoal run --nnodes 2 --node-rank 0 --nproc 4 --master-addr 10.0.0.1 --master-port 29500 train.py\n"
-    "  # two to four nodes, c10d (the same line on every node; 10.0.0.1 hosts the store):\n"
-    "  shoal run --nnodes 2:4 --nproc 4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 \\\n"
-    "      --max-restarts 3 train.py\n"
-    "  shoal run --nproc 2 -m shoal demo all-reduce   # check that collectives work\n"
-    "  shoal run --nproc 2 --hang-timeout 60 --on-hang stop train.py   # fail, with the report, on a hang\n"
-    "  shoal status                                   # from another terminal: where each rank is\n"
+# fmt: off
+FLAGS = (
+    (('--nnodes',), 'nnodes', 'env', 'str', '1:1', None, 'Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes>.'),
+    (('--nproc-per-node', '--nproc_per_node'), 'nproc_per_node', 'env', 'str', '1', None, 'Number of workers per node; supported values: [auto, cpu, gpu, xpu, int].'),
+    (('--rdzv-backend', '--rdzv_backend'), 'rdzv_backend', 'env', 'str', 'static', None, 'Rendezvous backend.'),
+    (('--rdzv-endpoint', '--rdzv_endpoint'), 'rdzv_endpoint', 'env', 'str', '', None, 'Rendezvous backend endpoint; usually in form <host>:<port>.'),
+    (('--rdzv-id', '--rdzv_id'), 'rdzv_id', 'env', 'str', 'none', None, 'User-defined group id.'),
+    (('--rdzv-conf', '--rdzv_conf'), 'rdzv_conf', 'env', 'str', '', None, 'Additional rendezvous configuration (<key1>=<value1>,<key2>=<value2>,...).'),
+    (('--standalone',), 'standalone', 'check_env', None, False, None, 'Start a local standalone rendezvous backend that is represented by a C10d TCP store on a free port. Useful when launching single-node, multi-worker job. If specified --rdzv-backend, --rdzv-endpoint, --rdzv-id are auto-assigned and any explicitly set values are ignored.'),
+    (('--max-restarts', '--max_restarts'), 'max_restarts', 'env', 'int', 0, None, 'Maximum number of worker group restarts before failing.'),
+    (('--monitor-interval', '--monitor_interval'), 'monitor_interval', 'env', 'float', 0.1, None, 'Interval, in seconds, to monitor the state of workers.'),
+    (('--start-method', '--start_method'), 'start_method', 'env', 'str', 'spawn', ('spawn', 'fork', 'forkserver'), 'Multiprocessing start method to use when creating workers.'),
+    (('--event-log-handler', '--event_log_handler'), 'event_log_handler', 'env', 'str', 'null', None, 'name of a registered event logging handler (see: https://docs.pytorch.org/docs/stable/elastic/events.html)'),
+    (('--role',), 'role', 'env', 'str', 'default', None, 'User-defined role for the workers.'),
+    (('-m', '--module'), 'module', 'check_env', None, False, None, "Change each process to interpret the launch script as a Python module, executing with the same behavior as 'python -m'."),
+    (('--no-python', '--no_python'), 'no_python', 'check_env', None, False, None, "Skip prepending the training script with 'python' - just execute it directly. Useful when the script is not a Python script."),
+    (('--run-path', '--run_path'), 'run_path', 'check_env', None, False, None, 'Run the training script with runpy.run_path in the same interpreter. Script must be provided as an abs path (e.g. /abs/path/script.py). Takes precedence over --no-python.'),
+    (('--log-dir', '--log_dir'), 'log_dir', 'env', 'str', None, None, 'Base directory to use for log files (e.g. /var/log/torch/elastic). The same directory is reused for multiple runs (a unique job-level sub-directory is created with rdzv_id as the prefix).'),
+    (('-r', '--redirects'), 'redirects', 'env', 'str', '0', None, 'Redirect std streams into a log file in the log directory (e.g. [-r 3] redirects both stdout+stderr for all workers, [-r 0:1,1:2] redirects stdout for local rank 0 and stderr for local rank 1).'),
+    (('-t', '--tee'), 'tee', 'env', 'str', '0', None, 'Tee std streams into a log file and also to console (see --redirects for format).'),
+    (('--log-line-prefix-template', '--log_line_prefix_template'), 'log_line_prefix_template', 'env', 'str', '', None, "Template for the prefix prepended to each console log line of a tee'd stream (e.g. [--log-line-prefix-template '${hostname}:${rank}: '] renders as 'r12i0n8:3: '). Available macros: ${role_name}, ${local_rank}, ${rank}, ${hostname}. Defaults to '[${role_name}${local_rank}]:'."),
+    (('--local-ranks-filter', '--local_ranks_filter'), 'local_ranks_filter', 'env', 'str', '', None, 'Only show logs from specified ranks in console (e.g. [--local_ranks_filter=0,1,2] will only show logs from rank 0, 1 and 2). This will only apply to stdout and stderr, not tolog files saved via --redirect or --tee'),
+    (('--duplicate-stdout-filters', '--duplicate_stdout_filters'), 'duplicate_stdout_filters', 'env', 'list', [], None, "Duplicates logs streamed to stdout to another specified file with a list of filters (e.g. [--duplicate_stdout_filters 'apple,orange'] will duplicate log lines matching 'apple' OR 'orange'. An empty filters list won't duplicate any lines. Use double comma to escape a comma) "),
+    (('--duplicate-stderr-filters', '--duplicate_stderr_filters'), 'duplicate_stderr_filters', 'env', 'list', [], None, "Duplicates logs streamed to stderr to another specified file with a list of filters (e.g. [--duplicate_stdout_filters 'apple,orange'] will duplicate log lines matching 'apple' OR 'orange'. An empty filters list won't duplicate any lines. Use double comma to escape a comma) "),
+    (('--node-rank', '--node_rank'), 'node_rank', 'env', 'int', 0, None, 'Rank of the node for multi-node distributed training. It is only used for static rendezvous (i.e., when ``--rdzv-backend=static``).'),
+    (('--master-addr', '--master_addr'), 'master_addr', 'env', 'str', '127.0.0.1', None, 'Address of the master node (rank 0) that only used for static rendezvous. It should be either the IP address or the hostname of rank 0. For single node multi-proc training the --master-addr can simply be 127.0.0.1; IPv6 should have the pattern `[0:0:0:0:0:0:0:1]`.'),
+    (('--master-port', '--master_port'), 'master_port', 'env', 'int', None, None, 'Port on the master node (rank 0) to be used for communication during distributed training. It is only used for static rendezvous. Defaults to 29500.'),
+    (('--local-addr', '--local_addr'), 'local_addr', 'env', 'str', None, None, "Address of the local node. If specified, will use the given address for connection. Else, will look up the local node address instead. Else, it will be default to local machine's FQDN."),
+    (('--logs-specs', '--logs_specs'), 'logs_specs', 'store', 'str', None, None, 'torchrun.logs_specs group entrypoint name, value must be type of LogsSpecs. Can be used to override custom logging behavior.'),
+    (('--numa-binding', '--numa_binding'), 'numa_binding', 'store', 'str', None, ('node', 'socket', 'exclusive', 'core-complex'), 'Bind worker processes to CPUs near their assigned GPUs for better performance. See torch/numa/binding.py for available modes and details.'),
+    (('--signals-to-handle', '--signals_to_handle'), 'signals_to_handle', 'env', 'str', 'SIGTERM,SIGINT,SIGHUP,SIGQUIT', None, 'Comma-separated list of signals to handle and forward to subprocesses. Default: SIGTERM,SIGINT,SIGHUP,SIGQUIT. Common additional signals: SIGUSR1,SIGUSR2 (used in SLURM environments).'),
+    (('--shutdown-timeout', '--shutdown_timeout'), 'shutdown_timeout', 'env', 'int', None, None, 'Time in seconds to wait for graceful shutdown of worker processes before sending SIGKILL. If not specified, uses TORCH_ELASTIC_SHUTDOWN_TIMEOUT environment variable or defaults to 30 seconds.'),
+    (('--virtual-local-rank', '--virtual_local_rank'), 'virtual_local_rank', 'check_env', None, False, None, 'Enable virtual local rank mode for workers. When enabled, LOCAL_RANK is set to 0 for all workers and CUDA_VISIBLE_DEVICES is adjusted so each worker accesses its assigned GPU at device index 0.'),
+    (('--print-completion', '--print_completion'), 'print_completion', 'other', None, None, ('bash', 'zsh', 'tcsh'), "Print a shell completion script for torchrun to stdout and exit (e.g. [--print-completion zsh > ~/.zsh/completions/_torchrun]). Requires the optional 'shtab' package."),
 )
+# fmt: on
