@@ -32,9 +32,9 @@ def test_launch_options_and_a_job_spec_refuse_alike(field, value, words):
     assert _message(lambda: JobSpec(command=("shoal", "train"), **{field: value})) == words
 
 
-def test_processes_per_node_name_each_commands_flag():
+def test_processes_per_node_is_one_flag_in_every_command():
     assert _message(lambda: LaunchOptions(nproc=0)) == "--nproc must be at least 1, got 0"
-    assert _message(lambda: JobSpec(command=("x.py",), nproc=0)) == "--nproc-per-node must be at least 1 or auto, got 0"
+    assert _message(lambda: JobSpec(command=("x.py",), nproc=0)) == "--nproc must be at least 1 or auto, got 0"
     JobSpec(command=("x.py",), nproc="auto")  # shoal launch takes auto; a launcher counts processes
     with pytest.raises(ShoalError, match="--nproc must be at least 1"):
         check_nproc("auto")

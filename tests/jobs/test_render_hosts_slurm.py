@@ -413,7 +413,7 @@ def test_cli_slurm_dry_run(capsys):
         (["--hosts", "a:1", "--hostfile", "f", "--", "train.py"], "--hosts and --hostfile both given"),
         (
             ["--hosts", "a:1", "--via", "mpirun", "--rdzv", "c10d", "--dry-run", "--", "x.py"],
-            "--rdzv and --max-restarts",
+            "--rdzv-backend and --max-restarts",
         ),
         (["mpirun", "--dry-run", "--", "train.py"], "no process count"),
         (["slurm", "--nodes", "0", "--", "train.py"], "nodes must be at least 1"),

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from shoal.cli.fields import add_fields, given_fields
+from shoal.cli.parser import HelpFormatter
 
 EXAMPLES = """\
 examples:
-  shoal doctor                                   # this node: versions, GPUs, /dev/shm, limits, storage
-  shoal doctor --nproc 8 --master 10.0.0.1:29500 # ... for 8 processes here, and the way to the master
+  shoal doctor                                   # this node: versions, GPUs, /dev/shm, limits, disk
+  shoal doctor --nproc 8 --master 10.0.0.1:29500 # ... for 8 processes, and the way to the master
   shoal doctor --json                            # the same as one JSON document
   # every node of a cluster, one report from rank 0 (run on each node with its --node-rank):
   shoal doctor --nnodes 4 --node-rank 0 --master-addr 10.0.0.1 --checkpoint-dir /shared/ckpt
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or with --nnodes), rank 0 also measures every link between nodes, an all-reduce and shared\n"
         "storage, and prints one report. Exit status 1 on any fail. See docs/DOCTOR.md.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document (schema in docs/DOCTOR.md)")
     settings = add_fields(parser, DoctorSettings)
@@ -46,7 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     nodes = parser.add_argument_group(
         "across nodes", "Run the same command on every node (its own --node-rank); see docs/MULTINODE.md."
     )
-    launch += add_fields(nodes, LaunchOptions, exclude=(*launch, "rdzv_conf", "max_restarts"))
+    # The watchdog acts on workers that report progress, which the doctor's checks do not: no flags for it.
+    launch += add_fields(
+        nodes, LaunchOptions, exclude=(*launch, "rdzv_conf", "max_restarts", "hang_timeout", "on_hang")
+    )
     parser.set_defaults(func=main_args, settings_fields=settings, launch_fields=launch)
 
 

@@ -12,6 +12,7 @@ import json
 import os
 
 from shoal.cli.fields import add_fields, given_fields
+from shoal.cli.parser import HelpFormatter
 from shoal.distributed.device import BACKEND_CHOICES, DEVICE_CHOICES
 from shoal.env.base import EnvInfo
 from shoal.env.detect import detect_environment, scheme_names, torch_env_vars
@@ -30,6 +31,10 @@ examples:
 """
 
 
+_NOT_HERE = ("start_method", "max_restarts", "verbose", "hang_timeout", "on_hang")
+"""LaunchOptions fields that change nothing ``shoal env`` reports: no flag here."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "env",
@@ -39,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "show why, and show where it sits in the job. Run it the way you run training."
         ),
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (machine-readable)")
     parser.add_argument(
@@ -59,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "What `shoal run`/`shoal train` would start here with these launch options (in a Kubeflow pod "
         "the operator's PET_* variables give their defaults), and where it would listen.",
     )
-    launch = add_fields(group, LaunchOptions, exclude=("start_method", "max_restarts", "verbose", "rdzv_conf"))
+    # What decides where a job would listen; how workers start, restart and are watched does not act here.
+    launch = add_fields(group, LaunchOptions, exclude=(*_NOT_HERE, "rdzv_conf"))
     parser.set_defaults(func=main_args, launch_fields=launch)
     return parser
 

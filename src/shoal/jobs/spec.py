@@ -77,7 +77,7 @@ class JobSpec:
             raise ShoalError(
                 "no command given", "put the command after --, e.g. `-- shoal train digits` or `-- train.py --lr 0.1`"
             )
-        check_nproc(self.nproc, "--nproc-per-node", auto=True)
+        check_nproc(self.nproc, "--nproc", auto=True)
         if self.nodes < 1:
             raise ShoalError(f"nodes must be at least 1, got {self.nodes}", "give nodes of 1 or more")
         if self.gpus_per_node < 0:
@@ -180,7 +180,7 @@ def parse_env(items: list[str] | None) -> tuple[tuple[str, str | None], ...]:
 
 
 def parse_nproc(text: str | int | None) -> int | str:
-    """``--nproc-per-node N`` or ``auto`` (one process per GPU, or one per pod on CPU)."""
+    """``--nproc N`` or ``auto`` (one process per GPU, or one per pod on CPU)."""
     if text is None or text == "auto":
         return "auto"
     if isinstance(text, int) or text.isdigit():
@@ -188,6 +188,6 @@ def parse_nproc(text: str | int | None) -> int | str:
         if value >= 1:
             return value
     raise ShoalError(
-        f"--nproc-per-node {text!r} is neither a whole number of at least 1 nor auto",
-        "give --nproc-per-node 4, or auto (one process per GPU, one per pod on CPU)",
+        f"--nproc {text!r} is neither a whole number of at least 1 nor auto",
+        "give --nproc 4, or auto (one process per GPU, one per pod on CPU)",
     )

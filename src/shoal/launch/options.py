@@ -36,9 +36,9 @@ _FALSE = ("0", "false", "f", "no", "n", "off")
 class LaunchOptions:
     """Workers on this node and the rendezvous that joins the nodes. Defaults: one process, here."""
 
-    nproc: int = 1
+    nproc: int = field(default=1, metadata={"aliases": ("--nproc-per-node",)})
     """Worker processes to start on this node (one per GPU, typically)."""
-    nnodes: str = field(default="1", metadata={"metavar": "N|MIN:MAX"})
+    nnodes: str = field(default="1", metadata={"metavar": "N|MIN:MAX", "aliases": ("--nodes",)})
     """Number of nodes: N, or MIN:MAX for an elastic job (with --rdzv-backend c10d)."""
     node_rank: int = 0
     """This node's rank, 0..N-1 (static rendezvous; node 0 hosts the store)."""

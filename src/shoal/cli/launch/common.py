@@ -18,13 +18,13 @@ examples:
   shoal launch --hosts node1:4,node2:4 --via ssh -- train.py --lr 0.1
   shoal launch --hostfile hosts.txt --dry-run -- train.py         # print the command, run nothing
   shoal launch mpirun -np 4 --hosts node1:2,node2:2 --dry-run -- shoal train digits
-  shoal launch slurm --nodes 2 --gpus-per-node 4 --time 1:00:00 -- shoal train cifar10 --data ~/data
-  shoal launch slurm --nodes 2 --nproc-per-node 4 --one-task-per-process --dry-run -- train.py
-  shoal launch slurm -p gpu --nodes 4 --gpus-per-node 8 --max-restarts 2 -- train.py --epochs 90
-  shoal launch slurm --nodes 4 --spare-nodes 1 -- shoal train digits --fault-tolerance --out /shared/run
+  shoal launch slurm --nnodes 2 --gpus-per-node 4 -t 1:00:00 -- shoal train cifar10 --data ~/data
+  shoal launch slurm --nnodes 2 --nproc 4 --one-task-per-process --dry-run -- train.py
+  shoal launch slurm -p gpu --nnodes 4 --gpus-per-node 8 --max-restarts 2 -- train.py --epochs 90
+  shoal launch slurm --nnodes 4 --spare-nodes 1 -- shoal train digits --fault-tolerance --out ft
   shoal launch manual --hosts node1:4,node2:4 -- train.py         # the line to type on each node
-  shoal launch k8s --kind pytorchjob --image IMG --nodes 2 --gpus-per-node 4 --dry-run -- shoal train mnist
-  shoal launch runai --image IMG --nodes 2 -g 1 -- train.py       # runai submit, each CLI generation
+  shoal launch k8s --kind pytorchjob --image IMG --nnodes 2 -g 4 --dry-run -- shoal train mnist
+  shoal launch runai --image IMG --nnodes 2 -g 1 -- train.py      # runai submit, each CLI generation
   shoal launch image -- train.py --lr 0.1                         # Dockerfile + .dockerignore
 
 COMMAND is what every process runs: `shoal train ...`, `SCRIPT.py ARGS`, `-m MODULE ARGS`, or a
@@ -44,13 +44,12 @@ def form_examples(prog: str) -> str:
 def parser(prog: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
     """A ``shoal launch`` form's parser: a bad option is one line and a HINT, not argparse's usage
     block. ``epilog``: default, the form's lines of :data:`EXAMPLES`."""
-    from shoal.cli.parser import ArgumentParser
+    from shoal.cli.parser import HELP_WIDTH, ArgumentParser
 
     return ArgumentParser(
         prog=prog,
-        description=textwrap.fill(description, 100),
+        description=textwrap.fill(description, HELP_WIDTH),
         epilog=form_examples(prog) if epilog is None else epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
 
@@ -76,6 +75,36 @@ def add_command(p: argparse.ArgumentParser, *, dry_run: str = "print what would 
 def add_python(p: argparse.ArgumentParser, where: str) -> None:
     """``--python PATH``: the interpreter that runs shoal, SCRIPT.py and -m MODULE on ``where``."""
     p.add_argument("--python", metavar="PATH", help=f"interpreter that runs shoal, SCRIPT.py and -m MODULE on {where}")
+
+
+def add_nodes(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--nnodes N``, the number of nodes as every shoal command spells it (torchrun's); Slurm's
+    ``--nodes`` is the same flag."""
+    p.add_argument("--nnodes", "--nodes", dest="nodes", type=_at_least_one, default=1, metavar="N", help=help_text)
+
+
+def add_nproc(p: argparse.ArgumentParser, help_text: str, *, auto: bool = False, **options) -> None:
+    """``--nproc N``, processes per node as every shoal command spells it; torchrun's
+    ``--nproc-per-node`` is the same flag. ``auto``: the word ``auto`` is a value too."""
+    options.setdefault("metavar", "N|auto" if auto else "N")
+    options["type"] = _nproc_or_auto if auto else _at_least_one
+    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", help=help_text, **options)
+
+
+def _at_least_one(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return int(text)
+
+
+def _nproc_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of at least 1 nor auto")
+    return int(text)
 
 
 def add_max_restarts(p: argparse.ArgumentParser, help_text: str) -> None:

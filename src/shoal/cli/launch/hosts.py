@@ -13,7 +13,17 @@ import os
 import shutil
 import sys
 
-from shoal.cli.launch.common import add_command, add_env, add_max_restarts, add_python, announce, count, parser, shell
+from shoal.cli.launch.common import (
+    add_command,
+    add_env,
+    add_max_restarts,
+    add_nproc,
+    add_python,
+    announce,
+    count,
+    parser,
+    shell,
+)
 from shoal.errors import ShoalError
 
 
@@ -35,14 +45,7 @@ def _add_common(p: argparse.ArgumentParser, *, addr: bool = True) -> None:
 def _add_hosts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", metavar="H:N,...", help="hosts and their slots (processes), e.g. node1:2,node2:2")
     p.add_argument("--hostfile", metavar="FILE", help="Open MPI hostfile: one `HOST slots=N` per line")
-    p.add_argument(
-        "--nproc-per-node",
-        dest="nproc",
-        type=int,
-        default=1,
-        metavar="N",
-        help="slots of a host given without :N (default 1)",
-    )
+    add_nproc(p, "slots (processes) of a host given without :N (default 1)", default=1)
 
 
 def _add_python(p: argparse.ArgumentParser) -> None:
@@ -53,6 +56,7 @@ def _add_python(p: argparse.ArgumentParser) -> None:
 
 def _add_launcher(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--rdzv-backend",
         "--rdzv",
         dest="rdzv_backend",
         choices=("static", "c10d"),
@@ -139,7 +143,7 @@ def run_hosts(args: argparse.Namespace) -> int:
     if via == "mpirun":
         if args.rdzv_backend != "static" or args.max_restarts:
             raise ShoalError(
-                "--rdzv and --max-restarts apply to per-node launchers, not to mpirun",
+                "--rdzv-backend and --max-restarts apply to per-node launchers, not to mpirun",
                 "add --via ssh, or drop them (mpirun starts the processes itself)",
             )
         spec = JobSpec(**common)

@@ -17,6 +17,8 @@ from shoal.cli.launch.common import (
     add_command,
     add_env,
     add_max_restarts,
+    add_nodes,
+    add_nproc,
     announce,
     check_replaceable,
     parser,
@@ -29,11 +31,11 @@ from shoal.errors import ShoalError
 KINDS = ("pytorchjob", "trainjob", "mpijob")
 K8S_EXAMPLES = """\
 examples:
-  shoal launch k8s --image ghcr.io/me/train:1 --nodes 2 --gpus-per-node 4 --dry-run -- shoal train mnist --data /data
-  shoal launch k8s --kind trainjob --image IMG --nodes 4 --volume shared:/data -- train.py --epochs 10
-  shoal launch k8s --kind mpijob --image IMG --nodes 2 --nproc-per-node 4 -- shoal train cifar10
-  shoal launch k8s --image IMG --nodes 2 --elastic 1:4 --max-restarts 3 -- shoal train digits
-  shoal launch k8s --image IMG --secret-env WANDB_API_KEY=wandb:key --env NCCL_DEBUG=INFO -- train.py
+  shoal launch k8s --image ghcr.io/me/train:1 --nnodes 2 -g 4 --dry-run -- shoal train mnist --data /data
+  shoal launch k8s --kind trainjob --image IMG --nnodes 4 --volume shared:/data -- train.py
+  shoal launch k8s --kind mpijob --image IMG --nnodes 2 --nproc 4 -- shoal train cifar10
+  shoal launch k8s --image IMG --nnodes 2 --elastic 1:4 --max-restarts 3 -- shoal train digits
+  shoal launch k8s --image IMG --secret-env WANDB_API_KEY=wandb:key --env NCCL_DEBUG=INFO -- x.py
 See docs/KUBERNETES.md."""
 
 
@@ -45,14 +47,8 @@ def _add_pod(
 ) -> None:
     p.add_argument("--name", default="shoal", help="job name, a DNS-1035 label (default shoal)")
     p.add_argument("--image", help="container image every pod runs (required)")
-    p.add_argument("--nodes", type=int, default=1, metavar="N", help=nodes_help)
-    p.add_argument(
-        "--nproc-per-node",
-        dest="nproc",
-        default="auto",
-        metavar="N|auto",
-        help="processes per pod (default auto: one per GPU, or one on CPU)",
-    )
+    add_nodes(p, nodes_help)
+    add_nproc(p, "processes per pod (default auto: one per GPU, or one on CPU)", auto=True, default="auto")
     p.add_argument("--gpus-per-node", "-g", type=int, default=0, metavar="G", help="GPUs per pod (default 0)")
     p.add_argument("--cpu", metavar="Q", help="CPU request per pod, e.g. 4 or 500m")
     p.add_argument("--memory", metavar="Q", help="memory request and limit per pod, e.g. 16Gi")

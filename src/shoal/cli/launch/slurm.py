@@ -9,6 +9,8 @@ from shoal.cli.launch.common import (
     add_command,
     add_env,
     add_max_restarts,
+    add_nodes,
+    add_nproc,
     add_python,
     announce,
     parser,
@@ -27,15 +29,9 @@ def slurm_parser() -> argparse.ArgumentParser:
         "again when it fails, beside a lighthouse on the batch host), write it and submit it with sbatch; "
         "print the job id.",
     )
-    p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes to allocate (default 1)")
+    add_nodes(p, "nodes to allocate (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs per node (default 0)")
-    p.add_argument(
-        "--nproc-per-node",
-        dest="nproc",
-        type=int,
-        metavar="P",
-        help="processes per node (default: --gpus-per-node, or 1)",
-    )
+    add_nproc(p, "processes per node (default: --gpus-per-node, or 1)")
     p.add_argument("--cpus-per-node", type=int, metavar="C", help="cores per node (default: one per process)")
     p.add_argument("--partition", "-p", help="Slurm partition")
     p.add_argument("--time", "-t", dest="time_limit", metavar="LIMIT", help="time limit, e.g. 1:00:00")

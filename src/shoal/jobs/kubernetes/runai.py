@@ -47,8 +47,8 @@ def render_runai(spec: JobSpec, pods: PodOptions, cli: str, project: str | None 
     fault_tolerance.refuse_kind(spec, "a Run:ai submit command (which cannot create the lighthouse)")
     if spec.nodes < 2:
         raise ShoalError(
-            f"--nodes {spec.nodes}: a Run:ai distributed PyTorch job has a master and at least one worker",
-            "give --nodes 2 or more (or run a single pod with `runai submit`)",
+            f"--nnodes {spec.nodes}: a Run:ai distributed PyTorch job has a master and at least one worker",
+            "give --nnodes 2 or more (or run a single pod with `runai submit`)",
         )
     if pods.secret_env:
         raise ShoalError(

@@ -35,8 +35,8 @@ def check(spec: JobSpec, pods: PodOptions) -> PodOptions:
     if pods.elastic is not None and not pods.elastic[0] <= spec.nodes <= pods.elastic[1]:
         low, high = pods.elastic
         raise ShoalError(
-            f"--nodes {spec.nodes} is outside --elastic {low}:{high}",
-            f"give --nodes between {low} and {high} (the pods started at first)",
+            f"--nnodes {spec.nodes} is outside --elastic {low}:{high}",
+            f"give --nnodes between {low} and {high} (the pods started at first)",
         )
     return pods
 
