@@ -13,6 +13,8 @@ process still prints its one line and HINT if nothing catches it.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,10 +22,17 @@ import torch
 
 from shoal.errors import ShoalError
 from shoal.integrations.horovod import errors
+from shoal.integrations.horovod.tensorflow import tf_errors
 from shoal.integrations.horovod.tensorflow.bridge import to_tf, to_torch
 from shoal.integrations.horovod.tensorflow.framework import tf
 
 Compute = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+def executing_eagerly() -> bool:
+    """True when ops run now (eager), False while a graph is built (``tf.function``, TF1 graphs);
+    Horovod's ``_executing_eagerly``."""
+    return tf.executing_eagerly()
 
 
 def run(compute: Compute, inputs: Sequence[Any], out_dtypes: Sequence[Any], out_shapes: Sequence[Any]) -> list[Any]:
@@ -31,22 +40,86 @@ def run(compute: Compute, inputs: Sequence[Any], out_dtypes: Sequence[Any], out_
 
     ``out_shapes`` are the static shapes the graph gets (None or partly unknown where ranks differ).
     """
-
-    def eager(*tensors: Any) -> list[Any]:
-        try:
-            outputs = compute([to_torch(t) for t in tensors])
-        except ShoalError as error:
-            errors.remember(error)
-            raise
-        return [to_tf(out) for out in outputs]
-
+    wide = [WIDER.get(tf.as_dtype(dtype)) for dtype in out_dtypes]
+    if any(wide) or any(tf.as_dtype(t.dtype) in WIDER for t in inputs):  # e.g. uint16: torch cannot move it
+        inputs = [tf.cast(t, WIDER[t.dtype]) if t.dtype in WIDER else t for t in inputs]
+        outputs = run(compute, inputs, [w or d for w, d in zip(wide, out_dtypes)], out_shapes)
+        return [tf.cast(o, d) if w else o for o, w, d in zip(outputs, wide, out_dtypes)]
     if tf.executing_eagerly():
-        return eager(*inputs)
-    outputs = tf.py_function(eager, list(inputs), list(out_dtypes))
+        return _run_now(compute, inputs)
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(graph, "building_function", False):  # tf.function: its automatic control dependencies order it
+        outputs = tf.py_function(lambda *ts: _run_now(compute, ts), list(inputs), list(out_dtypes))
+    else:
+        outputs = _run_in_tf1_graph(graph, compute, inputs, out_dtypes)
     for output, shape in zip(outputs, out_shapes):
         if shape is not None:
             output.set_shape(shape)
     return list(outputs)
+
+
+WIDER = {tf.uint16: tf.int32}
+"""TF dtypes torch's collectives cannot move, and the dtype each travels as (exactly: every value fits)."""
+
+_lock = threading.RLock()
+"""One collective at a time per process: TF runs independent graph nodes on several threads."""
+
+
+def _run_now(compute: Compute, tensors: Sequence[Any]) -> list[Any]:
+    with _lock:
+        try:
+            outputs = compute([to_torch(t) for t in tensors])
+        except ShoalError as error:
+            error = tf_errors.as_tf_error(error)
+            errors.remember(error)
+            raise error from None
+    return [to_tf(out) for out in outputs]
+
+
+_last_collective: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""Per TF1 graph: the op that ends the last collective built in it (see :func:`_run_in_tf1_graph`)."""
+
+
+def _run_in_tf1_graph(graph: Any, compute: Compute, inputs: Sequence[Any], out_dtypes: Sequence[Any]) -> list[Any]:
+    """The collective as a node of a TF1 graph, after the previous one built in it.
+
+    A ``Session`` runs independent nodes in any order, on several threads, differently on each
+    rank; collectives pair up by the order ranks issue them. Horovod's coordinator pairs them by
+    name at run time instead, which needs asynchronous kernels (a ``py_function`` holds its thread
+    until it returns, so ranks waiting for different ops would deadlock). Here each collective
+    depends on the one built before it: every rank that builds the same graph runs its collectives
+    in the same order, and the agreement check still compares their names.
+
+    Ranks that disagree fail the node with ``FailedPreconditionError`` (:mod:`.tf_errors`).
+    """
+    dtypes = list(out_dtypes)
+
+    def body(*tensors: Any) -> list[Any]:
+        try:
+            return [*_run_now(compute, tensors), tf.constant(False), _handle("ok")]
+        except tf_errors.FailedPrecondition as error:
+            return [*(tf.zeros([0], d) for d in dtypes), tf.constant(True), _handle(error.message)]
+
+    chained = graph._get_control_flow_context() is None  # a v1 while/cond body cannot depend on outside ops
+    before = [_last_collective[graph]] if chained and graph in _last_collective else []
+    with tf.control_dependencies(before):
+        *outputs, failed, handle = tf.py_function(body, list(inputs), [*dtypes, tf.bool, tf.resource])
+        check = tf.cond(failed, lambda: tf_errors.failing_read(handle), lambda: tf.constant(0, tf.int8))
+    if chained:
+        _last_collective[graph] = check.op
+    with tf.control_dependencies([check]):
+        return [tf.identity(output) for output in outputs]
+
+
+_handles: dict[str, Any] = {}
+
+
+def _handle(name: str) -> Any:
+    if name != "ok":
+        return tf_errors.missing_handle(name)
+    if name not in _handles:
+        _handles[name] = tf_errors.missing_handle("ok: never read")
+    return _handles[name]
 
 
 def run_one(compute: Callable[[torch.Tensor], torch.Tensor], tensor: Any, shape: Any) -> Any:
