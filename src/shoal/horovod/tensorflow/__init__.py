@@ -39,7 +39,6 @@ from shoal.horovod import (
     cross_size,
     cuda_built,
     ddl_built,
-    elastic,
     global_process_set,
     gloo_built,
     gloo_enabled,
@@ -73,12 +72,18 @@ from shoal.integrations.horovod.tensorflow.collectives import (
     reducescatter,
 )
 from shoal.integrations.horovod.tensorflow.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from shoal.integrations.horovod.tensorflow.elastic import elastic
+from shoal.integrations.horovod.tensorflow.graph import executing_eagerly as _executing_eagerly  # noqa: F401
+from shoal.integrations.horovod.tensorflow.named_ops import local_rank_op, local_size_op, rank_op, size_op
 from shoal.integrations.horovod.tensorflow.optimizer import DistributedOptimizer
+from shoal.integrations.horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 from shoal.integrations.horovod.tensorflow.tape import DistributedGradientTape
 from shoal.integrations.horovod.tensorflow.variables import (
     allgather_object,
+    broadcast_,
     broadcast_global_variables,
     broadcast_object,
+    broadcast_object_fn,
     broadcast_variables,
 )
 
@@ -97,14 +102,17 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNormalization",
     "allgather",
     "allgather_object",
     "allreduce",
     "alltoall",
     "barrier",
     "broadcast",
+    "broadcast_",
     "broadcast_global_variables",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
     "ccl_built",
     "cross_rank",
@@ -124,18 +132,24 @@ __all__ = [
     "is_initialized",
     "join",
     "local_rank",
+    "local_rank_op",
     "local_size",
+    "local_size_op",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",
     "nccl_built",
     "rank",
+    "rank_op",
     "reducescatter",
     "rocm_built",
     "shutdown",
     "size",
+    "size_op",
     "start_timeline",
     "stop_timeline",
 ]
+
+from shoal.horovod.tensorflow import util  # noqa: F401  (horovod.tensorflow.util, a submodule Horovod exposes)
 
 __getattr__ = _unsupported.facade_getattr  # a Horovod name not offered here: one line naming it

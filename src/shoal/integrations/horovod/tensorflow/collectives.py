@@ -17,7 +17,7 @@ from typing import Any
 
 from shoal.integrations.horovod import exchange, grouped, scatter, state
 from shoal.integrations.horovod import ops as engine
-from shoal.integrations.horovod.errors import HorovodUsageError
+from shoal.integrations.horovod.errors import HorovodUnsupported, HorovodUsageError
 from shoal.integrations.horovod.tensorflow.compression import Compression
 from shoal.integrations.horovod.tensorflow.framework import tf
 from shoal.integrations.horovod.tensorflow.graph import run, run_one
@@ -62,11 +62,10 @@ def allreduce(
     engine.check_ready("allreduce()")
     state.check_process_set(process_set, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
+        _check_sparse(reduce_op, prescale_factor, postscale_factor)
         values = allgather(tensor.values, name=None if name is None else f"{name}.values")
         indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices")
-        if reduce_op is engine.ReduceOp.Average:
-            values = values / tf.cast(state.size(), values.dtype)
-        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+        return _sparse_result(values, indices, tensor, reduce_op)
     wire, context = compression.compress(tf.convert_to_tensor(tensor))
     return compression.decompress(_allreduce(wire, reduce_op, prescale_factor, postscale_factor, name), context)
 
@@ -87,9 +86,43 @@ def grouped_allreduce(
     reduce_op = engine.resolve_op(op, average, "grouped_allreduce()")
     engine.check_ready("grouped_allreduce()")
     state.check_process_set(process_set, "grouped_allreduce")
-    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in _as_list(tensors, "grouped_allreduce")]
-    reduced = _grouped_allreduce([wire for wire, _ in pairs], reduce_op, prescale_factor, postscale_factor)
-    return [compression.decompress(out, context) for out, (_, context) in zip(reduced, pairs)]
+    tensors = _as_list(tensors, "grouped_allreduce")
+    results: list[Any] = [None] * len(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if sparse:  # Horovod's rule: values and indices gathered (one group each), Average divides by size()
+        _check_sparse(reduce_op, prescale_factor, postscale_factor)
+        values = grouped_allgather([tensors[i].values for i in sparse])
+        indices = grouped_allgather([tensors[i].indices for i in sparse])
+        for i, v, k in zip(sparse, values, indices):
+            results[i] = _sparse_result(v, k, tensors[i], reduce_op)
+    if dense:
+        pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
+        reduced = _grouped_allreduce([wire for wire, _ in pairs], reduce_op, prescale_factor, postscale_factor)
+        for i, out, (_, context) in zip(dense, reduced, pairs):
+            results[i] = compression.decompress(out, context)
+    return results
+
+
+def _check_sparse(op: engine.ReduceOp, prescale: float, postscale: float) -> None:
+    """Horovod's limits for IndexedSlices: Sum or Average, no scale factors (NotImplementedError)."""
+    if op not in (engine.ReduceOp.Sum, engine.ReduceOp.Average):
+        raise HorovodUnsupported(
+            f"hvd.allreduce: op={op.name} on tf.IndexedSlices: only Sum and Average ops are supported with "
+            "tf.IndexedSlices (as Horovod)",
+            "reduce the dense tensor (tf.convert_to_tensor) or use op=hvd.Sum or hvd.Average",
+        )
+    if prescale != 1.0 or postscale != 1.0:
+        raise HorovodUnsupported(
+            "hvd.allreduce: pre/postscale_factor are not supported with tf.IndexedSlices (as Horovod)",
+            "scale the values yourself, or reduce the dense tensor",
+        )
+
+
+def _sparse_result(values: Any, indices: Any, like: Any, op: engine.ReduceOp) -> Any:
+    if op is engine.ReduceOp.Average:
+        values = values / tf.cast(state.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=like.dense_shape)
 
 
 def _grouped_allreduce(tensors: list[Any], op: engine.ReduceOp, prescale: float, postscale: float) -> list[Any]:

@@ -65,3 +65,36 @@ def broadcast_global_variables(root_rank: int) -> Any:
             "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
         )
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def broadcast_(variables: Any, root_rank: int, name: str | None = None, process_set: Any = global_process_set):
+    """In place: root_rank's values assigned to ``variables`` on every rank; their new values (a list).
+
+    Horovod's ``broadcast_`` (TF 2.6+) writes into the variables' buffers from its op; here one
+    broadcast of the values and an assign per variable do the same, in graphs as one step.
+    """
+    check_ready("broadcast_()")
+    state.check_process_set(process_set, "broadcast_")
+    check_root(root_rank, "broadcast_()")
+    variables = list(variables)
+    if not variables:
+        return []
+    values = [tf.convert_to_tensor(v) for v in variables]
+    received = run(
+        lambda ts: _broadcast_values(ts, root_rank), values, [v.dtype for v in values], [v.shape for v in values]
+    )
+    if tf.executing_eagerly():
+        for variable, value in zip(variables, received):
+            variable.assign(value)
+        return [tf.convert_to_tensor(v) for v in variables]
+    assigns = [v.assign(r) for v, r in zip(variables, received)]
+    with tf.control_dependencies(assigns):
+        return [tf.identity(a) for a in assigns]
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: Any = global_process_set) -> Any:  # fmt: skip
+    """A function ``f(obj)`` returning root_rank's ``obj`` on every rank (Horovod's TF1 helper; no
+    session is needed here, the object travels outside the graph)."""
+    state.check_process_set(process_set, "broadcast_object_fn")
+    return lambda obj: functions.broadcast_object(obj, root_rank, name, process_set)
