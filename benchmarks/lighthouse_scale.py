@@ -341,7 +341,8 @@ def _row(
         "step_quorum_worst_s": max(steady, default=float("nan")),
         "step_quorum_runs": steady,
         # The lighthouse's share: its first answer (the quorum formed and one answer sent); the rest
-        # of "step quorum" is the fan-out of N answers and the groups' own handling of them.
+        # of "step quorum" is the fan-out of N answers and the groups' own handling of them. Below
+        # zero: a group had its answer before the last one asked (a quorum without every live group).
         "step_first_answer_s": median([first_answer(s) for s in range(1, die_at)]),
         "dead_out_s": dead_out,
         "dead_target_s": dead_target,
@@ -420,7 +421,7 @@ def text(report: dict[str, Any]) -> list[str]:
                     _s(r["first_quorum_s"]),
                     _s(r["step_quorum_s"]),
                     _s(r["step_quorum_worst_s"]),
-                    _s(r["step_first_answer_s"]),
+                    _s(r["step_first_answer_s"]) if not r["step_first_answer_s"] < 0 else "split",
                     _s(r["dead_out_s"]),
                     str(r["left_out"]),
                     str(r["failed"]),
