@@ -448,6 +448,7 @@ def draw(ax: Any, report: dict[str, Any]) -> None:
     dead_target = rows[0]["dead_target_s"] if rows else 0
     ax.axhline(dead_target, color="grey", linestyle="--", label=f"dead-group target ({dead_target:g} s)")
     ax.set_xscale("log")
+    ax.set_yscale("log")  # milliseconds at 2 groups, tens of seconds where a size breaks down
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("simulated replica groups")
     ax.set_ylabel("seconds")
