@@ -307,18 +307,39 @@ def test_the_first_error_file_is_the_cause_even_when_its_rank_was_stopped_after(
     ]
 
 
-def test_ranks_that_failed_alike_are_one_line_and_a_known_cause_gets_its_hint(tmp_path):
+NCCL_TB = """\
+Traceback (most recent call last):
+  File "/x/ddp.py", line 3, in <module>
+    dist.init_process_group("nccl")
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper
+    return func(*args, **kwargs)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 714, in _create_nccl
+    backend_class = ProcessGroupNCCL(
+ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!"""
+
+
+def test_a_known_cause_is_one_line_where_in_the_users_code_and_its_hint(tmp_path):
+    """Issue 49: where shoal knows the cause, no traceback through torch's frames: the ranks, the
+    user's line that called it, the exception, the HINT."""
     message = "ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!"
-    tb = TB.replace("ValueError: boom at rank 1", message)
     now = time.time()
-    files = {rank: _error_file(tmp_path / f"e{rank}.json", message, tb, now + rank / 10) for rank in range(3)}
+    files = {rank: _error_file(tmp_path / f"e{rank}.json", message, NCCL_TB, now + rank / 10) for rank in range(3)}
     err = ChildFailedError("ddp.py", {rank: _failure(rank, 1, path) for rank, path in files.items()})
-    lines = describe_child_failure(err).format().splitlines()
-    assert lines[0] == "shoal: rank 0 (local rank 0) failed with exit code 1; its traceback:"
-    assert lines[1:-3] == tb.splitlines()
-    assert lines[-3:] == [
-        "shoal: ranks 1, 2 failed the same way",
-        f"shoal: error: rank 0 failed: {message}",
+    assert describe_child_failure(err).format().splitlines() == [
+        f"shoal: error: ranks 0, 1, 2 failed at /x/ddp.py, line 3: {message}",
         'HINT: the nccl backend needs GPUs and this machine has none: use init_process_group("gloo") on CPU, '
         "or shoal.init(), which picks the backend for the device",
     ]
+
+
+def test_ranks_that_failed_alike_are_one_line(tmp_path):
+    tb = TB.replace("boom at rank 1", "boom")
+    now = time.time()
+    files = {
+        rank: _error_file(tmp_path / f"e{rank}.json", "ValueError: boom", tb, now + rank / 10) for rank in range(3)
+    }
+    err = ChildFailedError("ddp.py", {rank: _failure(rank, 1, path) for rank, path in files.items()})
+    lines = describe_child_failure(err).format().splitlines()
+    assert lines[0] == "shoal: rank 0 (local rank 0) failed with exit code 1; its traceback:"
+    assert lines[1:-2] == tb.splitlines()
+    assert lines[-2:] == ["shoal: ranks 1, 2 failed the same way", "shoal: error: rank 0 failed: ValueError: boom"]

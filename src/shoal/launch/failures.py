@@ -167,6 +167,8 @@ class FailureReport:
     """The machine the worker ran on (this launcher's)."""
     kill_cause: "SigkillCause | None" = None
     """For SIGKILL: whether the out-of-memory killer did it, and the evidence."""
+    known: bool = False
+    """The hint comes from :func:`known_cause`: shoal knows what the exception means."""
 
     @property
     def signal_name(self) -> str | None:
@@ -193,7 +195,11 @@ class FailureReport:
         return self.exitcode or 1
 
     def format(self) -> str:
-        """Header, the traceback (or last stderr lines), then a ``shoal: error:`` summary line."""
+        """Header, the traceback (or last stderr lines), then a ``shoal: error:`` summary line. A
+        failure whose cause shoal knows (:func:`known_cause`) is one line, where in the user's code
+        and what, and its HINT: the traceback through torch's frames would say less, at length."""
+        if self.known and self.message and not self.signal_name:
+            return self._known_format()
         who = f"rank {self.rank} (local rank {self.local_rank})"
         if self.signal_name:
             how = f"was killed by {self.signal_name} ({-self.exitcode})"
@@ -223,6 +229,41 @@ class FailureReport:
         if self.log_path:
             out.append(f"shoal: worker logs: {os.path.dirname(os.path.dirname(self.log_path))}")
         return "\n".join(out)
+
+    def _known_format(self) -> str:
+        where = user_frame(self.traceback or "")
+        out = [f"shoal: error: {_ranks(sorted([self.rank, *self.same_ranks]))} failed{where}: {self.message}"]
+        if self.other_ranks:
+            out.append(f"shoal: {_ranks(self.other_ranks)} stopped because rank {self.rank} failed")
+        out.append(f"HINT: {self.hint}")
+        if self.log_path:
+            out.append(f"shoal: worker logs (its traceback): {os.path.dirname(os.path.dirname(self.log_path))}")
+        return "\n".join(out)
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
+
+
+def user_frame(traceback_text: str) -> str:
+    """`` at train.py, line 3`` for the innermost frame of a traceback in the user's own code (not in
+    an installed package, nor Python's library); empty when there is none."""
+    import sysconfig
+
+    library = tuple(
+        os.path.realpath(path) + os.sep for path in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}
+    )
+    found = ""
+    for line in traceback_text.splitlines():
+        match = _FRAME.match(line)
+        if not match:
+            continue
+        path = match.group(1)
+        if path.startswith("<") or "site-packages" in path or os.path.realpath(path).startswith(library):
+            continue
+        relative = os.path.relpath(path) if os.path.isabs(path) else path
+        shown = path if relative.startswith("..") else relative
+        found = f" at {shown}, line {match.group(2)}"
+    return found
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -356,7 +397,9 @@ def describe_child_failure(
         r for r in report.other_ranks if report.message and _message(err.failures[r]) == report.message
     )
     report.other_ranks = [r for r in report.other_ranks if r not in report.same_ranks]
-    report.hint = report.hint or known_cause(report.message)
+    if not report.hint:
+        report.hint = known_cause(report.message)
+        report.known = report.hint is not None
     if not report.message and failure.exitcode < 0:
         report.message = f"killed by {report.signal_name}"
     if failure.exitcode == -signal.SIGKILL:
