@@ -91,7 +91,29 @@ CASES = [
         ["demo", "all-reduce", "--nproc", "0"],
         [
             "shoal: error: --nproc must be at least 1, got 0",
-            "HINT: pass --nproc 1 or more (worker processes per node, one per GPU typically)",
+            "HINT: give --nproc 1 or more (see `shoal demo all-reduce --help`)",
+        ],
+    ),
+    (
+        ["train", "digits", "--nproc-per-node", "0"],
+        [
+            "shoal: error: --nproc-per-node must be at least 1, got 0",
+            "HINT: give --nproc-per-node 1 or more (see `shoal train --help`)",
+        ],
+    ),
+    (
+        ["train", "digits", "--nodes", "2:1"],
+        ["shoal: error: --nodes '2:1' is not N or MIN:MAX (1 <= MIN <= MAX)", "HINT: see `shoal train --help`"],
+    ),
+    (
+        ["env", "--nproc", "0"],
+        ["shoal: error: --nproc must be at least 1, got 0", "HINT: give --nproc 1 or more (see `shoal env --help`)"],
+    ),
+    (
+        ["launch", "k8s", "--image", "img", "--nodes", "0", "--", "x.py"],
+        [
+            "shoal: error: --nodes must be at least 1, got 0",
+            "HINT: give --nodes 1 or more (see `shoal launch k8s --help`)",
         ],
     ),
 ]

@@ -81,14 +81,14 @@ def main_args(args: argparse.Namespace) -> int:
         if not pod:
             raise
         info, as_one_process = None, err.message  # a pod whose command starts several workers
+    given = given_fields(args, args.launch_fields)
+    options = LaunchOptions.from_environment(given, pod=pod)  # checked before torch loads
     from shoal.distributed.device import choose_backend, choose_device  # imports torch
 
     local = (info.local_rank, info.local_world_size) if info else (0, 1)
     device = choose_device(args.device, *local)
     backend = choose_backend(args.backend, device)
     report = as_dict(info, str(device), backend) if info else {"scheme": None, "as_one_process": as_one_process}
-    given = given_fields(args, args.launch_fields)
-    options = LaunchOptions.from_environment(given, pod=pod)
     if info is not None and info.world_size > 1 and not pod and not given:
         report["job"] = rank_report(info)
     else:

@@ -12,8 +12,9 @@ the default shown; :func:`given_fields` returns only the fields the user gave, s
 defaults (and its ``__post_init__`` checks) stay the single source of truth. Adding an option is
 adding a field.
 
-A field's ``metadata={"metavar": "DIR"}`` names its value in the help (default: N, X or TEXT), and
-``metadata={"aliases": ("--nodes",)}`` adds the other spellings users bring from elsewhere (Slurm's,
+A field's ``metadata={"metavar": "DIR"}`` names its value in the help (default: N, X or TEXT),
+``{"min": 1}`` and ``{"check": f}`` (``f(value)`` raises ValueError with what is wrong) check the
+value as it is parsed, and ``metadata={"aliases": ("--nodes",)}`` adds the other spellings users bring from elsewhere (Slurm's,
 torchrun's): one meaning, one flag, every command the same spellings. The help is written in the one
 style of shoal's ``--help`` (:func:`shoal.console.help_text`).
 Types understood: ``bool`` (``--x/--no-x``), ``int``, ``float``, ``str``, ``Literal[...]`` (choices),
@@ -97,6 +98,8 @@ def add_fields(
         ):
             continue
         kind, choices, convert = _flag_type(hints[field.name], field.name, cls)
+        if convert is not None and ("min" in field.metadata or "check" in field.metadata):
+            convert = _checked(convert, field.metadata.get("min"), field.metadata.get("check"))
         default = _default_of(field)
         help_text = help_style((help_overrides or {}).get(field.name) or _first_paragraph(docs.get(field.name, "")))
         if default is not _MISSING and default is not None and default != () and kind != "bool":
@@ -158,6 +161,25 @@ def _scalar(kind: type, name: str) -> Callable[[str], Any]:
 
     convert.__name__ = kind.__name__  # argparse names it in "invalid int value"
     return convert
+
+
+def _checked(convert: Callable[[str], Any], minimum: Any, check: Callable[[Any], None] | None) -> Callable[[str], Any]:
+    """``convert``, then the field's own checks, said at parse time so that the error names the
+    flag as typed (``--nproc-per-node 0``, not the field's ``--nproc``)."""
+
+    def checked(text: str) -> Any:
+        value = convert(text)
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+        if check is not None:
+            try:
+                check(value)
+            except ValueError as err:
+                raise argparse.ArgumentTypeError(f"{text!r} {err}") from None
+        return value
+
+    checked.__name__ = getattr(convert, "__name__", "value")
+    return checked
 
 
 def _choice(choices: tuple[str, ...], name: str) -> Callable[[str], str]:

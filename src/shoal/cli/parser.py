@@ -124,6 +124,9 @@ class ArgumentParser(argparse.ArgumentParser):
             return f"{flag} {typed.group(2)} is not {what}", see
         if detail == "expected one argument":
             return f"{flag} needs a value", see
+        minimum = re.match(r"must be at least (\S+), got ", detail)
+        if minimum:
+            return f"{flag} {detail}", f"give {flag} {minimum.group(1)} or more ({see})"
         choices = _CHOICES.search(detail)
         return f"{flag} {detail}", (f"choose one of: {choices.group(1)}" if choices else see)
 

@@ -36,9 +36,11 @@ _FALSE = ("0", "false", "f", "no", "n", "off")
 class LaunchOptions:
     """Workers on this node and the rendezvous that joins the nodes. Defaults: one process, here."""
 
-    nproc: int = field(default=1, metadata={"aliases": ("--nproc-per-node",)})
+    nproc: int = field(default=1, metadata={"aliases": ("--nproc-per-node",), "min": 1})
     """Worker processes to start on this node (one per GPU, typically)."""
-    nnodes: str = field(default="1", metadata={"metavar": "N|MIN:MAX", "aliases": ("--nodes",)})
+    nnodes: str = field(
+        default="1", metadata={"metavar": "N|MIN:MAX", "aliases": ("--nodes",), "check": lambda text: _nnodes(text)}
+    )
     """Number of nodes: N, or MIN:MAX for an elastic job (with --rdzv-backend c10d)."""
     node_rank: int = 0
     """This node's rank, 0..N-1 (static rendezvous; node 0 hosts the store)."""
@@ -144,6 +146,14 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     if len(parts) != 2 or not 0 < parts[0] <= parts[1]:
         raise ShoalError(f"--nnodes {text} is not a valid node count", hint)
     return parts[0], parts[1]
+
+
+def _nnodes(text: str) -> None:
+    """``--nnodes`` as typed: ValueError (what is wrong, without the flag) unless N or MIN:MAX."""
+    try:
+        parse_nnodes(text)
+    except ShoalError:
+        raise ValueError("is not N or MIN:MAX (1 <= MIN <= MAX)") from None
 
 
 def check_join_timeout(seconds: float) -> float:
