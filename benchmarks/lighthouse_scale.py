@@ -95,6 +95,8 @@ class LighthouseScaleConfig:
     """The lighthouse's --join_timeout_ms (0: shoal's)."""
     quorum_tick_ms: int = 0
     """The lighthouse's --quorum_tick_ms (0: shoal's)."""
+    proposed: bool = False
+    """Run each size with the settings proposed for its number of groups (PROPOSED) instead."""
 
     def __post_init__(self) -> None:
         if not self.groups or any(n < 2 for n in self.groups):
@@ -116,6 +118,23 @@ class LighthouseScaleConfig:
             "join_timeout_ms": self.join_timeout_ms or JOIN_TIMEOUT_MS,
             "quorum_tick_ms": self.quorum_tick_ms or QUORUM_TICK_MS,
         }
+
+    def settings_for(self, groups: int) -> tuple[dict[str, int], int]:
+        """The lighthouse's flags and the groups' heartbeat interval (ms) for a job of ``groups``."""
+        if not self.proposed:
+            return self.settings(), self.heartbeat_interval_ms
+        proposal = dict(next(p for most, p in PROPOSED if groups <= most))
+        interval = proposal.pop("heartbeat_interval_ms")
+        return {**self.settings(), **proposal}, interval
+
+
+PROPOSED: tuple[tuple[float, dict[str, int]], ...] = (
+    (256, {"heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS, "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS}),
+    (float("inf"), {"heartbeat_timeout_ms": 5000, "heartbeat_interval_ms": 500}),
+)
+"""The settings this benchmark supports by number of groups (docs/BENCHMARKS.md, "The lighthouse at
+1,000 simulated replica groups"): shoal's up to 256 groups; above, a 5 s heartbeat timeout and a
+500 ms heartbeat interval (torchft.Manager's ``heartbeat_interval``), tested up to 1,000."""
 
 
 SMOKE = dict(groups=(4,), steps=4, step_s=0.3, processes=1)
@@ -218,7 +237,7 @@ def _split(groups: list[int], parts: int) -> list[list[int]]:
 
 def measure_size(cfg: LighthouseScaleConfig, n: int, work: Path, log: Log) -> dict[str, Any]:
     """One lighthouse, ``n`` groups, ``cfg.steps`` steps, one death; the row of size ``n``."""
-    settings = cfg.settings()
+    settings, interval_ms = cfg.settings_for(n)
     die_at = cfg.steps - 2
     victim = n - 1
     lighthouse = _LighthouseProcess(settings, work / f"lighthouse-{n}.log")
@@ -230,7 +249,7 @@ def measure_size(cfg: LighthouseScaleConfig, n: int, work: Path, log: Log) -> di
     try:
         lighthouse.wait_listening()
         base = {
-            "lighthouse": lighthouse.url, "heartbeat_ms": cfg.heartbeat_interval_ms, "steps": cfg.steps,
+            "lighthouse": lighthouse.url, "heartbeat_ms": interval_ms, "steps": cfg.steps,
             "step_s": cfg.step_s, "quorum_timeout_s": QUORUM_TIMEOUT_S, "connect_timeout_s": QUORUM_TIMEOUT_S,
             "quorum_retries": QUORUM_RETRIES, "victim": victim, "die_at": die_at,
         }  # fmt: skip
@@ -282,7 +301,8 @@ def measure_size(cfg: LighthouseScaleConfig, n: int, work: Path, log: Log) -> di
     row = _row(n, records, deaths, die_at, settings)
     row.update(
         created_s=created_s, idle_cpu_pct=idle_pct, cpu_s_per_step=run_cpu / cfg.steps, run_cpu_pct=100 * run_cpu / run_s,
-        load_average=load, heartbeat_age_max_s=max(ages, default=float("nan")), **memory,
+        load_average=load, heartbeat_age_max_s=max(ages, default=float("nan")), heartbeat_interval_ms=interval_ms,
+        heartbeat_timeout_ms=settings["heartbeat_timeout_ms"], **memory,
     )  # fmt: skip
     log(
         f"  {n} groups: first quorum {_s(row['first_quorum_s'])}, step quorum {_s(row['step_quorum_s'])} "
@@ -393,11 +413,19 @@ def _s(value: float) -> str:
 
 def text(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
+    by_size = "; per size: " + ", ".join(
+        f"{r['groups']} groups {r['heartbeat_timeout_ms']}/{r['heartbeat_interval_ms']} ms" for r in report["rows"]
+    )
     return [
         f"torchft's lighthouse (--heartbeat_timeout_ms {cfg['heartbeat_timeout_ms']} --join_timeout_ms "
         f"{cfg['join_timeout_ms']} --quorum_tick_ms {cfg['quorum_tick_ms']}); simulated groups heartbeat every "
         f"{cfg['heartbeat_interval_ms']} ms, ask for a quorum every {cfg['step_s']:g} s of 'training', "
-        f"{cfg['steps']} steps, one dies at step {cfg['steps'] - 2}; seconds after the last group asked",
+        f"{cfg['steps']} steps, one dies at step {cfg['steps'] - 2}; seconds after the last group asked"
+        + (
+            by_size + " (heartbeat timeout/interval: --proposed, which replaces the values above)"
+            if cfg.get("proposed")
+            else ""
+        ),
         "",
         rep.table(
             [
@@ -445,14 +473,18 @@ def draw(ax: Any, report: dict[str, Any]) -> None:
     ax.plot(sizes, [r["step_quorum_worst_s"] for r in rows], "s-", label="step quorum after the last join (worst)")
     ax.plot(sizes, [r["dead_out_s"] for r in rows], "^-", label="dead group out, after its death")
     ax.axhline(QUORUM_TARGET_S, color="grey", linestyle=":", label=f"quorum target ({QUORUM_TARGET_S:g} s)")
-    dead_target = rows[0]["dead_target_s"] if rows else 0
-    ax.axhline(dead_target, color="grey", linestyle="--", label=f"dead-group target ({dead_target:g} s)")
+    ax.plot(sizes, [r["dead_target_s"] for r in rows], color="grey", linestyle="--", label="dead-group target")
     ax.set_xscale("log")
     ax.set_yscale("log")  # milliseconds at 2 groups, tens of seconds where a size breaks down
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("simulated replica groups")
     ax.set_ylabel("seconds")
-    ax.set_title(f"torchft lighthouse, heartbeat timeout {report['config']['heartbeat_timeout_ms']} ms")
+    settings = (
+        "proposed settings by size"
+        if report["config"].get("proposed")
+        else (f"heartbeat timeout {report['config']['heartbeat_timeout_ms']} ms")
+    )
+    ax.set_title(f"torchft lighthouse, {settings}")
     ax.legend(fontsize="small")
 
 

@@ -25,6 +25,16 @@ def test_the_lighthouse_runs_with_shoals_command_and_the_values_asked():
     assert argv[argv.index("--quorum_tick_ms") + 1] == str(lighthouse_scale.QUORUM_TICK_MS)
 
 
+def test_proposed_settings_keep_shoals_up_to_256_groups_and_loosen_above():
+    proposed = lighthouse_scale.LighthouseScaleConfig(proposed=True)
+    small, interval = proposed.settings_for(256)
+    assert small == lighthouse_scale.LighthouseScaleConfig().settings() and interval == 100
+    large, interval = proposed.settings_for(1000)
+    assert large["heartbeat_timeout_ms"] == 5000 and interval == 500
+    assert proposed.settings_for(1000) == (large, interval)  # the table itself is left as it was
+    assert lighthouse_scale.LighthouseScaleConfig().settings_for(1000)[1] == 100
+
+
 def test_bad_sizes_are_clean_errors():
     with pytest.raises(ShoalError, match="--groups must be 2 or more"):
         lighthouse_scale.LighthouseScaleConfig(groups=(1, 8))
