@@ -229,22 +229,29 @@ def alltoall(
     engine.check_ready("alltoall()")
     state.check_process_set(process_set, "alltoall")
     tensor = tf.convert_to_tensor(tensor)
-    if splits is None:
+    if splits is not None:
+        splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
+    return _alltoall(tensor, splits, name)
+
+
+def _alltoall(tensor: Any, splits: Any, name: str | None) -> tuple[Any, Any]:
+    """alltoall with Horovod's gradient: the gradient sent back along the received splits."""
+    received_splits: list[Any] = []
+
+    @tf.custom_gradient
+    def exchange_rows(x: Any) -> Any:
+        inputs = [x] if splits is None else [x, splits]
         out, received = run(
-            lambda ts: exchange.alltoall_async(ts[0], None, name).wait(),
-            [tensor],
-            [tensor.dtype, tf.int32],
-            [_ragged(tensor.shape), [state.size()]],
+            lambda ts: exchange.alltoall_async(ts[0], None if len(ts) == 1 else ts[1].tolist(), name).wait(),
+            inputs,
+            [x.dtype, tf.int32],
+            [_ragged(x.shape), [state.size()]],
         )
-        return out, received
-    splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    out, received = run(
-        lambda ts: exchange.alltoall_async(ts[0], ts[1].tolist(), name).wait(),
-        [tensor, splits],
-        [tensor.dtype, tf.int32],
-        [_ragged(tensor.shape), [state.size()]],
-    )
-    return out, received
+        received_splits.append(received)
+        return out, lambda dy: _alltoall(dy, received, None)[0]
+
+    out = exchange_rows(tensor)
+    return out, received_splits[0]
 
 
 # ---- reducescatter --------------------------------------------------------------------------------

@@ -19,14 +19,33 @@ from shoal.integrations.horovod.tensorflow.reduce import GradientSettings, reduc
 class _DistributedGradientTape(tf.GradientTape):
     """The wrapped tape's recording, with ``gradient()`` reduced across ranks."""
 
-    def __init__(self, tape: Any, settings: GradientSettings) -> None:
+    def __init__(self, tape: Any, settings: GradientSettings, scale_local_gradients: bool) -> None:
         self.__dict__.update(tape.__dict__)  # share the recording (Horovod copies the tape's state too)
         self._hvd_settings = settings
+        self._hvd_local: set[int] = set()
+        self._hvd_scale_local = scale_local_gradients
+
+    def register_local_source(self, source: Any) -> None:
+        """``source``'s gradient stays this rank's own (divided by ``size()`` unless
+        ``scale_local_gradients=False``, as Horovod's): model-parallel parts of a model."""
+        self._hvd_local.add(id(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
         grads = super().gradient(target, sources, output_gradients, **kwargs)
-        flat = tf.nest.flatten(grads)
-        return tf.nest.pack_sequence_as(grads, reduce_gradients(flat, self._hvd_settings))
+        flat, flat_sources = tf.nest.flatten(grads), tf.nest.flatten(sources)
+        local = [id(s) in self._hvd_local for s in flat_sources]
+        reduced = iter(reduce_gradients([g for g, mine in zip(flat, local) if not mine], self._hvd_settings))
+        out = [_scaled(g, self._hvd_scale_local) if mine else next(reduced) for g, mine in zip(flat, local)]
+        return tf.nest.pack_sequence_as(grads, out)
+
+
+def _scaled(grad: Any, scale: bool) -> Any:
+    """A local source's gradient, divided by ``size()`` when ``scale`` (Horovod's pull 3695)."""
+    if grad is None or not scale:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / state.size(), grad.indices, grad.dense_shape)
+    return grad / state.size()
 
 
 def DistributedGradientTape(  # Horovod's name
@@ -48,4 +67,4 @@ def DistributedGradientTape(  # Horovod's name
     if op is not None and int(op) == 2:  # Adasum
         raise unsupported.adasum("hvd.DistributedGradientTape(op=hvd.Adasum)")
     settings = settings_for(op, compression, sparse_as_dense, gradient_predivide_factor, "DistributedGradientTape()")
-    return _DistributedGradientTape(gradtape, settings)
+    return _DistributedGradientTape(gradtape, settings, scale_local_gradients)
