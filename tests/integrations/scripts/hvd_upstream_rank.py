@@ -14,7 +14,6 @@ select = sys.argv[4] if len(sys.argv) > 4 else ""
 rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
 args = [
     test_file,
-    "-q",
     "-p",
     "no:cacheprovider",
     f"--junitxml={os.path.join(out, f'rank{rank}.xml')}",
@@ -27,5 +26,5 @@ if select:
     args += ["-k", select]
 with open(os.path.join(out, f"rank{rank}.log"), "w") as log:  # progress, readable while it runs
     sys.stdout = sys.stderr = log
-    code = pytest.main(args + ["-v"])
+    code = pytest.main(args + ["-v"])  # one line per test as it ends
 sys.exit(code)
