@@ -31,12 +31,17 @@ def _broadcast_values(torch_values: list[Any], root_rank: int) -> list[Any]:
 
 
 def broadcast_variables(variables: Any, root_rank: int, process_set: Any = global_process_set, inplace: bool = False):
-    """Assign root_rank's values to ``variables`` on every rank; in graphs, returns the assign op."""
+    """Assign root_rank's values to ``variables`` on every rank; in graphs, returns the assign op.
+
+    No variables: nothing to do, before ``hvd.init()`` too (Horovod's graph of no broadcasts).
+    """
+    variables = list(variables)
+    if not variables:
+        return tf.no_op() if not tf.executing_eagerly() else None
     check_ready("broadcast_variables()")
     state.check_process_set(process_set, "broadcast_variables")
     check_root(root_rank, "broadcast_variables()")
-    variables = list(variables)
-    if not variables or state.size() == 1:
+    if state.size() == 1:
         return tf.no_op() if not tf.executing_eagerly() else None
     values = [tf.convert_to_tensor(v) for v in variables]
     received = run(
