@@ -33,6 +33,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 HOST = "127.0.0.1"
@@ -313,7 +314,11 @@ class Simulation:
         except _Killed:
             pass
         except BaseException as err:  # reported with the results
-            node.error = f"{type(err).__name__}: {err} (after {time.time() - self.go_at:.1f} s)"
+            import traceback
+
+            where = traceback.extract_tb(err.__traceback__)[-3:]
+            at = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in where)
+            node.error = f"{type(err).__name__}: {err} (after {time.time() - self.go_at:.1f} s, at {at})"
             self.started(node)
 
     def started(self, node: Node) -> None:
@@ -381,9 +386,6 @@ def _node_counts(nnodes: str) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
-    from shoal.launch.process import die_with_parent
-
-    die_with_parent()  # the benchmark's process stopped: so does this one
     spec = json.loads(argv[0])
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # shoal's launcher sets it; see rendezvous_scale

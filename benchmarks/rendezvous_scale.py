@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -158,6 +160,8 @@ class _Job:
                 raise ShoalError(
                     f"no '{kind}' from {len(self.procs) - len(got)} process(es) in {timeout:.0f} s", ""
                 ) from None
+            if index in got:  # a process that answered may end (eof after "done") or say more
+                continue
             if event["event"] in ("error", "eof"):
                 raise ShoalError(f"process {index}: {event.get('error') or self._stderr(index)}", "")
             if event["event"] == kind and accept(event):
@@ -166,7 +170,8 @@ class _Job:
 
     def _stderr(self, index: int) -> str:
         lines = [ln for ln in (self.work / f"proc{index}.err").read_text().splitlines() if ln.strip()]
-        return "exited: " + (lines[-1] if lines else "(no output)")
+        code = self.procs[index].poll()
+        return f"exited ({code}): " + (lines[-1] if lines else "(no output)")
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far: the store's server threads (in the host), the host, the agent processes."""
@@ -202,6 +207,21 @@ class _Job:
                 proc.wait()
 
 
+def _free_port() -> int:
+    """A free port on 127.0.0.1 below Linux's ephemeral range (32768-60999): the store's host binds it
+    seconds later, and meanwhile the thousand client connections of this machine's jobs take their
+    own ports from that range (a port the OS picked there was taken in between, seen here)."""
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise ShoalError("no free port between 20000 and 32000 on 127.0.0.1", "is the machine out of ports?")
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)
@@ -233,12 +253,10 @@ def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 
 def run_case(variant: str, nodes: int, cfg: RendezvousScaleConfig, work: Path, *, loss: bool = False) -> dict[str, Any]:
     """One simulated job of ``nodes`` nodes; its figures (see the module's docstring)."""
-    from shoal.launch.ports import find_free_port
-
     settings, backend = variant.split("_")
     nnodes = f"{nodes - 1}:{nodes}" if loss else str(nodes)
     spec = {
-        "settings": settings, "backend": backend, "nnodes": nnodes, "port": find_free_port(),
+        "settings": settings, "backend": backend, "nnodes": nnodes, "port": _free_port(),
         "run_id": f"sim-{variant}-{nodes}", "join_timeout": cfg.join_timeout, "monitor_interval": cfg.monitor_interval,
         "max_restarts": 3, "conf": dict(_parse_conf(cfg.conf)) if settings == "shoal" else {}, "deadline": time.time() + 4 * CASE_S,
     }  # fmt: skip

@@ -21,7 +21,7 @@ def test_unknown_variant_is_a_clean_error():
 def test_cpu_ticks_are_read_after_the_command_name():
     # a thread name with spaces and parentheses must not shift the fields
     stat = "42 (pt tcp (x)) S " + " ".join(str(i) for i in range(1, 20))
-    assert rendezvous_scale._ticks(stat) == 12 + 13
+    assert rendezvous_scale._ticks(stat) == 11 + 12  # utime and stime, fields 14 and 15
 
 
 @pytest.mark.multiprocess  # a host process (node 0 and the store) and one process of simulated nodes
