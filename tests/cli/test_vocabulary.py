@@ -114,3 +114,31 @@ def test_watchdog_flags_only_where_the_watchdog_acts():
     for prog in ("shoal train", "shoal run"):
         flags = {s for a in PARSERS[prog]._actions for s in a.option_strings}
         assert {"--hang-timeout", "--on-hang"} <= flags, prog
+
+
+@pytest.mark.parametrize(
+    "form, canonical, alias",
+    [
+        (["slurm"], ["--nnodes", "2", "--nproc", "4"], ["--nodes", "2", "--nproc-per-node", "4"]),
+        (["k8s", "--image", "img:1"], ["--nnodes", "2", "--nproc", "2"], ["--nodes", "2", "--nproc-per-node", "2"]),
+        (["manual", "--hosts", "a:2,b:2"], ["--rdzv-backend", "c10d"], ["--rdzv", "c10d"]),
+    ],
+)
+def test_an_alias_renders_what_the_canonical_flag_does(form, canonical, alias, capsys, tmp_path, monkeypatch):
+    """Slurm's and torchrun's spellings (and launch's old --rdzv) are the same flag: the same render."""
+    from shoal.cli.launch import main_raw
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    rendered = []
+    for flags in (canonical, alias):
+        assert main_raw([*form, *flags, "--dry-run", "--", "train.py"]) == 0
+        rendered.append(capsys.readouterr().out)
+    assert rendered[0] == rendered[1] and rendered[0]
+
+
+def test_train_takes_each_spelling_of_a_launch_flag():
+    parser = PARSERS["shoal train"]
+    assert vars(parser.parse_args(["--nproc-per-node", "2", "--nodes", "1"])) == vars(
+        parser.parse_args(["--nproc", "2", "--nnodes", "1"])
+    )

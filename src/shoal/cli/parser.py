@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -33,8 +34,8 @@ _DEEPEST = "_shoal_parser"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Every shoal ``--help``: descriptions and examples as written, wrapped at :data:`HELP_WIDTH`
-    columns at most (the terminal's width when narrower)."""
+    """Every shoal ``--help``: flags' help wrapped at :data:`HELP_WIDTH` columns (the terminal's width
+    when narrower); descriptions and examples as written, a line over :data:`HELP_WIDTH` wrapped."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
         if width is None:
@@ -67,14 +68,13 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # One help style for every subcommand: argparse's formatters (which a module may still name)
         # give way to shoal's, whose width is the same everywhere.
-        if not issubclass(kwargs.get("formatter_class", HelpFormatter), HelpFormatter):
+        if not issubclass(kwargs.get("formatter_class", argparse.HelpFormatter), HelpFormatter):
             kwargs["formatter_class"] = HelpFormatter
-        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._typed: list[str] = []
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
-        self._typed = list(args) if args is not None else []
+        self._typed = list(sys.argv[1:] if args is None else args)
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and not hasattr(namespace, _DEEPEST):  # a subcommand's parser returns first
             setattr(namespace, _DEEPEST, self)

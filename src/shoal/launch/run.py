@@ -1,9 +1,11 @@
 """``shoal run``: torchrun, done right on one node, and torchrun unchanged across many.
 
-torch does the work: its parser (``torch.distributed.run.get_args_parser``, so every torchrun flag
-works in both spellings, and ``PET_*`` variables give their defaults as for torchrun), its config
-builder (``config_from_args``) and its elastic agent, reached through the launch core
-(:mod:`shoal.launch.core`). What this module adds is the translation of torchrun's arguments into
+torch does the work: its flags (``torch.distributed.run.get_args_parser``'s, frozen in
+:mod:`shoal.launch.run_help` so that the command line is parsed, and every argument error said,
+before torch is imported; every torchrun flag works in both spellings, and ``PET_*`` variables give
+their defaults as for torchrun), its config builder (``config_from_args``) and its elastic agent,
+reached through the launch core (:mod:`shoal.launch.core`). What this module adds is shoal's
+spellings and help where torchrun's is not true here, the translation of torchrun's arguments into
 :class:`~shoal.launch.options.LaunchOptions` (checked once, with the same rules as ``shoal train``)
 and the checks only a script launch needs (the script exists).
 """
@@ -22,14 +24,8 @@ from shoal.env.base import DEFAULT_MAIN_PORT
 from shoal.env.host import threads_per_process
 from shoal.env.operator import classic_defaults, classic_pod, classic_pod_line, nproc_from
 from shoal.errors import ShoalError
-from shoal.launch.core import Launch, run_workers
-from shoal.launch.local import check_allocation, refuse_rank_launching_alone
 from shoal.launch.options import DEFAULT_JOIN_TIMEOUT_S, LaunchOptions, check_join_timeout, parse_conf, parse_nnodes
 from shoal.launch.precheck import check_script
-from shoal.launch.process import process_started, temporary_run_dir
-from shoal.launch.rendezvous import plan_for
-from shoal.launch.tf_config import ENV as TF_CONFIG_ENV
-from shoal.launch.tf_config import check_layout, requested
 from shoal.launch.watchdog import ON_HANG, hang_options
 
 DESCRIPTION = """\
@@ -266,6 +262,14 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
             rendezvous that could not complete.
         SystemExit: from torch's parser on unknown flags or ``--help`` (status 2 or 0).
     """
+    # The launch machinery is imported here, not with the parser: an argument error or --help needs none of it.
+    from shoal.launch.core import Launch, run_workers
+    from shoal.launch.local import check_allocation, refuse_rank_launching_alone
+    from shoal.launch.process import process_started, temporary_run_dir
+    from shoal.launch.rendezvous import plan_for
+    from shoal.launch.tf_config import ENV as TF_CONFIG_ENV
+    from shoal.launch.tf_config import check_layout, requested
+
     started = process_started()
     args, options = parse(argv, parser)
     _check_script(args)
