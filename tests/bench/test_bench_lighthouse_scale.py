@@ -30,7 +30,7 @@ def test_proposed_settings_keep_shoals_up_to_256_groups_and_loosen_above():
     small, interval = proposed.settings_for(256)
     assert small == lighthouse_scale.LighthouseScaleConfig().settings() and interval == 100
     large, interval = proposed.settings_for(1000)
-    assert large["heartbeat_timeout_ms"] == 5000 and interval == 500
+    assert large["heartbeat_timeout_ms"] == 10000 and interval == 500
     assert proposed.settings_for(1000) == (large, interval)  # the table itself is left as it was
     assert lighthouse_scale.LighthouseScaleConfig().settings_for(1000)[1] == 100
 
