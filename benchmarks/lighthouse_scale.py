@@ -22,7 +22,8 @@ Measured, with every group's clock the same machine's monotonic clock:
 
 Targets (issue 45): at 1,000 groups a quorum <= 1 s after the last join, a dead group out within
 the heartbeat timeout + 1 s. ``--heartbeat-timeout-ms``, ``--join-timeout-ms`` and
-``--quorum-tick-ms`` replace shoal's values to try others (0: shoal's).
+``--quorum-tick-ms`` replace shoal's values to try others (0: shoal's); ``--proposed`` runs each size
+with the settings the runs support for its number of groups (:data:`PROPOSED`).
 
 What it cannot show: the simulated groups share this machine's cores with the lighthouse (a real
 job's managers each run on their own node), so the latencies here are upper bounds; loopback has
@@ -78,7 +79,8 @@ class LighthouseScaleConfig:
     """What ``python -m benchmarks.lighthouse_scale`` measures."""
 
     groups: tuple[int, ...] = field(
-        default=(2, 8, 64, 256, 1000), metadata=flag(parse=rep.parse_int_list, metavar="N,N,...")
+        default=(2, 8, 64, 256, 1000),
+        metadata=flag(parse=rep.parse_int_list, metavar="N,N,...", default="2,8,64,256,1000"),
     )
     """Comma-separated numbers of simulated replica groups, one lighthouse each."""
     steps: int = 8
