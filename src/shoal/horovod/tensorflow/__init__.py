@@ -73,7 +73,7 @@ from shoal.integrations.horovod.tensorflow.collectives import (
 )
 from shoal.integrations.horovod.tensorflow.compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from shoal.integrations.horovod.tensorflow.elastic import elastic
-from shoal.integrations.horovod.tensorflow.graph import executing_eagerly as _executing_eagerly  # noqa: F401
+from shoal.integrations.horovod.tensorflow.graph import executing_eagerly as _executing_eagerly
 from shoal.integrations.horovod.tensorflow.named_ops import local_rank_op, local_size_op, rank_op, size_op
 from shoal.integrations.horovod.tensorflow.optimizer import DistributedOptimizer
 from shoal.integrations.horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
@@ -88,6 +88,7 @@ from shoal.integrations.horovod.tensorflow.variables import (
 )
 
 __all__ = [
+    "_executing_eagerly",
     "Adasum",
     "Average",
     "Compression",
@@ -148,8 +149,9 @@ __all__ = [
     "size_op",
     "start_timeline",
     "stop_timeline",
+    "util",
 ]
 
-from shoal.horovod.tensorflow import util  # noqa: F401  (horovod.tensorflow.util, a submodule Horovod exposes)
+from shoal.horovod.tensorflow import util  # horovod.tensorflow.util, a submodule Horovod exposes
 
 __getattr__ = _unsupported.facade_getattr  # a Horovod name not offered here: one line naming it
