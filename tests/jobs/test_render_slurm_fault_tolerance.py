@@ -79,7 +79,7 @@ def test_each_group_is_a_step_of_its_own_beside_a_lighthouse_on_the_batch_host()
         "SHOAL_REPLICA_STARTS=$((restarts[$1] + 1)) srun --nodes=1 --ntasks=1 --cpus-per-task=8 --exact --mem=0" in flat
     )
     assert '--nnodes 4 --node-rank "$1" --nproc 1 --master-addr "$head_addr" --lighthouse "$lighthouse" &' in script
-    assert '-m shoal.train.ft.serve_lighthouse --bind "$head_addr:$port" &' in script
+    assert '-m shoal.train.ft.serve_lighthouse --bind "$head_addr:$port" --groups 4 &' in script
     assert "restarts[group] < 10" in script and "((code == 2))" in script
     own = CASES["sbatch_fault_tolerance_own_lighthouse.txt"]()
     assert "serve_lighthouse" not in own.replace("serve_lighthouse --address", "")  # only its address is asked for

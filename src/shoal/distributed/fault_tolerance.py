@@ -50,7 +50,7 @@ from torch import nn
 
 from shoal.distributed.device import choose_backend
 from shoal.distributed.torchft_check import INSTALL_HINT
-from shoal.env.replica import ReplicaCoordinates, pass_first_quorum_gate, replica_coordinates
+from shoal.env.replica import ReplicaCoordinates, heartbeat_ms, pass_first_quorum_gate, replica_coordinates
 from shoal.errors import ShoalError, first_line
 
 
@@ -349,6 +349,7 @@ def _make_manager(
                 lighthouse_addr=where.lighthouse,
                 replica_id=f"shoal_group_{where.group}",
                 hostname=where.address,
+                heartbeat_interval=timedelta(milliseconds=heartbeat_ms(where.groups)[1]),
                 checkpoint_transport=PGTransport(pg, timeout=timeout, device=wire),
             )
     except RuntimeError as err:

@@ -28,7 +28,18 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """torchft's own variable: the lighthouse's URL."""
 
 HEARTBEAT_TIMEOUT_MS = 1000
-"""A group silent this long is left out of the lighthouse's next quorum (torchft's default: 5000)."""
+"""A group silent this long is left out of the lighthouse's next quorum (torchft's default: 5000),
+in a job of up to :data:`MANY_GROUPS` groups."""
+HEARTBEAT_INTERVAL_MS = 100
+"""How often each group's manager heartbeats the lighthouse (torchft's default), up to :data:`MANY_GROUPS`."""
+MANY_GROUPS = 256
+"""Above this many groups, each step's burst of quorum requests and answers (each answer names every
+member) delays heartbeats by seconds: a 1 s timeout then counts live groups as dead (simulated with
+1,000 groups against the real lighthouse: ``python -m benchmarks.lighthouse_scale``, docs/BENCHMARKS.md)."""
+MANY_HEARTBEAT_TIMEOUT_MS = 10000
+"""The heartbeat timeout above :data:`MANY_GROUPS` groups: 10 s held at 1,000 (5 s did not always)."""
+MANY_HEARTBEAT_INTERVAL_MS = 500
+"""The heartbeat interval above :data:`MANY_GROUPS` groups: a fifth of the lighthouse's heartbeat work."""
 JOIN_TIMEOUT_MS = 30000
 """How long a quorum waits for a heartbeating group that has not asked to join yet (torchft's
 default: 60000). Longer than a replica's collective timeout (10 s): a lighthouse that restarted
@@ -37,12 +48,34 @@ forms two quorums of one group each that train apart for good (seen: split brain
 QUORUM_TICK_MS = 20
 
 
-def lighthouse_args(bind: str, min_replicas: int = 1) -> list[str]:
+def heartbeat_ms(groups: int | None) -> tuple[int, int]:
+    """``(timeout, interval)`` of the groups' heartbeats for a job of ``groups`` replica groups (None:
+    not known, taken as a job of up to :data:`MANY_GROUPS`)."""
+    if groups is not None and groups > MANY_GROUPS:
+        return MANY_HEARTBEAT_TIMEOUT_MS, MANY_HEARTBEAT_INTERVAL_MS
+    return HEARTBEAT_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS
+
+
+def heartbeat_note(groups: int) -> str | None:
+    """The start-up line of a job whose heartbeats differ from the default, or None."""
+    if groups <= MANY_GROUPS:
+        return None
+    timeout, interval = heartbeat_ms(groups)
+    return (
+        f"shoal: {groups} replica groups: the lighthouse leaves a group out after {timeout / 1000:g} s without a "
+        f"heartbeat (1 s up to {MANY_GROUPS} groups), each group heartbeats every {interval} ms: a dead group costs "
+        f"the others about {timeout / 1000:g} s (docs/FAULT_TOLERANCE.md, 'What holds at which size')"
+    )
+
+
+def lighthouse_args(bind: str, min_replicas: int = 1, groups: int | None = None) -> list[str]:
     """torchft's lighthouse flags with shoal's settings, the same for the lighthouse shoal runs
     itself (:mod:`shoal.train.ft.lighthouse`) and the one it renders for Kubernetes
-    (:mod:`shoal.jobs.kubernetes.fault_tolerance`). ``bind``: HOST:PORT, never torchft's ``[::]``."""
+    (:mod:`shoal.jobs.kubernetes.fault_tolerance`). ``bind``: HOST:PORT, never torchft's ``[::]``;
+    ``groups``: the job's replica groups, which set the heartbeat timeout (:func:`heartbeat_ms`)."""
+    timeout, _ = heartbeat_ms(groups)
     return [
-        "--bind", bind, "--min_replicas", str(min_replicas), "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
+        "--bind", bind, "--min_replicas", str(min_replicas), "--heartbeat_timeout_ms", str(timeout),
         "--join_timeout_ms", str(JOIN_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS),
     ]  # fmt: skip
 

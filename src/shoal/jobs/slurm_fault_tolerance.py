@@ -129,7 +129,10 @@ def render_replica_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
         port_line(spec),
         f"head_addr=$({spec.python} -m {LIGHTHOUSE_MODULE} --address)  # this host, as the other nodes reach it",
     ]
-    serve = continued([spec.python, "-m", LIGHTHOUSE_MODULE, "--bind", '"$head_addr:$port"'], shell_words=_SHELL_WORDS)
+    serve = continued(
+        [spec.python, "-m", LIGHTHOUSE_MODULE, "--bind", '"$head_addr:$port"', "--groups", str(layout.groups)],
+        shell_words=_SHELL_WORDS,
+    )
     train = [*spec.shoal, "train", *(shoal_train_args(spec.command) or [])]
     place = ["--nnodes", str(layout.groups), "--node-rank", '"$1"', "--nproc", str(layout.nproc)]
     place += ["--master-addr", '"$head_addr"', *([] if own else ["--lighthouse", '"$lighthouse"'])]

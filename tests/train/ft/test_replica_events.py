@@ -35,3 +35,26 @@ def test_every_event_written_is_in_the_guides_table():
     table = (root / "docs" / "FAULT_TOLERANCE.md").read_text()
     documented = set(re.findall(r"^\| `(\w+)` \| (?:the group|its launcher|node 0's launcher) \|", table, re.M))
     assert written == documented, (written, documented)
+
+
+def test_above_256_groups_the_heartbeats_are_longer_and_the_start_says_so():
+    """What benchmarks/lighthouse_scale.py measured with 1,000 simulated groups against the real
+    lighthouse: a 1 s timeout counts live groups as dead; 10 s, with heartbeats every 500 ms, held."""
+    from shoal.env.replica import heartbeat_ms, heartbeat_note, lighthouse_args
+    from shoal.jobs.kubernetes.fault_tolerance import lighthouse_command
+    from shoal.train.ft.lighthouse import Lighthouse
+
+    assert heartbeat_ms(None) == heartbeat_ms(2) == heartbeat_ms(256) == (1000, 100)
+    assert heartbeat_ms(257) == heartbeat_ms(1000) == (10000, 500)
+    assert heartbeat_note(256) is None
+    assert heartbeat_note(1000) == (
+        "shoal: 1000 replica groups: the lighthouse leaves a group out after 10 s without a heartbeat (1 s up to "
+        "256 groups), each group heartbeats every 500 ms: a dead group costs the others about 10 s "
+        "(docs/FAULT_TOLERANCE.md, 'What holds at which size')"
+    )
+
+    def timeout(args: list[str]) -> str:
+        return args[args.index("--heartbeat_timeout_ms") + 1]
+
+    assert timeout(lighthouse_args("127.0.0.1:1")) == timeout(Lighthouse(port=1, groups=8).command()) == "1000"
+    assert timeout(Lighthouse(port=1, groups=1000).command()) == timeout(lighthouse_command(300)) == "10000"

@@ -132,9 +132,10 @@ def job_alone(objects: list[dict[str, Any]], renderer: str) -> dict[str, Any]:
     return objects[0]
 
 
-def lighthouse_command() -> list[str]:
-    """torchft's lighthouse on the pod's address, with the settings of the one shoal runs itself."""
-    return ["torchft_lighthouse", *lighthouse_args(f"$(POD_IP):{LIGHTHOUSE_PORT}")]
+def lighthouse_command(groups: int | None = None) -> list[str]:
+    """torchft's lighthouse on the pod's address, with the settings of the one shoal runs itself for
+    a job of ``groups`` replica groups (None: up to 256)."""
+    return ["torchft_lighthouse", *lighthouse_args(f"$(POD_IP):{LIGHTHOUSE_PORT}", groups=groups)]
 
 
 def render_lighthouse(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
@@ -147,7 +148,8 @@ def render_lighthouse(spec: JobSpec, pods: PodOptions) -> list[dict[str, Any]]:
     container = {
         "name": CONTAINER,
         "image": pods.require_image(),
-        "command": lighthouse_command(),
+        # At most one group per process: the timeout for a job of that many groups (env.replica.heartbeat_ms).
+        "command": lighthouse_command(spec.nodes * spec.local_world_size),
         "env": [
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "RUST_LOG", "value": "warn"},  # torchft logs every quorum at info: one line a step

@@ -4,8 +4,8 @@ The lighthouse (torchft's Rust quorum server, run by :mod:`shoal.train.ft.lighth
 replica groups train together. shoal runs it as a child process bound to the address it chose
 (loopback on one node; never torchft's default ``[::]``), with
 
-* a short heartbeat timeout (:data:`shoal.env.replica.HEARTBEAT_TIMEOUT_MS`): a group that died is out of the next
-  quorum after about a second instead of torchft's 5 s;
+* a short heartbeat timeout (:func:`shoal.env.replica.heartbeat_ms`): a group that died is out of the next
+  quorum after about a second instead of torchft's 5 s, up to 256 groups (10 s above);
 * a restart when it dies: the groups' quorum calls fail meanwhile, and the workers retry them
   (``TORCHFT_QUORUM_RETRIES``, :data:`QUORUM_RETRIES`), which torchft does not by default: a
   lighthouse that came back would otherwise leave every group to die at the quorum timeout.
@@ -43,10 +43,14 @@ class Lighthouse:
     exits while the job runs is started again on the same port, and the restart is said in one line.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None, *, min_replicas: int = 1) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int | None = None, *, min_replicas: int = 1, groups: int | None = None
+    ) -> None:
         self.host = host
         self.port = port if port is not None else find_free_port(host)
         self.min_replicas = min_replicas
+        self.groups = groups
+        """The job's replica groups, if known: they set the heartbeat timeout."""
         self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
@@ -69,7 +73,7 @@ class Lighthouse:
         return [
             sys.executable,
             str(Path(__file__).with_name("lighthouse_main.py")),
-            *lighthouse_args(self.bind, self.min_replicas),
+            *lighthouse_args(self.bind, self.min_replicas, self.groups),
         ]
 
     def __enter__(self) -> Lighthouse:

@@ -10,6 +10,7 @@ the process's own arguments after the first, which must be this file (torchft 0.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
@@ -25,10 +26,22 @@ def main() -> int:
     if not found:
         print("shoal: error: torchft's extension module is missing\nHINT: pip install 'shoal[ft]'", file=sys.stderr)
         return 2
+    _allow_every_connection()
     spec = importlib.util.spec_from_file_location("torchft._torchft", found[0])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.lighthouse_main()
+
+
+def _allow_every_connection() -> None:
+    """Raise the open-files limit to its ceiling: the lighthouse holds a connection per replica group
+    (1,048 files at 1,000 groups, past the usual soft limit of 1,024: benchmarks/lighthouse_scale.py)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 if __name__ == "__main__":

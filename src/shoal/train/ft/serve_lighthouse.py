@@ -36,8 +36,9 @@ def own_address() -> str:
     return bracket(route_to(socket.gethostname()).addr)
 
 
-def serve(bind: str) -> None:
-    """Serve the lighthouse on ``bind`` (``HOST:PORT``, an address) until SIGTERM or SIGINT."""
+def serve(bind: str, groups: int | None = None) -> None:
+    """Serve the lighthouse on ``bind`` (``HOST:PORT``, an address) until SIGTERM or SIGINT, for a job
+    of ``groups`` replica groups (they set its heartbeat timeout; None: up to 256)."""
     host, _, port = bind.rpartition(":")
     host = host.strip("[]")
     if host in _WILDCARDS or not port.isdigit():
@@ -54,7 +55,7 @@ def serve(bind: str) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    with Lighthouse(host, int(port)) as lighthouse:
+    with Lighthouse(host, int(port), groups=groups) as lighthouse:
         write_line(f"shoal: torchft's lighthouse serving on {lighthouse.url} (pid {lighthouse.pid})")
         stop.wait()
 
@@ -66,12 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--address", action="store_true", help="print this host's address toward the other nodes")
     what.add_argument("--bind", metavar="ADDR:PORT", help="serve the lighthouse there until SIGTERM or SIGINT")
+    parser.add_argument("--groups", type=int, help="the job's replica groups: above 256 a longer heartbeat timeout")
     args = parser.parse_args(argv)
     try:
         if args.address:
             print(own_address(), flush=True)
         else:
-            serve(args.bind)
+            serve(args.bind, args.groups)
     except ShoalError as err:
         print(err.format(), file=sys.stderr, flush=True)
         return err.exit_code

@@ -43,6 +43,7 @@ from shoal.env.replica import (
     STARTS_ENV,
     STORE_ENV,
     before_first_quorum,
+    heartbeat_note,
     set_first_quorum_gate,
 )
 from shoal.errors import ShoalError
@@ -144,6 +145,9 @@ def run_replica_groups(
             f"--fault-tolerance needs at least 2 replica groups, got {total}",
             "pass --nproc 2 or more (one replica group per process), or run on several nodes",
         )
+    note = heartbeat_note(total)
+    if note is not None and first == 0:  # node 0's launcher says it once
+        write_line(note)
     run_path = Path(run_dir) if run_dir is not None else None
     layout = _Layout(groups, first, total, hang_timeout, run_path, group_nproc, tuple(gpus))
     context = multiprocessing.get_context(start_method)
@@ -151,7 +155,7 @@ def run_replica_groups(
         results = Path(results_dir)
         if lighthouse is not None:
             return _supervise(context, entrypoint, args, layout, max_restarts, lighthouse, host, results)
-        with Lighthouse(host, lighthouse_port) as served:
+        with Lighthouse(host, lighthouse_port, groups=total) as served:
             return _supervise(context, entrypoint, args, layout, max_restarts, served.url, host, results)
 
 
