@@ -223,15 +223,16 @@ def alltoall(
     name: str | None = None,
     ignore_name_scope: bool = False,
     process_set: Any = global_process_set,
-) -> tuple[Any, Any]:
+) -> Any:
     """Rank r sends ``splits[r]`` rows (an even split by default) to each rank; returns
-    ``(received tensor, received splits)`` as Horovod's TF ``alltoall`` does."""
+    ``(received tensor, received splits)`` when ``splits`` is given, else the received tensor, as
+    Horovod's TF ``alltoall`` does."""
     engine.check_ready("alltoall()")
     state.check_process_set(process_set, "alltoall")
     tensor = tf.convert_to_tensor(tensor)
-    if splits is not None:
-        splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    return _alltoall(tensor, splits, name)
+    if splits is None:
+        return _alltoall(tensor, None, name)[0]  # Horovod returns the tensor alone without splits
+    return _alltoall(tensor, tf.cast(tf.convert_to_tensor(splits), tf.int32), name)
 
 
 def _alltoall(tensor: Any, splits: Any, name: str | None) -> tuple[Any, Any]:
@@ -270,13 +271,33 @@ def reducescatter(
 ) -> Any:
     """``tensor`` reduced over all ranks (Average by default, as Horovod's), this rank's rows of it."""
     engine.check_ready("reducescatter()")
+    reduce_op = engine.resolve_op(op, None, "reducescatter()")
     wire, context = compression.compress(tf.convert_to_tensor(tensor))
-    out = run_one(
-        lambda t: scatter.reducescatter_async(t, name, op, process_set, prescale_factor, postscale_factor).wait(),
-        wire,
-        _ragged(wire.shape),
-    )
+    (out,) = _reducescatter([wire], reduce_op, process_set, prescale_factor, postscale_factor, name, grouped=False)
     return compression.decompress(out, context)
+
+
+def _reducescatter(tensors: list[Any], op: engine.ReduceOp, process_set: Any, pre: float, post: float,
+                   name: str | None, grouped: bool) -> list[Any]:  # fmt: skip
+    """reducescatter with Horovod's gradient (``mpi_ops.py`` ``_reducescatter_grad``): the gradient
+    all-gathered, times ``size()`` for Sum and times the scale factors."""
+
+    @tf.custom_gradient
+    def scatter_rows(*xs: Any) -> Any:
+        def compute(ts: list[Any]) -> Any:
+            if grouped:
+                return scatter.grouped_reducescatter_async(ts, None, op, process_set, pre, post).wait()
+            return [scatter.reducescatter_async(ts[0], name, op, process_set, pre, post).wait()]
+
+        outs = run(compute, xs, [x.dtype for x in xs], [_ragged(x.shape) for x in xs])
+
+        def grad(*dys: Any) -> Any:
+            factor = (state.size() if op is engine.ReduceOp.Sum else 1) * pre * post
+            return [_allgather(dy * factor if factor != 1 else dy, None) for dy in dys]
+
+        return outs, grad
+
+    return list(scatter_rows(*tensors))
 
 
 def grouped_reducescatter(
@@ -290,14 +311,9 @@ def grouped_reducescatter(
 ) -> list[Any]:
     """:func:`reducescatter` of each tensor of the list, in one agreement step."""
     engine.check_ready("grouped_reducescatter()")
+    reduce_op = engine.resolve_op(op, None, "grouped_reducescatter()")
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in _as_list(tensors, "grouped_reducescatter")]
-    wires = [wire for wire, _ in pairs]
-    outs = run(
-        lambda ts: scatter.grouped_reducescatter_async(
-            ts, None, op, process_set, prescale_factor, postscale_factor
-        ).wait(),
-        wires,
-        [w.dtype for w in wires],
-        [_ragged(w.shape) for w in wires],
+    outs = _reducescatter(
+        [wire for wire, _ in pairs], reduce_op, process_set, prescale_factor, postscale_factor, None, grouped=True
     )
     return [compression.decompress(out, context) for out, (_, context) in zip(outs, pairs)]
