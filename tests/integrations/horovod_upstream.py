@@ -176,7 +176,7 @@ def _rank_outcomes(workdir: Path, rank: int) -> dict[str, str]:
     return found
 
 
-def run(test_file: str, workdir: Path, *, np: int = 2, per_test_timeout: int = 120, total_timeout: int = 3000,
+def run(test_file: str, workdir: Path, *, np: int = 2, per_test_timeout: int = 300, total_timeout: int = 5400,
         select: str | None = None) -> tuple[Tally, subprocess.CompletedProcess]:  # fmt: skip
     """Run Horovod's ``test_file`` under ``mpirun -np np`` against shoal.horovod; the tally and the run."""
     root = source()

@@ -210,7 +210,9 @@ def _broadcast(tensor: Any, root_rank: int, name: str | None) -> Any:
 
         def grad(dy: Any) -> Any:
             reduced = _allreduce(dy, engine.ReduceOp.Average, 1.0, 1.0, None)
-            return reduced if state.rank() == root_rank else tf.zeros_like(reduced)
+            # reduced * 0, not zeros_like: every rank must run the allreduce (zeros_like of a known
+            # shape does not), as Horovod's _broadcast_grad does
+            return reduced if state.rank() == root_rank else reduced * 0
 
         return out, grad
 
