@@ -291,11 +291,12 @@ def run_case(variant: str, nodes: int, cfg: RendezvousScaleConfig, work: Path, *
             job.tell("fail")
             again = job.wait_all("closed", CASE_S, accept=lambda e: e["round"] >= 2 and e["worlds"] == [nodes - 1])
             row["recovery_s"] = max(e["t"] for e in again.values()) - kill_at
+        memory = job.host_memory_mb()  # before the host's process ends
+        row["host_rss_peak_mb"] = memory.get("VmHWM", float("nan"))
         finish_at = time.time()
         job.tell("finish")
         done = job.wait_all("done", CASE_S)
         row.update(_figures(done, nodes, finish_at, loss))
-        row["host_rss_peak_mb"] = job.host_memory_mb().get("VmHWM", float("nan"))
         row["load_average"] = load_average()
     except ShoalError as err:
         row["error"] = err.message
