@@ -165,13 +165,7 @@ def _allgather(tensor: Any, name: str | None) -> Any:
     def gather(x: Any) -> Any:
         out = run_one(lambda t: exchange.allgather_async(t, name).wait(), x, _ragged(x.shape))
 
-        def grad(dy: Any) -> Any:
-            reduced = _allreduce(dy, engine.ReduceOp.Average, 1.0, 1.0, None)
-            rows = _allgather(tf.shape(x)[:1], None)
-            offset = tf.reduce_sum(rows[: state.rank()])
-            return reduced[offset : offset + tf.shape(x)[0]]
-
-        return out, grad
+        return out, lambda dy: _own_rows(dy, x)
 
     return gather(tensor)
 
@@ -181,12 +175,22 @@ def grouped_allgather(tensors: Any, process_set: Any = global_process_set) -> li
     engine.check_ready("grouped_allgather()")
     state.check_process_set(process_set, "grouped_allgather")
     items = [tf.convert_to_tensor(t) for t in _as_list(tensors, "grouped_allgather")]
-    return run(
-        lambda ts: grouped.grouped_allgather_async(ts).wait(),
-        items,
-        [t.dtype for t in items],
-        [_ragged(t.shape) for t in items],
-    )
+
+    @tf.custom_gradient
+    def gather(*xs: Any) -> Any:
+        outs = run(lambda ts: grouped.grouped_allgather_async(ts).wait(), xs, [x.dtype for x in xs],
+                   [_ragged(x.shape) for x in xs])  # fmt: skip
+        return outs, lambda *dys: [_own_rows(dy, x) for dy, x in zip(dys, xs)]
+
+    return list(gather(*items))
+
+
+def _own_rows(dy: Any, x: Any) -> Any:
+    """allgather's gradient (Horovod's): the averaged gradient's rows that came from this rank."""
+    reduced = _allreduce(dy, engine.ReduceOp.Average, 1.0, 1.0, None)
+    rows = _allgather(tf.shape(x)[:1], None)
+    offset = tf.reduce_sum(rows[: state.rank()])
+    return reduced[offset : offset + tf.shape(x)[0]]
 
 
 def broadcast(
