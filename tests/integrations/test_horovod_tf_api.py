@@ -55,6 +55,21 @@ def test_collectives_eager_in_tf_function_and_in_graph_mode(job):
         assert seen["broadcast_variables"] == [1.0, 1.0]
 
 
+def test_tf1_graphs_dtypes_named_ops_sparse_groups_sync_bn_and_elastic_state(job):
+    _, ranks = job
+    for r, seen in enumerate(ranks):
+        # six independent allreduces of six dtypes in one Session.run: each rank's own order of
+        # independent nodes, yet every one meets its own kind on the other rank
+        assert seen["graph_fused"] == [[3, 3, 3]] * 6
+        assert seen["graph_uint16"] == [60000, 60001, 60001]  # uint16 travels as int32, exactly
+        assert seen["named_ops"] == [r, 2, r, 2]  # rank_op, size_op, local_rank_op, local_size_op
+        assert seen["grouped_indexed_slices"] == [[[1.0, 1.0], [2.0, 1.0]], [0, 1], [3.0, 30.0]]
+        assert seen["broadcast_inplace"] == [[1.0, 2.0], [1.0, 2.0]]  # the variable itself changed
+        assert seen["sync_bn"][0] < 1e-5 and seen["sync_bn"][1] < 1e-5  # = BN on both ranks' rows
+        # sync takes rank 0's; restore goes back to the last sync or commit
+        assert seen["elastic_state"] == [[[1.0, 2.0], 20], [[1.0, 2.0], 20], [[7.0, 7.0], 22]]
+
+
 def test_gradients_through_collectives_and_the_distributed_tape(job):
     _, ranks = job
     for r, seen in enumerate(ranks):
@@ -95,10 +110,17 @@ def test_learning_rate_warmup_and_schedule_callbacks(job):
 def test_errors_are_one_line_and_the_same_on_every_rank(job):
     proc, ranks = job
     for seen in ranks:
-        assert seen["mismatch_eager"] == (
-            "HorovodMismatchError,ShoalError,HorovodInternalError,RuntimeError,Exception: "
-            "hvd.allreduce 'grad.w': rank 1 has shape [3], rank 0 has [2]"
+        # Horovod's TF class (tf.errors.FailedPreconditionError), and shoal's types and line
+        kinds, message = seen["mismatch_eager"].split(": ", 1)
+        assert {"FailedPreconditionError", "HorovodInternalError", "ShoalError"} <= set(kinds.split(","))
+        assert message == "hvd.allreduce 'grad.w': rank 1 has shape [3], rank 0 has [2]"
+        assert seen["graph_mismatch"].startswith("FailedPreconditionError")  # from a TF1 Session too
+        assert "hvd.allreduce 'grad.w': rank 1 has shape [3], rank 0 has [2]" in seen["graph_mismatch"]
+        assert "InvalidArgumentError" in seen["splits_error"] and "ValueError" in seen["splits_error"]
+        assert (
+            "NotImplementedError" in seen["indexed_slices_max"] and "only Sum and Average" in seen["indexed_slices_max"]
         )
+        assert "NotImplementedError" in seen["indexed_slices_scaled"]
         assert seen["mismatch_dtype"].endswith("hvd.allreduce: rank 1 has dtype float64, rank 0 float32")
         assert seen["mismatch_traced"].startswith("UnknownError")  # tf.py_function's type, message kept below
         assert "process sets are not supported" in seen["process_set"]
@@ -109,7 +131,7 @@ def test_errors_are_one_line_and_the_same_on_every_rank(job):
         assert "root_rank=2 is not a rank of this job" in seen["bad_root"]
         assert (
             seen["missing_name"].startswith("HorovodMissingName")
-            and "hvd.size_op is not part of" in seen["missing_name"]
+            and "hvd.PartialDistributedGradientTape is not part of" in seen["missing_name"]
         )
         assert seen["keras_alias"] is True  # horovod.keras: the same API as horovod.tensorflow.keras
         assert seen["after_errors"] == [2.0]  # the job goes on after each error

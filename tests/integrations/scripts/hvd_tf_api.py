@@ -102,6 +102,58 @@ out["tape"] = [
     tf.function(tape_grads)(tf.constant(float(r + 1))).numpy().tolist(),
 ]
 
+# ---- Horovod's graph mode: independent collectives in one Session.run, named ops, dtypes ------
+with tf.Graph().as_default():
+    dtypes = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.float64)
+    fused = [hvd.allreduce(tf.cast(tf.fill([3], r + 1), d), op=hvd.Sum) for d in dtypes]  # any order per rank
+    wide = hvd.allgather(tf.fill([r + 1], tf.constant(60000 + r, tf.uint16)))  # uint16: gloo has none
+    shape_ops = [hvd.rank_op(), hvd.size_op(), hvd.local_rank_op(), hvd.local_size_op()]
+    bad = hvd.allreduce(tf.zeros([2 + r]), name="grad.w")
+    with tf.compat.v1.Session() as session:
+        out["graph_fused"] = [a.tolist() for a in session.run(fused)]
+        out["graph_uint16"] = session.run(wide).tolist()
+        out["named_ops"] = [int(v) for v in session.run(shape_ops)]
+        try:
+            session.run(bad)
+        except Exception as err:  # TF's text: "Graph execution error: ... Could not find variable <shoal's line>"
+            out["graph_mismatch"] = f"{type(err).__name__}: {err}"
+sparse_grouped = hvd.grouped_allreduce([sparse, value], op=hvd.Sum)
+out["grouped_indexed_slices"] = [
+    sparse_grouped[0].values.numpy().tolist(),
+    sparse_grouped[0].indices.numpy().tolist(),
+    sparse_grouped[1].numpy().tolist(),
+]
+out["indexed_slices_max"] = caught(lambda: hvd.grouped_allreduce([sparse], op=hvd.Max))
+out["indexed_slices_scaled"] = caught(lambda: hvd.allreduce(sparse, prescale_factor=2.0))
+out["splits_error"] = caught(lambda: hvd.alltoall(tf.ones([n - 1])))
+inplace = tf.Variable([float(r), 2.0 * r])
+out["broadcast_inplace"] = [hvd.broadcast_([inplace], root_rank=1)[0].numpy().tolist(), inplace.numpy().tolist()]
+# SyncBatchNormalization: rank r normalises its rows with the statistics of both ranks' rows
+batch = np.array([[1.0, 2.0], [3.0, 5.0], [4.0, 9.0], [6.0, 0.0]], dtype=np.float32)
+sync_bn = hvd.SyncBatchNormalization(axis=1, momentum=0.5)
+plain_bn = keras.layers.BatchNormalization(axis=1, momentum=0.5)
+mine = sync_bn(batch[2 * r : 2 * r + 2], training=True).numpy()
+whole = plain_bn(batch, training=True).numpy()
+out["sync_bn"] = [
+    float(np.abs(mine - whole[2 * r : 2 * r + 2]).max()),
+    float(np.abs(sync_bn.moving_variance.numpy() - plain_bn.moving_variance.numpy()).max()),
+]
+# elastic state: sync takes rank 0's, restore goes back to the last commit
+tracked = tf.Variable([1.0 + r, 2.0])
+elastic_state = hvd.elastic.TensorFlowState([tracked], batch=20 + r)
+elastic_state.sync()
+seen_sync = [tracked.numpy().tolist(), elastic_state.batch]
+tracked.assign([5.0, 5.0])
+elastic_state.batch = 21
+elastic_state.restore()
+seen_restore = [tracked.numpy().tolist(), elastic_state.batch]
+tracked.assign([7.0, 7.0])
+elastic_state.batch = 22
+elastic_state.commit()
+tracked.assign([0.0, 0.0])
+elastic_state.restore()
+out["elastic_state"] = [seen_sync, seen_restore, [tracked.numpy().tolist(), elastic_state.batch]]
+
 # ---- the bridge: shared where safe, copied where not, never aborting --------------------------
 source = tf.constant(np.arange(1024, dtype=np.float32))
 view = bridge.to_torch(source)
@@ -130,7 +182,7 @@ out["elastic"] = caught(lambda: hvd.elastic.run)
 out["adasum"] = caught(lambda: hvd.allreduce(value, op=hvd.Adasum))
 out["not_keras"] = caught(lambda: hvdk.DistributedOptimizer("sgd"))
 out["eager_global_variables"] = caught(lambda: hvd.broadcast_global_variables(0))
-out["missing_name"] = caught(lambda: hvd.size_op)
+out["missing_name"] = caught(lambda: hvd.PartialDistributedGradientTape)
 out["keras_alias"] = (
     shoal.horovod.keras.DistributedOptimizer is hvdk.DistributedOptimizer
     and shoal.horovod.keras.callbacks is hvdk.callbacks
