@@ -22,8 +22,8 @@ Measured, with every group's clock the same machine's monotonic clock:
 
 Targets (issue 45): at 1,000 groups a quorum <= 1 s after the last join, a dead group out within
 the heartbeat timeout + 1 s. ``--heartbeat-timeout-ms``, ``--join-timeout-ms`` and
-``--quorum-tick-ms`` replace shoal's values to try others (0: shoal's); ``--proposed`` runs each size
-with the settings the runs support for its number of groups (:data:`PROPOSED`).
+``--quorum-tick-ms`` and ``--heartbeat-interval-ms`` replace shoal's values to try others (0: shoal's,
+which depend on the number of groups: :func:`shoal.env.replica.heartbeat_ms`).
 
 What it cannot show: the simulated groups share this machine's cores with the lighthouse (a real
 job's managers each run on their own node), so the latencies here are upper bounds; loopback has
@@ -58,12 +58,10 @@ from shoal.launch.ports import find_free_port
 # shoal's lighthouse, named in this one place (issue 45 moves fault tolerance into one room: a move
 # is fixed on these two lines). QUORUM_TIMEOUT_S is shoal.distributed.fault_tolerance's, whose module
 # imports torch: its value is repeated here.
-from shoal.env.replica import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS  # isort: skip
+from shoal.env.replica import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS, heartbeat_ms  # isort: skip
 from shoal.train.ft.lighthouse import QUORUM_RETRIES, Lighthouse  # isort: skip
 
 QUORUM_TIMEOUT_S = 30.0
-HEARTBEAT_INTERVAL_MS = 100
-"""torchft.Manager's default ``heartbeat_interval``, which shoal does not change."""
 QUORUM_TARGET_S = 1.0
 DEAD_SLACK_S = 1.0
 """The target for a dead group: out within the heartbeat timeout + this."""
@@ -89,25 +87,23 @@ class LighthouseScaleConfig:
     """Seconds each group "trains" between its quorums."""
     processes: int = 4
     """Processes that hold the simulated groups (fewer when there are fewer groups)."""
-    heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
-    """Each group's heartbeat period (torchft.Manager's default, kept by shoal)."""
+    heartbeat_interval_ms: int = 0
+    """Each group's heartbeat period (0: shoal's for the number of groups)."""
     heartbeat_timeout_ms: int = 0
     """The lighthouse's --heartbeat_timeout_ms (0: shoal's)."""
     join_timeout_ms: int = 0
     """The lighthouse's --join_timeout_ms (0: shoal's)."""
     quorum_tick_ms: int = 0
     """The lighthouse's --quorum_tick_ms (0: shoal's)."""
-    proposed: bool = False
-    """Run each size with the settings proposed for its number of groups (PROPOSED) instead."""
 
     def __post_init__(self) -> None:
         if not self.groups or any(n < 2 for n in self.groups):
             raise ShoalError(f"--groups must be 2 or more each, got {list(self.groups)}", "pass --groups 2,8,64")
         if self.steps < 4:
             raise ShoalError(f"--steps must be 4 or more, got {self.steps}", "pass --steps 8")
-        if self.processes < 1 or self.step_s < 0 or self.heartbeat_interval_ms < 1:
+        if self.processes < 1 or self.step_s < 0 or self.heartbeat_interval_ms < 0:
             raise ShoalError(
-                "--processes and --heartbeat-interval-ms must be at least 1, --step-s at least 0",
+                "--processes must be at least 1, --step-s and --heartbeat-interval-ms at least 0",
                 "pass --processes 4 --step-s 1",
             )
         if min(self.heartbeat_timeout_ms, self.join_timeout_ms, self.quorum_tick_ms) < 0:
@@ -122,22 +118,11 @@ class LighthouseScaleConfig:
         }
 
     def settings_for(self, groups: int) -> tuple[dict[str, int], int]:
-        """The lighthouse's flags and the groups' heartbeat interval (ms) for a job of ``groups``."""
-        if not self.proposed:
-            return self.settings(), self.heartbeat_interval_ms
-        proposal = dict(next(p for most, p in PROPOSED if groups <= most))
-        interval = proposal.pop("heartbeat_interval_ms")
-        return {**self.settings(), **proposal}, interval
-
-
-PROPOSED: tuple[tuple[float, dict[str, int]], ...] = (
-    (256, {"heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS, "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS}),
-    (float("inf"), {"heartbeat_timeout_ms": 10000, "heartbeat_interval_ms": 500}),
-)
-"""The settings the runs support by number of groups (docs/BENCHMARKS.md, "The lighthouse at 1,000
-simulated replica groups"): shoal's up to 256 groups; above, a 10 s heartbeat timeout (at 1,000
-groups 5 s left live groups out in 2 runs of 5, the oldest live heartbeat reached 5.5 s) and a
-500 ms heartbeat interval (torchft.Manager's ``heartbeat_interval``), tested up to 1,000."""
+        """The lighthouse's flags and the groups' heartbeat interval (ms) for a job of ``groups``:
+        shoal's for that size (:func:`shoal.env.replica.heartbeat_ms`) where the config says 0."""
+        timeout, interval = heartbeat_ms(groups)
+        settings = {**self.settings(), "heartbeat_timeout_ms": self.heartbeat_timeout_ms or timeout}
+        return settings, self.heartbeat_interval_ms or interval
 
 
 SMOKE = dict(groups=(4,), steps=4, step_s=0.3, processes=1)
@@ -400,8 +385,9 @@ def measure(cfg: LighthouseScaleConfig, log: Log) -> Measured:
     return Measured(
         rows,
         notes,
-        config={**settings, "shoal_settings": {"heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
-                "join_timeout_ms": JOIN_TIMEOUT_MS, "quorum_tick_ms": QUORUM_TICK_MS}},
+        config={**settings, "heartbeat_timeout_ms_asked": cfg.heartbeat_timeout_ms,
+                "shoal_settings": {"heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS, "join_timeout_ms": JOIN_TIMEOUT_MS,
+                "quorum_tick_ms": QUORUM_TICK_MS}},
         meta={"load_averages": [r["load_average"] for r in rows]},
     )  # fmt: skip
 
@@ -421,14 +407,9 @@ def text(report: dict[str, Any]) -> list[str]:
     )
     return [
         f"torchft's lighthouse (--heartbeat_timeout_ms {cfg['heartbeat_timeout_ms']} --join_timeout_ms "
-        f"{cfg['join_timeout_ms']} --quorum_tick_ms {cfg['quorum_tick_ms']}); simulated groups heartbeat every "
-        f"{cfg['heartbeat_interval_ms']} ms, ask for a quorum every {cfg['step_s']:g} s of 'training', "
-        f"{cfg['steps']} steps, one dies at step {cfg['steps'] - 2}; seconds after the last group asked"
-        + (
-            by_size + " (heartbeat timeout/interval: --proposed, which replaces the values above)"
-            if cfg.get("proposed")
-            else ""
-        ),
+        f"{cfg['join_timeout_ms']} --quorum_tick_ms {cfg['quorum_tick_ms']}); simulated groups heartbeat, "
+        f"ask for a quorum every {cfg['step_s']:g} s of 'training', "
+        f"{cfg['steps']} steps, one dies at step {cfg['steps'] - 2}; seconds after the last group asked" + by_size,
         "",
         rep.table(
             [
@@ -482,11 +463,8 @@ def draw(ax: Any, report: dict[str, Any]) -> None:
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("simulated replica groups")
     ax.set_ylabel("seconds")
-    settings = (
-        "proposed settings by size"
-        if report["config"].get("proposed")
-        else (f"heartbeat timeout {report['config']['heartbeat_timeout_ms']} ms")
-    )
+    asked = report["config"].get("heartbeat_timeout_ms_asked")
+    settings = f"heartbeat timeout {asked} ms" if asked else "shoal's heartbeats by size"
     ax.set_title(f"torchft lighthouse, {settings}")
     ax.legend(fontsize="small")
 

@@ -25,14 +25,14 @@ def test_the_lighthouse_runs_with_shoals_command_and_the_values_asked():
     assert argv[argv.index("--quorum_tick_ms") + 1] == str(lighthouse_scale.QUORUM_TICK_MS)
 
 
-def test_proposed_settings_keep_shoals_up_to_256_groups_and_loosen_above():
-    proposed = lighthouse_scale.LighthouseScaleConfig(proposed=True)
-    small, interval = proposed.settings_for(256)
-    assert small == lighthouse_scale.LighthouseScaleConfig().settings() and interval == 100
-    large, interval = proposed.settings_for(1000)
+def test_each_size_runs_with_shoals_heartbeats_for_it_unless_asked_otherwise():
+    by_size = lighthouse_scale.LighthouseScaleConfig()
+    small, interval = by_size.settings_for(256)
+    assert small == by_size.settings() and interval == 100
+    large, interval = by_size.settings_for(1000)
     assert large["heartbeat_timeout_ms"] == 10000 and interval == 500
-    assert proposed.settings_for(1000) == (large, interval)  # the table itself is left as it was
-    assert lighthouse_scale.LighthouseScaleConfig().settings_for(1000)[1] == 100
+    asked = lighthouse_scale.LighthouseScaleConfig(heartbeat_timeout_ms=5000, heartbeat_interval_ms=200)
+    assert asked.settings_for(1000)[0]["heartbeat_timeout_ms"] == 5000 and asked.settings_for(1000)[1] == 200
 
 
 def test_bad_sizes_are_clean_errors():
