@@ -18,6 +18,13 @@ The horovod workers then time the gradient all-reduce alone, twice per step for 
 through the bridge (the TF gradients, as the optimizer does it) and the same all-reduce on torch
 tensors of the same shapes (what shoal.horovod's torch optimizer does): the bridge's cost per step.
 Prints one table of medians and the ratios.
+
+``--against DIR`` instead times the ``horovod`` variant's step against itself with shoal imported
+from ``DIR`` (a ``src`` directory, e.g. of a ``git worktree`` at an earlier commit), the two
+alternating for ``--rounds`` rounds in one run: a change's cost per step, as a same-run ratio::
+
+    git worktree add /tmp/before HEAD~1
+    python examples/horovod_keras_bench.py --steps 30 --against /tmp/before/src --rounds 3
 """
 
 from __future__ import annotations
@@ -35,14 +42,17 @@ from pathlib import Path
 WORLD = 2
 
 
-def _workers(variant: str, args: argparse.Namespace, out: str) -> None:
-    """Start the 2 workers of ``variant`` and wait for them (their results go to ``out``)."""
+def _workers(variant: str, args: argparse.Namespace, out: str, src: str | None = None) -> None:
+    """Start the 2 workers of ``variant`` and wait for them (their results go to ``out``); with
+    ``src``, the workers import shoal from that directory."""
     from shoal.launch.ports import find_free_port
 
     ports = [find_free_port() for _ in range(WORLD)]
     procs = []
     for rank in range(WORLD):
         env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+        if src:
+            env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
         if variant == "horovod":
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))  # fmt: skip
@@ -180,9 +190,14 @@ def main() -> None:
     parser.add_argument("--variants", default="horovod,mwms", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=["horovod", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--against", metavar="DIR", help="time the horovod step against shoal imported from DIR")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: alternating rounds")
     args = parser.parse_args()
     if args.worker:
         _worker(args.worker, args)
+        return
+    if args.against:
+        _against(args)
         return
     with tempfile.TemporaryDirectory() as out:
         for variant in args.variants.split(","):
@@ -202,6 +217,21 @@ def main() -> None:
     print(f"ratio horovod / MWMS step: {hvd_step / mwms_step:.2f}; bridge / torch all-reduce: {bridge / plain:.2f} "
           f"(graph), {eager / plain:.2f} (eager); "
           f"bridge (graph) minus torch: {(bridge - plain) * 1e3:+.2f} ms per step of {hvd_step * 1e3:.0f} ms")  # fmt: skip
+
+
+def _against(args: argparse.Namespace) -> None:
+    """The horovod variant's step with shoal from ``args.against`` and from here, alternating."""
+    steps: dict[str, list[float]] = {"baseline": [], "current": []}
+    for _ in range(args.rounds):
+        for label, src in (("baseline", args.against), ("current", None)):
+            with tempfile.TemporaryDirectory() as out:
+                _workers("horovod", args, out, src)
+                found = [json.loads(p.read_text()) for p in Path(out).glob("horovod-*.json")]
+            steps[label].append(max(r["step_s"] for r in found))
+    base, current = statistics.median(steps["baseline"]), statistics.median(steps["current"])
+    print(f"Keras fit step (median of {args.rounds} rounds, slowest rank): baseline {base:.4f} s "
+          f"({', '.join(f'{t:.4f}' for t in steps['baseline'])}), current {current:.4f} s "
+          f"({', '.join(f'{t:.4f}' for t in steps['current'])}); current / baseline {current / base:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":
