@@ -235,7 +235,7 @@ def test_the_monitor_names_a_persistent_straggler(tmp_path):
         stop_job(procs)
 
 
-SLOW_GROUP = Path(__file__).parents[1] / "ft" / "scripts" / "slow_group.py"
+SLOW_GROUP = Path(__file__).parents[1] / "train" / "ft" / "scripts" / "slow_group.py"
 
 
 @pytest.mark.multiprocess

@@ -31,18 +31,22 @@ from listening import listening
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 EPOCHS = 4
-STEP_EPOCHS = 10
+STEP_EPOCHS = 6  # of 600 steps: tests/train/ft/scripts/slow_group.py's 2,400 points, 2 a step in each of 2 groups
+SLOW_WORKLOAD = Path(__file__).parent / "scripts" / "slow_group.py"
 LAUNCH = [sys.executable, "-m", "shoal.cli.launch"]
 
 
 def test_a_group_step_killed_outright_is_started_again_by_the_batch_script(slurm, tmp_path):
     out, script = tmp_path / "run", tmp_path / "ft.sbatch"
-    # 3,600 steps: the survivor trains on for 30-40 s here, longer than a step takes to start again (10-23 s).
-    train = ["shoal", "train", "digits", "--fault-tolerance", "--epochs", str(STEP_EPOCHS), "--batch-size", "2"]
-    train += ["--device", "cpu"]
+    # 3,600 steps of at least 10 ms each (group 0 sleeps in every forward, and every step waits for it):
+    # the survivor trains on for 36 s at least, however fast the machine, longer than Slurm takes to
+    # start a step again here (10-23 s). A run of plain digits (no floor) once ended first in CI.
+    train = ["shoal", "train", f"{SLOW_WORKLOAD}:SlowGroup", "--fault-tolerance", "--epochs", str(STEP_EPOCHS)]
+    train += ["--batch-size", "2", "--device", "cpu"]
+    slow = ["--env", "SLOW_GROUP=0", "--env", "SLOW_S=0.01"]
     submitted = subprocess.run(
         [*LAUNCH, "slurm", "--nproc-per-node", "2", "--script", str(script), "--output", str(tmp_path / "job-%j.out"),
-         "--", *train, "--out", str(out)],
+         *slow, "--", *train, "--out", str(out)],
         env=slurm.env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr

@@ -180,6 +180,8 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     while run.step(batches, loss_fn, schedule, workload):
         if run.epoch_done:
             run.finish_epoch(model, test_loader, loss_fn)
+    if run.restarted and not run.said_healed:  # back after the others finished: nothing left to train
+        run._healed(replicas.step, "checkpoint" if run.resumed else "start")
     # The whole model, gathered once: collective under FSDP (every rank of the group calls it; the
     # speaker, its rank 0, gets it), for the hash every group reports and group 0's model.pt.
     state = model_state_dict(model)
@@ -208,6 +210,7 @@ class _Run:
         """Whether this process is a restart of its group (its launcher's start count above 1)."""
         self.resumed = False
         """Whether this process loaded a checkpoint before its first quorum."""
+        self.said_healed = False
 
     def step(self, batches: _Batches, loss_fn: Any, schedule: LRSchedule, workload: Any) -> bool:
         """One step: False once the run's steps are all committed."""
@@ -246,7 +249,7 @@ class _Run:
             return True
         participants = replicas.participants
         if not self.joined:
-            if not replicas.heals and self.restarted:  # it came back at the others' step without a heal
+            if not self.said_healed and self.restarted:  # it came back at the others' step without a heal
                 self._healed(step, "checkpoint" if self.resumed else "start")
             self.joined = True
             events.write("joined", step=step + 1, after_s=round(time.time() - events.born, 3))
@@ -288,6 +291,7 @@ class _Run:
         """The ``healed`` event of a group that joins the others at ``step``: with the state of a live
         group (``peer``), from its own checkpoint already at that step (``checkpoint``), or at the
         job's start with nothing committed yet (``start``)."""
+        self.said_healed = True
         after = round(time.time() - self.events.born, 3)
         died = f" (it died at step {self.died_at})" if self.died_at is not None else ""
         how = {"peer": "healed", "checkpoint": "resumed from its checkpoint", "start": "joined from the start"}[source]
