@@ -396,7 +396,7 @@ examples:
   shoal bench scaling                                   # 1..cores processes, ResNet-18 32x32
   shoal bench scaling --world-sizes 1,2 --repeat 5      # more repeats on a noisy machine
   shoal bench scaling --comm-hook bf16,powersgd         # also measure gradient compression
-  shoal bench scaling --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   # two nodes (node 1: --node-rank 1)
+  shoal bench scaling --nnodes 2 --node-rank 0 --master-addr 10.0.0.1  # node 1: --node-rank 1
   shoal bench scaling --arch resnet50 --image-size 64 --batch-size 16
   shoal bench scaling --device cuda --world-sizes 1,2,4,8 --json scaling.json   # GPUs, nccl
   shoal bench scaling --smoke --json /tmp/s.json        # a few seconds: checks the machinery only
