@@ -36,12 +36,16 @@ demo: $(STAMP)
 ## The files are handed out longest first, as tests/conftest.py orders them (--no-loadscope-reorder: not
 ## xdist's fewest-tests-last, which left one worker alone with a multi-node file at the end).
 ## PYTEST_ARGS='-p no:xdist' runs one at a time.
+## pytest runs between two readings of the speed gauge (`import torch`'s CPU-s, scripts/speed-gauge), which
+## then prints make's own time beside the budget at that speed (CONTRIBUTING.md); the exit status is pytest's.
 PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder
+MAKE_START := $(shell date +%s)
+GAUGE = $(BIN)/python scripts/speed-gauge --since $(MAKE_START)
 test: $(STAMP) clients
 	bash scripts/install-system-deps.sh
-	$(BIN)/ruff check src benchmarks tests examples scripts/bench-slow-link scripts/gpu
-	$(BIN)/ruff format --check src benchmarks tests examples scripts/bench-slow-link scripts/gpu
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/ruff check src benchmarks tests examples scripts/bench-slow-link scripts/gpu scripts/speed-gauge
+	$(BIN)/ruff format --check src benchmarks tests examples scripts/bench-slow-link scripts/gpu scripts/speed-gauge
+	$(GAUGE) --budget-min 25 -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## On a lent GPU machine (docs/GPU.md): every gpu-marked test and a short CUDA benchmark set, one report
 ## (JSON and markdown) in GPU_OUT, within 8 minutes. No registry needed: the machine's own python3 (this
@@ -53,7 +57,7 @@ test-gpu:
 
 ## A quick subset for iterating (no multi-process or slow test): see CONTRIBUTING.md.
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -m "not multiprocess and not slow"
+	$(GAUGE) --budget-min 3 --label "make test-quick" -- $(BIN)/python -m pytest -n 2 -m "not multiprocess and not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
