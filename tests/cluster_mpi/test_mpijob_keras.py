@@ -3,8 +3,10 @@
 The same simulation as test_mpijob_pods.py (the MPIJob shoal renders, the pods the operator makes of
 it, real sshd in each worker pod, the launcher's plain ``mpirun -np 2`` over SSH), running
 examples/horovod_keras_mobilenet.py (a Keras MobileNetV2 with the lab's seven steps) with the lab's
-own line back (``import horovod.tensorflow.keras as hvd``) and shoal's opt-in: the shim's directory
-on PYTHONPATH (``shoal launch k8s --env``, which mpirun hands each rank with ``-x``). One rank in each
+own line back (``import horovod.tensorflow.keras as hvd``) and shoal's opt-in, from what ``shoal launch
+k8s --kind mpijob --horovod-shim --dry-run`` prints: no path set by hand, the launcher's mpirun hands
+each rank ``SHOAL_HOROVOD_SHIM=1`` (``-x``) and each rank's ``shoal.launch.as_torchrun`` puts the shim
+of the shoal installed in its pod first on its PYTHONPATH. One rank in each
 worker pod: the trainable weights bit-identical on both (batch-norm statistics stay per rank, as with
 Horovod), the averaged metrics the same, the learning rate warmed up to 0.01 x hvd.size(),
 checkpoints on the claim written by rank 0 only, the last one reloaded with ``hvd.load_model``.
@@ -24,10 +26,11 @@ import json
 from pathlib import Path
 
 import pytest
-from test_mpijob_pods import SHARED, _run_mpijob, can_make_pods  # noqa: F401  (can_make_pods: a fixture)
+import yaml
+from test_mpijob_pods import NAMESPACE, SHARED, _run_mpijob, can_make_pods  # noqa: F401  (can_make_pods: a fixture)
 from test_mpijob_pods import pytestmark as pods_marks
 
-from shoal.horovod.shim import path as shim_path
+from conftest import run_shoal
 
 pytestmark = [*pods_marks, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -42,9 +45,17 @@ def test_mpijob_pods_train_the_labs_unchanged_keras_mobilenet_with_the_opt_in(tm
     unchanged.write_text(source.replace(SHOAL_IMPORT, "import horovod.tensorflow.keras as hvd"))
     command = ("env", "TF_CPP_MIN_LOG_LEVEL=2", "python", str(unchanged), "--out", f"{SHARED}/checkpoints",
                "--report", SHARED, "--epochs", "2", "--images", "32", "--batch-size", "4")  # fmt: skip
-    status, output, shared, job = _run_mpijob(tmp_path, "keras", command, env=(("PYTHONPATH", shim_path()),))
+    rendered = run_shoal(
+        "launch", "k8s", "--kind", "mpijob", "--name", "keras", "--namespace", NAMESPACE, "--image", "shoal:test",
+        "--nnodes", "2", "--nproc", "1", "--volume", f"shared:{SHARED}", "--horovod-shim", "--dry-run", "--", *command,
+    )  # fmt: skip
+    assert rendered.returncode == 0 and rendered.stderr == "", rendered.stderr
+    assert "PYTHONPATH" not in rendered.stdout and "shim" not in rendered.stdout  # no path of this machine
+    manifest = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc][-1]
+    status, output, shared, job = _run_mpijob(tmp_path, "keras", command, manifest=manifest)
     assert status == 0, output
     assert job.launcher.argv[:3] == ["mpirun", "-np", "2"]
+    assert "SHOAL_HOROVOD_SHIM" in job.launcher.argv  # -x SHOAL_HOROVOD_SHIM, set on the launcher
     ranks = [json.loads((shared / f"rank{r}.json").read_text()) for r in range(2)]
     module = "shoal.horovod.tensorflow.keras"  # the shim handed the lab's import shoal's module
     assert [(r["rank"], r["size"], r["module"]) for r in ranks] == [(0, 2, module), (1, 2, module)]

@@ -54,17 +54,21 @@ def _run_mpijob(
     workers: int = 2,
     sshd_late_s: float = 0.0,
     env: tuple[tuple[str, str | None], ...] = (),
+    manifest: dict | None = None,
 ) -> tuple[int, str, Path, sim_mpijob.MPIJobPods]:
     """Render, validate, simulate and run an MPIJob: (launcher exit status, its output, the claim, pods).
 
     ``sshd_late_s``: start the workers' sshd this long after the launcher, as when the launcher pod
     comes up first; the operator's ``OMPI_MCA_plm_rsh_args=-o ConnectionAttempts=10`` bridges it.
     ``env``: ``shoal launch k8s --env`` (the launcher's container, handed on by mpirun ``-x``).
+    ``manifest``: the MPIJob as rendered elsewhere (``shoal launch k8s --dry-run``'s), instead of
+    rendering ``command`` here; its name, namespace and claim as here.
     """
-    spec = JobSpec(command=command, job_name=name, nodes=workers, nproc=1, env=env)
-    manifest = render_mpijob(
-        spec, PodOptions(image="shoal:test", namespace=NAMESPACE, volumes=(VolumeClaim("shared", SHARED),))
-    )
+    if manifest is None:
+        spec = JobSpec(command=command, job_name=name, nodes=workers, nproc=1, env=env)
+        manifest = render_mpijob(
+            spec, PodOptions(image="shoal:test", namespace=NAMESPACE, volumes=(VolumeClaim("shared", SHARED),))
+        )
     assert_valid(manifest)
     # The operator's SSH Secret (newSSHAuthSecret): a key pair it generates, here made by the test.
     key = ssh_keypair(tmp_path / "operator-key")

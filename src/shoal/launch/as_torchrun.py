@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from shoal.errors import ShoalError
-from shoal.launch.exit_hook import add_exit_hook
+from shoal.launch.exit_hook import add_exit_hook, add_horovod_shim
 from shoal.launch.tf_config import add_tf_config
 
 MODULE = "shoal.launch.as_torchrun"
@@ -115,12 +115,14 @@ def environment_for(
 ) -> dict[str, str]:
     """The environment a rank's ``command`` starts with: ``command_env`` with torchrun's variables
     added (see :func:`torchrun_variables`) and, when the command is this Python, the exit hook
-    (:mod:`shoal.launch.exit_hook`: a gloo group left open is left at exit); with ``SHOAL_TF_CONFIG=1``,
+    (:mod:`shoal.launch.exit_hook`: a gloo group left open is left at exit); with
+    ``SHOAL_HOROVOD_SHIM=1``, this installation's Horovod shim first on ``PYTHONPATH``; with ``SHOAL_TF_CONFIG=1``,
     ``TF_CONFIG`` too, its addresses exchanged through a store rank 0 serves at MASTER_ADDR:MASTER_PORT
     (:func:`shoal.launch.tf_config.add_tf_config`: every rank waits there for the others). The one
     recipe for every rank shoal starts under another launcher, exec'd here or run by
     :mod:`shoal.jobs.hosts.rank_status`; the command is to start right after it returns."""
     env = {**command_env, **torchrun_variables(command_env, ranks_per_node)}
+    add_horovod_shim(env)
     add_exit_hook(env, command[0])
     add_tf_config(env, serve=True)
     return env

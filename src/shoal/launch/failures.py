@@ -278,6 +278,12 @@ _KNOWN_CAUSES = (
         "or shoal.init(), which picks the backend for the device",
     ),
     (
+        re.compile(r"^ModuleNotFoundError: No module named 'horovod[.']"),
+        "Horovod itself no longer builds against today's frameworks; shoal serves its API: keep the import "
+        "and pass --horovod-shim (or export PYTHONPATH=$(python -m shoal.horovod.shim)), or import "
+        "shoal.horovod (torch) or shoal.horovod.tensorflow.keras instead (docs/HOROVOD.md)",
+    ),
+    (
         re.compile(r"^ModuleNotFoundError: No module named '([^']+)'"),
         "install it into the Python environment the workers run: {python}",
     ),

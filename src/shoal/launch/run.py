@@ -228,6 +228,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
         help="give each worker TF_CONFIG for TensorFlow's MultiWorkerMirroredStrategy (every worker's "
         "address and a port it reserved, its index = RANK); the same as SHOAL_TF_CONFIG=1",
     )
+    group.add_argument(
+        "--horovod-shim",
+        action="store_true",
+        help="let a script keep `import horovod...` (Horovod's names load shoal.horovod's, from the shoal "
+        "installed where each worker runs); the same as SHOAL_HOROVOD_SHIM=1",
+    )
     group.add_argument("--verbose", action="store_true", help="show torch's elastic agent logs too")
     parser.add_argument("training_script", metavar="SCRIPT", help="the script (or, with -m, the module) to run")
     script_args = parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS")
@@ -264,6 +270,7 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     """
     # The launch machinery is imported here, not with the parser: an argument error or --help needs none of it.
     from shoal.launch.core import Launch, run_workers
+    from shoal.launch.exit_hook import HOROVOD_SHIM_ENV, add_horovod_shim
     from shoal.launch.local import check_allocation, refuse_rank_launching_alone
     from shoal.launch.process import process_started, temporary_run_dir
     from shoal.launch.rendezvous import plan_for
@@ -275,6 +282,7 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     _check_script(args)
     if args.tf_config or requested(os.environ):
         check_layout(options, os.environ)
+    add_horovod_shim(dict(os.environ))  # a bad SHOAL_HOROVOD_SHIM is said here once, not by every worker
     if classic_pod(os.environ) and options.several_nodes:
         write_line(classic_pod_line("shoal run", os.environ))
     elif not classic_pod(os.environ) and _standalone(args, options):
@@ -293,7 +301,11 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     )  # fmt: skip
     try:
         config, cmd, cmd_args = _torch_config(args, options)
-        with _preset(TF_CONFIG_ENV, "1") if args.tf_config else contextlib.nullcontext():
+        with contextlib.ExitStack() as presets:
+            if args.tf_config:
+                presets.enter_context(_preset(TF_CONFIG_ENV, "1"))
+            if args.horovod_shim:
+                presets.enter_context(_preset(HOROVOD_SHIM_ENV, "1"))
             run_workers(config, cmd, tuple(cmd_args), launch)
         return 0
     finally:

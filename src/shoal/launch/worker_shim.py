@@ -17,7 +17,9 @@ the PID, so the agent's signals, exit codes and process-group kills reach the wo
 3. A Python worker gets :mod:`shoal.launch.exit_hook` first on its ``PYTHONPATH``: its
    ``sitecustomize`` leaves a gloo process group the script left open at exit (a torch bug otherwise
    aborts about 1 worker in 8 after its work), then restores the worker's own ``PYTHONPATH``.
-   ``SHOAL_EXIT_HOOK=0`` leaves it out.
+   ``SHOAL_EXIT_HOOK=0`` leaves it out. With ``SHOAL_HOROVOD_SHIM=1`` (``--horovod-shim``), this
+   installation's Horovod shim goes first on ``PYTHONPATH`` too, and stays there
+   (:func:`shoal.launch.exit_hook.add_horovod_shim`).
 4. With ``SHOAL_TF_CONFIG=1`` (``shoal run --tf-config``), ``TF_CONFIG`` for TensorFlow's
    MultiWorkerMirroredStrategy, its addresses exchanged through the workers' store the agent serves
    (:func:`shoal.launch.tf_config.add_tf_config`), right before ``exec``.
@@ -30,7 +32,7 @@ import signal
 import sys
 
 from shoal.errors import ShoalError
-from shoal.launch.exit_hook import add_exit_hook
+from shoal.launch.exit_hook import add_exit_hook, add_horovod_shim
 from shoal.launch.process import die_with_parent
 from shoal.launch.tf_config import add_tf_config
 
@@ -87,8 +89,9 @@ def main(argv: list[str]) -> None:
     path = os.environ.pop("SHOAL_STDERR_LOG", None)
     if path:
         tee_stderr(path)
-    add_exit_hook(os.environ, argv[2])
     try:
+        add_horovod_shim(os.environ)
+        add_exit_hook(os.environ, argv[2])
         add_tf_config(os.environ, serve=False)
     except ShoalError as err:
         print(err.format(), file=sys.stderr, flush=True)

@@ -60,6 +60,55 @@ def add_env(p: argparse.ArgumentParser) -> None:
         metavar="NAME[=VALUE]",
         help="pass this variable to every process (repeatable; NAME alone: its value here)",
     )
+    p.add_argument(
+        "--horovod-shim",
+        action="store_true",
+        help="let a script keep `import horovod...`: Horovod's names load shoal.horovod's, from the shoal "
+        "installed where each process runs (every process gets SHOAL_HOROVOD_SHIM=1)",
+    )
+
+
+HOROVOD_SHIM_ITEM = "SHOAL_HOROVOD_SHIM=1"
+
+
+def env_items(args: argparse.Namespace) -> list[str]:
+    """``--env`` as given, with ``--horovod-shim``'s variable."""
+    return [*(getattr(args, "env", None) or ()), *([HOROVOD_SHIM_ITEM] if getattr(args, "horovod_shim", False) else [])]
+
+
+def warn_local_paths(env, environ, *, where: str, shared_files: bool = False) -> None:
+    """A warning line for each ``--env`` variable whose value holds a path of this machine that
+    ``where`` (pods, other nodes) may not have: one in this Python's installation (its virtual
+    environment, site-packages) or home directory. A path to the Horovod shim names ``--horovod-shim``,
+    which finds the shim where each process runs. ``shared_files``: the target runs this Python by
+    its path already (Slurm, a host list), so only the shim's path is said. ``env``: (name, value or
+    None for this shell's), as :class:`~shoal.jobs.spec.JobSpec` holds it."""
+    from shoal.launch.exit_hook import HOROVOD_SHIM_DIRECTORY
+
+    shim_dir = os.path.realpath(HOROVOD_SHIM_DIRECTORY)
+    roots = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.expanduser("~"))]
+    roots = [root for root in roots if root != os.sep]
+    for name, value in env:
+        value = environ.get(name, "") if value is None else value
+        parts = [os.path.realpath(part) for part in value.split(os.pathsep) if os.path.isabs(part)]
+        local = [part for part in parts if os.path.exists(part)]
+        if shared_files:
+            local = [part for part in local if part == shim_dir]
+        else:
+            local = [p for p in local if p == shim_dir or any(p == r or p.startswith(r + os.sep) for r in roots)]
+        if not local:
+            continue
+        advice = (
+            "pass --horovod-shim instead: it finds the shim where each process runs"
+            if shim_dir in local
+            else "give the path it has there"
+        )
+        print(
+            f"shoal launch: warning: --env {name} passes this machine's {local[0]} to {where}, where it exists "
+            f"only if the files there match this machine's; {advice}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def add_command(p: argparse.ArgumentParser, *, dry_run: str = "print what would run, run nothing") -> None:

@@ -21,8 +21,10 @@ from shoal.cli.launch.common import (
     add_python,
     announce,
     count,
+    env_items,
     parser,
     shell,
+    warn_local_paths,
 )
 from shoal.errors import ShoalError
 
@@ -132,6 +134,7 @@ def run_hosts(args: argparse.Namespace) -> int:
     if via == "auto":
         via = "mpirun" if shutil.which("mpirun") else "ssh"
     here = Here.detect(hosts)
+    _warn_local_paths(args, _options(hosts, args), here)
     python = args.python or sys.executable
     common = dict(
         command=args.command,
@@ -204,6 +207,7 @@ def run_mpirun(args: argparse.Namespace) -> int:
         from shoal.env.slurm import allocation_first_node
 
         args.master_addr = allocation_first_node(os.environ) or args.master_addr
+    _warn_local_paths(args, _options(hosts, args), here)
     python = args.python or sys.executable
     spec = JobSpec(
         command=args.command,
@@ -224,7 +228,7 @@ def run_mpirun(args: argparse.Namespace) -> int:
 
 
 def run_manual(args: argparse.Namespace) -> int:
-    from shoal.jobs.hosts.options import HostsOptions
+    from shoal.jobs.hosts.options import Here, HostsOptions
     from shoal.jobs.hosts.render import render_manual
     from shoal.jobs.spec import JobSpec, parse_env
 
@@ -234,9 +238,10 @@ def run_manual(args: argparse.Namespace) -> int:
         master_port=args.master_port,
         rdzv_backend=args.rdzv_backend,
         max_restarts=args.max_restarts,
-        env=parse_env(args.env),
+        env=parse_env(env_items(args)),
     )
     opts = HostsOptions(hosts=_hosts(args, required=True))
+    _warn_local_paths(args, opts, Here.detect(opts.hosts))
     for rank, (host, line) in enumerate(zip(opts.hosts, render_manual(spec, opts), strict=True)):
         print(f"# on {host.name} (node {rank} of {len(opts.hosts)}):")
         print(line)
@@ -251,7 +256,15 @@ def _env(args: argparse.Namespace, python: str):
     from shoal.jobs.hosts.options import forwarded_env, interpreter_first
     from shoal.jobs.spec import parse_env
 
-    return interpreter_first(forwarded_env(os.environ, parse_env(args.env)), os.environ, python)
+    return interpreter_first(forwarded_env(os.environ, parse_env(env_items(args))), os.environ, python)
+
+
+def _warn_local_paths(args: argparse.Namespace, opts, here) -> None:
+    """``--env`` values holding the Horovod shim's path here, when a host is another machine."""
+    from shoal.jobs.spec import parse_env
+
+    if _remote_hosts(opts, here):
+        warn_local_paths(parse_env(args.env), os.environ, where="the other hosts", shared_files=True)
 
 
 def _hosts(args: argparse.Namespace, *, required: bool):

@@ -21,8 +21,10 @@ from shoal.cli.launch.common import (
     add_nproc,
     announce,
     check_replaceable,
+    env_items,
     parser,
     shell,
+    warn_local_paths,
     warn_missing_script,
     write_rendered,
 )
@@ -134,6 +136,12 @@ def image_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", action="store_true", help="add Open MPI and openssh-server (for an MPIJob)")
     p.add_argument("--shoal-requirement", metavar="SPEC", help="how pip installs shoal (default shoal==VERSION)")
     p.add_argument("--image", help="the tag to build, for the printed docker commands")
+    p.add_argument(
+        "--horovod-shim",
+        action="store_true",
+        help="let a script keep `import horovod...` in every container (ENV SHOAL_HOROVOD_SHIM=1; an MPIJob's "
+        "ranks need `shoal launch k8s --horovod-shim` too: sshd does not hand them the image's ENV)",
+    )
     add_command(p, dry_run="print both files, write nothing")
     p.error = _image_option_error(p.error)  # type: ignore[method-assign]
     return p
@@ -180,7 +188,7 @@ def _spec(args: argparse.Namespace, **pod_extra):
         gpus_per_node=args.gpus_per_node,
         max_restarts=args.max_restarts,
         master_port=getattr(args, "master_port", None),
-        env=tuple(pod_env(parse_env(args.env), os.environ)),
+        env=tuple(pod_env(parse_env(env_items(args)), os.environ)),
     )
     return spec, pods
 
@@ -189,7 +197,7 @@ def run_k8s(args: argparse.Namespace) -> int:
     from shoal.jobs.kubernetes.fault_tolerance import MIN_RESTARTS
     from shoal.jobs.kubernetes.manifest import MANIFEST_MARKER, kubectl_apply, to_yaml_all
     from shoal.jobs.kubernetes.options import parse_elastic
-    from shoal.jobs.spec import fault_tolerant
+    from shoal.jobs.spec import fault_tolerant, parse_env
 
     if args.max_restarts is None:  # a TrainJob's pod restarts are its runtime's to bound
         ft = args.kind == "pytorchjob" and args.command and fault_tolerant(args.command)
@@ -205,6 +213,7 @@ def run_k8s(args: argparse.Namespace) -> int:
         raise ShoalError(f"--elastic: only a PyTorchJob is elastic, not a {args.kind}", "use --kind pytorchjob")
     objects = _render(args.kind, spec, pods, args.runtime)
     warn_missing_script(args.command, where="the image")
+    warn_local_paths(parse_env(args.env), os.environ, where="the pods")
     manifest = objects[-1]  # the job; a fault-tolerant one's lighthouse comes before it
     kind, name = manifest["kind"], spec.job_name
     ns = pods.namespace
@@ -244,11 +253,13 @@ def _render(kind: str, spec, pods, runtime: str) -> list[dict]:
 
 def run_runai(args: argparse.Namespace) -> int:
     from shoal.jobs.kubernetes.runai import RUNAI_CLIS, RUNAI_LABELS, render_runai
+    from shoal.jobs.spec import parse_env
 
     spec, pods = _spec(args)
     clis = [args.cli] if args.cli else list(RUNAI_CLIS)
     rendered = [(cli, render_runai(spec, pods, cli, args.project)) for cli in clis]  # all checked before printing
     warn_missing_script(args.command, where="the image")
+    warn_local_paths(parse_env(args.env), os.environ, where="the pods")
     for cli, argv in rendered:
         if len(rendered) > 1:
             print(f"# {RUNAI_LABELS[cli]}:")
@@ -258,9 +269,9 @@ def run_runai(args: argparse.Namespace) -> int:
 
 def run_image(args: argparse.Namespace) -> int:
     from shoal.jobs.kubernetes.image import IMAGE_MARKER, render_dockerfile, render_dockerignore
-    from shoal.jobs.spec import JobSpec
+    from shoal.jobs.spec import JobSpec, parse_env
 
-    spec = JobSpec(command=args.command)
+    spec = JobSpec(command=args.command, env=parse_env(env_items(args)))
     requirement, notes = _image_sources(args)
     dockerfile = render_dockerfile(
         spec,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from shoal.cli.launch.common import (
@@ -13,7 +14,9 @@ from shoal.cli.launch.common import (
     add_nproc,
     add_python,
     announce,
+    env_items,
     parser,
+    warn_local_paths,
     warn_missing_script,
     write_rendered,
 )
@@ -100,7 +103,7 @@ def run_slurm(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         max_restarts=args.max_restarts,
         master_port=args.master_port,
-        env=parse_env(args.env),
+        env=parse_env(env_items(args)),
         python=python,
         shoal=(python, "-m", "shoal"),
     )
@@ -117,6 +120,7 @@ def run_slurm(args: argparse.Namespace) -> int:
         raise ShoalError("--max-restarts needs the per-node launchers", "drop --one-task-per-process or --max-restarts")
     script = (render_replica_sbatch if replicas else render_sbatch)(spec, opts)
     warn_missing_script(args.command, args.workdir)
+    warn_local_paths(parse_env(args.env), os.environ, where="the nodes", shared_files=True)
     if args.dry_run:
         sys.stdout.write(script)
         return 0

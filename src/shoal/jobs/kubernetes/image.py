@@ -20,6 +20,8 @@ from shoal.jobs.kubernetes.template import pod_command
 from shoal.jobs.spec import JobSpec, fault_tolerant
 
 IMAGE_MARKER = "# Rendered by `shoal launch image`"
+HOROVOD_SHIM_ENV = "SHOAL_HOROVOD_SHIM"
+"""shoal.launch.exit_hook.HOROVOD_SHIM_ENV: set in the image, every ``shoal run`` worker resolves the shim."""
 DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 """The base image Kubeflow Trainer's torch-distributed runtime uses (kubeflow/trainer, 8c0f505)."""
 WORKDIR = "/workspace"
@@ -90,7 +92,14 @@ def render_dockerfile(
             f"    && printf {_printf(MPI_SSHD_CONFIG[1])} > {MPI_SSHD_CONFIG[0]}",
             "",
         ]
-    lines += ["ENV PYTHONUNBUFFERED=1", f"WORKDIR {WORKDIR}"]
+    lines += ["ENV PYTHONUNBUFFERED=1"]
+    for name, value in spec.env:
+        if name == HOROVOD_SHIM_ENV:
+            lines.append("# `import horovod...` loads shoal.horovod's modules, from the shoal installed below.")
+        if value is not None:
+            plain = re.fullmatch(r"[\w./:,@+-]*", value) is not None
+            lines.append(f"ENV {name}={value if plain else json.dumps(value)}")
+    lines.append(f"WORKDIR {WORKDIR}")
     from_context = shoal_requirement == "."  # this directory is shoal's checkout: installed from the copy
     if _is_local_file(shoal_requirement):  # a wheel or sdist of the build context: copied first
         _check_relative(shoal_requirement, "--shoal-requirement")

@@ -3,7 +3,9 @@ script's interpreter itself (``shoal run``'s workers through :mod:`shoal.launch.
 mpirun or srun rank through :func:`shoal.launch.as_torchrun.environment_for`): :func:`add_exit_hook` puts this
 directory first on its ``PYTHONPATH``, and ``site`` imports its ``sitecustomize.py``, which leaves a
 gloo process group still open at exit (see
-:func:`shoal.launch.exit_hook.sitecustomize.leave_gloo_group`). Only the standard library here."""
+:func:`shoal.launch.exit_hook.sitecustomize.leave_gloo_group`). :func:`add_horovod_shim` puts the
+Horovod shim there too when asked (``SHOAL_HOROVOD_SHIM=1``). Only the standard library here (and
+shoal's error type for a bad value)."""
 
 from __future__ import annotations
 
@@ -31,3 +33,35 @@ def add_exit_hook(environ: MutableMapping[str, str], program: str) -> None:
     original = environ.get("PYTHONPATH")
     environ[ORIGINAL_PATH_ENV] = "-" if original is None else original
     environ["PYTHONPATH"] = DIRECTORY if not original else DIRECTORY + os.pathsep + original
+
+
+HOROVOD_SHIM_ENV = "SHOAL_HOROVOD_SHIM"
+"""``1`` (``shoal run --horovod-shim``, ``shoal launch ... --horovod-shim``): the worker's Python gets
+Horovod's module names (``import horovod.tensorflow.keras`` loads shoal.horovod's), resolved on the
+worker, wherever shoal is installed there."""
+HOROVOD_SHIM_DIRECTORY = os.path.join(os.path.dirname(os.path.dirname(DIRECTORY)), "horovod", "shim")
+"""The directory holding the ``horovod`` package of :mod:`shoal.horovod.shim` (its ``path()``), found
+beside this package: launch never imports the facade above it."""
+
+_ON = ("1", "on", "true", "yes")
+_OFF = ("", "0", "off", "false", "no")
+
+
+def add_horovod_shim(environ: MutableMapping[str, str]) -> None:
+    """With ``SHOAL_HOROVOD_SHIM=1`` in ``environ`` (the worker's, before ``exec``), put this
+    installation's Horovod shim first on its ``PYTHONPATH`` (once); the variable itself is removed.
+    Before :func:`add_exit_hook`, so the script and whatever it starts keep the shim on their path."""
+    value = environ.pop(HOROVOD_SHIM_ENV, "").strip().lower()
+    if value in _OFF:
+        return
+    if value not in _ON:
+        from shoal.errors import ShoalError
+
+        raise ShoalError(
+            f"{HOROVOD_SHIM_ENV}={value}: neither on nor off",
+            f"set {HOROVOD_SHIM_ENV}=1 (or pass --horovod-shim) for Horovod's module names; 0 or unset for none",
+        )
+    original = environ.get("PYTHONPATH")
+    entries = original.split(os.pathsep) if original else []
+    if HOROVOD_SHIM_DIRECTORY not in entries:
+        environ["PYTHONPATH"] = os.pathsep.join([HOROVOD_SHIM_DIRECTORY, *entries])
