@@ -74,3 +74,27 @@ def test_operator_pods_give_every_worker_tf_config(tmp_path, kind):
     assert [r["GROUP_RANK"] for r in reports] == ["0", "1"]
     assert hosts[0] != hosts[1], hosts  # one address per pod
     assert all(host.startswith("10.77.") for host in hosts)  # the pods' network, never loopback
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is missing")
+def test_the_hand_typed_mpirun_line_of_the_docs_gives_each_rank_tf_config(tmp_path):
+    """docs/LAUNCHERS.md's own mpirun line (with --allow-run-as-root, as root): SHOAL_TF_CONFIG named
+    with -x, each rank's shim in front of the script; rank 0's shim serves the exchange."""
+    import os
+    import subprocess
+    import sys
+
+    from shoal.launch.ports import find_free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "SLURM_"))}
+    env.update(SHOAL_TF_CONFIG="1", PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG", "SHOAL_ENV"):
+        env.pop(name, None)
+    argv = [
+        "mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe", "-x", "SHOAL_TF_CONFIG",
+        "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={find_free_port()}", "-x", "PATH",
+        "python", "-m", "shoal.launch.as_torchrun", "--", "python", str(PRINT), str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert check_tf_config(tf_config_reports(tmp_path, 2), 2) == ["127.0.0.1", "127.0.0.1"]
