@@ -121,18 +121,22 @@ class PendingSave:
         :class:`ShoalError` if the background save failed."""
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from shoal.checkpoint.dcp_support import dcp_reason
-
         try:
             self._committed.result()
         except ShoalError:
             raise
         except (Exception, CheckpointException) as err:
-            raise ShoalError(
-                f"saving the checkpoint {self.path} failed: {dcp_reason(err)}",
-                "check the disk (space, permissions); the previous checkpoint is intact",
-            ) from None
+            raise _save_failed(self.path, err) from None
         return self.path
+
+
+def _save_failed(path: Path, err: BaseException) -> ShoalError:
+    from shoal.checkpoint.dcp_support import dcp_reason
+
+    return ShoalError(
+        f"saving the checkpoint {path} failed: {dcp_reason(err)}",
+        "check the disk (space, permissions); the previous checkpoint is intact",
+    )
 
 
 _pending: PendingSave | None = None
@@ -173,72 +177,88 @@ def save_sharded(
     # stepping it once with zero gradients (torch's _init_optim_state), which moves Adam's step
     # counter: resuming would not be exact. Such optimizers are left out and stay fresh on load.
     stepped = [i for i, opt in enumerate(optimizers) if opt.state]
-    rank, world = collectives.rank(), collectives.world_size()
-    problem = None
-    if rank == 0:
-        meta = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "world_size": world,
-            "torch_version": str(torch.__version__),
-            "has_model": model is not None,
-            "optimizers": len(optimizers),
-            "stepped_optimizers": stepped,
-        }
-        try:
-            _prepare(tmp, meta)
-        except OSError as err:
-            problem = f"cannot write the checkpoint {final}: {err.strerror or err} ({err.filename or tmp.parent})"
-    # Every rank learns of rank 0's failure here, instead of waiting for it in a collective.
-    problem = collectives.broadcast_object(problem)
-    if problem:
-        raise ShoalError(problem, "check the checkpoint directory's permissions and free space")
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from shoal.checkpoint.dcp_support import checkpoint_group, dcp_reason, quiet_single_process
+    meta = {"has_model": model is not None, "optimizers": len(optimizers), "stepped_optimizers": stepped}
+    _open_temporary(tmp, final, meta)
+    from shoal.checkpoint.dcp_support import checkpoint_group, quiet_single_process
 
     group = checkpoint_group()
     to_save = _dcp_state(model, [optimizers[i] for i in stepped])
     to_save["shoal"] = _shoal_blob(objects, per_rank, extra)
     collectives.barrier()  # the temporary directory exists before anyone writes into it
-
-    writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
-    pending = PendingSave(final)
     if group is None:
         quiet_single_process()
-    if not async_:
-        try:
-            dcp.save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
-        except (Exception, CheckpointException) as err:
-            raise ShoalError(
-                f"saving the checkpoint {final} failed: {dcp_reason(err)}",
-                "check the disk (space, permissions); the previous checkpoint is intact",
-            ) from None
-        if rank == 0:
-            _commit(tmp, final, on_commit)
-        collectives.barrier()
+    pending = PendingSave(final)
+    if async_:
+        _write_in_background(to_save, tmp, group, on_commit, pending)
+        _pending = pending
+    else:
+        _write_now(to_save, tmp, final, group, on_commit)
         pending._committed.set_result(final)
-        pending.blocked_s = time.perf_counter() - started
-        return pending
+    pending.blocked_s = time.perf_counter() - started
+    return pending
 
+
+def _open_temporary(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    """Rank 0 makes the temporary directory with ``shoal.json`` (``meta`` and the versions); every
+    rank learns of its failure here, instead of waiting for rank 0 in a collective."""
+    problem = None
+    if collectives.rank() == 0:
+        world, torch_version = collectives.world_size(), str(torch.__version__)
+        versions = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "world_size": world,
+            "torch_version": torch_version,
+        }
+        try:
+            _prepare(tmp, {**versions, **meta})
+        except OSError as err:
+            problem = f"cannot write the checkpoint {final}: {err.strerror or err} ({err.filename or tmp.parent})"
+    problem = collectives.broadcast_object(problem)
+    if problem:
+        raise ShoalError(problem, "check the checkpoint directory's permissions and free space")
+
+
+def _write_now(
+    to_save: dict[str, Any], tmp: Path, final: Path, group: Any, on_commit: Callable[[Path], None] | None
+) -> None:
+    """Sync: every rank writes its shards into ``tmp``; rank 0 renames it to ``final`` once all have."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
+    try:
+        dcp.save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
+    except (Exception, CheckpointException) as err:
+        raise _save_failed(final, err) from None
+    if collectives.rank() == 0:
+        _commit(tmp, final, on_commit)
+    collectives.barrier()
+
+
+def _write_in_background(
+    to_save: dict[str, Any], tmp: Path, group: Any, on_commit: Callable[[Path], None] | None, pending: PendingSave
+) -> None:
+    """Async: returns after DCP's copy to host memory. DCP's writer thread writes the shards; once
+    every rank has, rank 0 renames ``tmp``, and ``pending`` learns the outcome."""
+    import torch.distributed.checkpoint as dcp
+
+    writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
     upload = dcp.async_save(to_save, storage_writer=writer, process_group=group, no_dist=group is None)
     upload = getattr(upload, "upload_completion", upload)  # an AsyncSaveResponse with a custom stager
-    pending.blocked_s = time.perf_counter() - started
+    rank = collectives.rank()
 
     def finished(future: Future) -> None:
         # Runs in DCP's writer thread once every rank has written and DCP's metadata is durable.
         try:
             future.result()
             if rank == 0:
-                _commit(tmp, final, on_commit)
-            pending._committed.set_result(final)
+                _commit(tmp, pending.path, on_commit)
+            pending._committed.set_result(pending.path)
         except BaseException as err:  # handed to wait()
             pending._committed.set_exception(err)
 
     upload.add_done_callback(finished)
-    _pending = pending
-    return pending
 
 
 def load_sharded(
