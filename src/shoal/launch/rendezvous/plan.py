@@ -211,66 +211,22 @@ def plan_rendezvous(
     host, port = store_endpoint(options)
     min_nodes, max_nodes = options.node_counts
     static = options.rdzv_backend == "static"
-    conf = options.conf
     local_addr = options.local_addr or route.addr
     warnings: list[str] = []
-
-    is_host: bool | None = None
-    if not static:
-        if "is_host" in conf:
-            is_host = parse_bool("is_host", conf["is_host"])
-        elif not route.loopback:  # loopback: every node is here; the first to bind the port hosts it
-            is_host = route.master_is_local
-    if static:
-        hosts_store = options.node_rank == 0
-        if hosts_store and not route.master_is_local:
-            warnings.append(
-                f"this is node rank 0, which hosts the store, but {host} is not one of its addresses: "
-                "the other nodes will look for the store there (right only behind a NAT or a "
-                "service name; otherwise give node 0's own address as --master-addr)"
-            )
-    else:
-        hosts_store = bool(is_host)
-
+    is_host, hosts_store = _store_host(options, route, host, warnings)
     timeout = max(1, int(options.join_timeout - spent - EXIT_MARGIN_S))
-    configs: dict[str, Any] = {}
-    scale_note: str | None = None
-    if static:
-        configs["rank"] = options.node_rank
-        configs["timeout"] = int(conf.get("timeout", timeout))
-    else:
-        configs["join_timeout"] = int(conf.get("join_timeout", timeout))
-        configs["read_timeout"] = int(conf.get("read_timeout", min(timeout, 60)))
-        # Once MIN nodes are in, torch waits last_call (30 s) for more. Shorter here: a lost node
-        # costs the survivors this wait in every re-rendezvous, while a node that comes later
-        # still joins, at the next membership change (one more restart of every node's workers).
-        configs["last_call_timeout"] = int(conf.get("last_call_timeout", max(1, min(LAST_CALL_S, timeout // 2))))
-        # A node is declared gone after keep_alive_interval x keep_alive_max_attempt without a
-        # heartbeat (torch: 5 s x 3); every node writes one heartbeat per interval to the store.
-        keep_alive, scale_note = keep_alive_for(max_nodes)
-        if "keep_alive_interval" in conf:
-            scale_note = None  # the user's setting: nothing chosen for them
-        configs["keep_alive_interval"] = int(conf.get("keep_alive_interval", keep_alive))
-        configs["keep_alive_max_attempt"] = int(conf.get("keep_alive_max_attempt", KEEP_ALIVE_MISSES))
-        if is_host is not None:
-            configs["is_host"] = is_host
+    configs, scale_note = _rdzv_timeouts(options, timeout, max_nodes)
+    if is_host is not None:
+        configs["is_host"] = is_host
     # A node that connects to another's store waits for it in Python until the deadline: torch's
     # store client may sleep a back-off of several seconds past its own timeout.
     connect_timeout = configs["timeout" if static else "join_timeout"]
     configs["shoal_deadline"] = now + connect_timeout
     configs["shoal_wait_for_store"] = not hosts_store and not route.loopback
-    for key, value in conf.items():
+    for key, value in options.conf.items():
         configs.setdefault(key, value)
 
-    env: dict[str, str] = {}
-    user_ifnames = {k: environ[k] for k in SOCKET_IFNAME_VARS if environ.get(k)}
-    if route.ifname:
-        env.update({k: route.ifname for k in SOCKET_IFNAME_VARS if k not in user_ifnames})
-    elif not user_ifnames:
-        warnings.append(
-            f"no interface found for {local_addr}: set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) "
-            "to the interface the nodes share"
-        )
+    env, user_ifnames = _socket_interfaces(route, environ, local_addr, warnings)
     bind_ifname = user_ifnames.get("GLOO_SOCKET_IFNAME") or route.ifname
     bind_addr = options.local_addr or (interface_address or {}).get(bind_ifname or "") or route.addr
     configs["shoal_bind_addr"] = bind_addr
@@ -283,6 +239,67 @@ def plan_rendezvous(
         bind_ifname=bind_ifname, is_host=is_host, hosts_store=hosts_store, rdzv_configs=configs,
         environ=env, user_ifnames=user_ifnames, warnings=tuple(warnings), scale_note=scale_note,
     )  # fmt: skip
+
+
+def _store_host(options: LaunchOptions, route: Route, host: str, warnings: list[str]) -> tuple[bool | None, bool]:
+    """Who hosts the store: c10d's ``is_host`` for torch (None: torch decides, the first node to bind
+    the port), and whether this node does. Static: node rank 0, warned when ``host`` is not its own."""
+    if options.rdzv_backend == "static":
+        hosts_store = options.node_rank == 0
+        if hosts_store and not route.master_is_local:
+            warnings.append(
+                f"this is node rank 0, which hosts the store, but {host} is not one of its addresses: "
+                "the other nodes will look for the store there (right only behind a NAT or a "
+                "service name; otherwise give node 0's own address as --master-addr)"
+            )
+        return None, hosts_store
+    is_host: bool | None = None
+    if "is_host" in options.conf:
+        is_host = parse_bool("is_host", options.conf["is_host"])
+    elif not route.loopback:  # loopback: every node is here; the first to bind the port hosts it
+        is_host = route.master_is_local
+    return is_host, bool(is_host)
+
+
+def _rdzv_timeouts(options: LaunchOptions, timeout: int, max_nodes: int) -> tuple[dict[str, Any], str | None]:
+    """The rendezvous' timeouts for torch's handler (the user's ``--rdzv-conf`` wins), from the join
+    timeout left (``timeout``); and the start-up note on the heartbeat chosen for the job's size."""
+    conf = options.conf
+    if options.rdzv_backend == "static":
+        return {"rank": options.node_rank, "timeout": int(conf.get("timeout", timeout))}, None
+    configs: dict[str, Any] = {
+        "join_timeout": int(conf.get("join_timeout", timeout)),
+        "read_timeout": int(conf.get("read_timeout", min(timeout, 60))),
+        # Once MIN nodes are in, torch waits last_call (30 s) for more. Shorter here: a lost node
+        # costs the survivors this wait in every re-rendezvous, while a node that comes later
+        # still joins, at the next membership change (one more restart of every node's workers).
+        "last_call_timeout": int(conf.get("last_call_timeout", max(1, min(LAST_CALL_S, timeout // 2)))),
+    }
+    # A node is declared gone after keep_alive_interval x keep_alive_max_attempt without a
+    # heartbeat (torch: 5 s x 3); every node writes one heartbeat per interval to the store.
+    keep_alive, scale_note = keep_alive_for(max_nodes)
+    if "keep_alive_interval" in conf:
+        scale_note = None  # the user's setting: nothing chosen for them
+    configs["keep_alive_interval"] = int(conf.get("keep_alive_interval", keep_alive))
+    configs["keep_alive_max_attempt"] = int(conf.get("keep_alive_max_attempt", KEEP_ALIVE_MISSES))
+    return configs, scale_note
+
+
+def _socket_interfaces(
+    route: Route, environ: Mapping[str, str], local_addr: str, warnings: list[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The workers' socket interface variables (``GLOO_SOCKET_IFNAME``...: the route's interface,
+    where the user set none), and those the user set; warned when neither names one."""
+    env: dict[str, str] = {}
+    user_ifnames = {k: environ[k] for k in SOCKET_IFNAME_VARS if environ.get(k)}
+    if route.ifname:
+        env.update({k: route.ifname for k in SOCKET_IFNAME_VARS if k not in user_ifnames})
+    elif not user_ifnames:
+        warnings.append(
+            f"no interface found for {local_addr}: set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) "
+            "to the interface the nodes share"
+        )
+    return env, user_ifnames
 
 
 def keep_alive_for(max_nodes: int) -> tuple[int, str | None]:
