@@ -217,3 +217,45 @@ def test_a_record_from_another_node_is_not_judged_by_a_pid_of_this_one(tmp_path)
     payload = json.loads(proc.stdout)
     assert [r["alive"] for r in payload["ranks"]] == [True, True, False]
     assert payload["verdict"]["text"] == "rank 2 exited before finishing" and proc.returncode == 1
+
+
+@pytest.mark.multiprocess
+def test_status_finds_a_running_shoal_run_whose_script_reports_no_progress(tmp_path):
+    """Issue 49: a plain script under ``shoal run`` (no --log-dir) writes no progress record; ``shoal
+    status`` still finds its temporary run directory (the launcher's pid runs), says the job runs and
+    that the script reports no progress, and names ctx.progress() in the HINT."""
+    (tmp_path / "tmp").mkdir()
+    script = tmp_path / "plain.py"
+    script.write_text("import sys, time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    env.pop("SHOAL_ENV", None)
+    job = warm.popen(
+        [sys.executable, "-m", "shoal", "run", "--nproc", "2", str(script)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert job.stdout.readline() == "started\n"  # a worker runs the script
+        (run_dir,) = (tmp_path / "tmp").glob("shoal-run-*")
+        hint = (
+            "HINT: to see each rank's step and phase here, open this rank's progress in the script: ctx = "
+            "shoal.init(); progress = ctx.progress(); then progress.step_done(...) after each step "
+            "(docs/WATCHDOG.md)"
+        )
+        proc = status_in(tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == [
+            f"run: {run_dir}",
+            f"verdict: running (launcher pid {job.pid}); the script reports no progress, so no rank's step or "
+            "phase to show",
+            hint,
+        ]
+        given = status(str(run_dir), "--json")
+        report = json.loads(given.stdout)
+        assert (report["ranks"], report["verdict"]["state"], report["verdict"]["progress"]) == ([], "running", False)
+        assert report["verdict"]["launcher_pid"] == job.pid and "ctx.progress()" in report["hint"]
+    finally:
+        job.terminate()
+        job.wait(timeout=60)
+    # The launcher gone (its run directory with it): nothing running here any more.
+    proc = status_in(tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("shoal: error: no running job found"), proc.stderr

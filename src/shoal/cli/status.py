@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import ipaddress
 import json
+import os
 import socket
 import statistics
 import tempfile
@@ -69,15 +70,42 @@ TEMPORARY_RUN_DIRS = ("shoal-run-*", "shoal-workers-*")
 (:func:`shoal.launch.local.launch_local`). Named here so that ``shoal status`` imports no launcher."""
 
 
+PROGRESS_HINT = (
+    "to see each rank's step and phase here, open this rank's progress in the script: ctx = shoal.init(); "
+    "progress = ctx.progress(); then progress.step_done(...) after each step (docs/WATCHDOG.md)"
+)
+
+
 def running_jobs(root: Path | None = None) -> list[Path]:
-    """Temporary run directories under ``root`` (the temp directory) with a rank still running."""
+    """Temporary run directories under ``root`` (the temp directory) with a rank still running, or
+    with no rank's record at all while the launcher that made them runs (a script that reports no
+    progress)."""
     root = Path(tempfile.gettempdir()) if root is None else root
     found = []
     for pattern in TEMPORARY_RUN_DIRS:
         for run_dir in sorted(root.glob(pattern)):
-            if any(r.alive and r.phase != "done" for r in read_records(run_progress_dir(run_dir))):
+            records = read_records(run_progress_dir(run_dir))
+            if any(r.alive and r.phase != "done" for r in records) or (not records and launcher_pid(run_dir)):
                 found.append(run_dir)
     return found
+
+
+def launcher_pid(run_dir: Path) -> int | None:
+    """The PID of the launcher that made the temporary run directory ``run_dir`` (its name:
+    ``shoal-run-<pid>-<random>``, :func:`shoal.launch.process.temporary_run_dir`), while that
+    process runs on this machine; else None."""
+    for pattern in TEMPORARY_RUN_DIRS:
+        prefix = pattern.rstrip("*")
+        pid = run_dir.name[len(prefix) :].split("-", 1)[0] if run_dir.name.startswith(prefix) else ""
+        if pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return None
+            except PermissionError:  # another user's process: it runs
+                pass
+            return int(pid)
+    return None
 
 
 DEFAULT_RUNS = Path("runs")
@@ -211,10 +239,13 @@ def main_args(args: argparse.Namespace) -> int:
     ranks = read_records(progress_dir(run_dir))
     events = read_events(run_dir)
     if not ranks and not events:
+        pid = launcher_pid(run_dir)
+        if pid is not None:
+            return _no_progress(run_dir, pid, args)
         raise ShoalError(
             f"no progress files in {run_dir} (looked for {progress_dir(run_dir)}/rank-N.progress)",
             "pass the run directory of a job started by shoal train or shoal run; a `shoal run` script "
-            "reports once it opens shoal.progress.ProgressWriter.from_env() (see docs/WATCHDOG.md)",
+            "reports its steps once it calls ctx.progress() (ctx = shoal.init(); see docs/WATCHDOG.md)",
         )
     now = time.time()
     groups = [group_row(g, ranks, now) for g in group_states(events)]
@@ -255,6 +286,22 @@ def main_args(args: argparse.Namespace) -> int:
         print(f"\n--- rank {rank} stack ---")
         print(text.rstrip() or "(no stack: the rank did not register the stacks signal)")
     return _exit_status(state)
+
+
+def _no_progress(run_dir: Path, pid: int, args: argparse.Namespace) -> int:
+    """A job whose launcher runs here but whose script writes no progress (a plain ``shoal run`` script):
+    it runs, and no rank's step or phase can be shown; the HINT says how the script reports them."""
+    text = f"running (launcher pid {pid}); the script reports no progress, so no rank's step or phase to show"
+    state = {"state": "running", "text": text, "progress": False, "launcher_pid": pid}
+    if args.json:
+        payload = {"run_dir": str(run_dir), "ranks": [], "last_checkpoint": last_checkpoint(run_dir)}
+        print(json.dumps({**payload, "verdict": state, "hint": PROGRESS_HINT}, indent=2))
+        return 0
+    if not args.run_dir:
+        print(f"run: {run_dir}")
+    print(f"verdict: {text}")
+    print(f"HINT: {PROGRESS_HINT}")
+    return 0
 
 
 def group_row(group: GroupState, ranks: list[RankProgress], now_wall: float) -> dict:
