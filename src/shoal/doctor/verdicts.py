@@ -153,10 +153,31 @@ def link_checks(links: list[dict[str, Any]], labels: dict[int, str]) -> list[Che
         link["status"] = "ok"
     for link in broken:
         link["status"] = "fail"
-    checks = [_latency_check(measured, labels)]
+    latency = _latency_check(measured, labels)
     if not measured:
-        checks.append(_broken_check(broken, labels, []))
-        return checks
+        return [latency, _broken_check(broken, labels, [])]
+    relative = _relative(measured, links, labels)
+    if broken:
+        return [latency, _broken_check(broken, labels, relative.named)]
+    return [latency, _bandwidth_check(measured, links, labels, relative)]
+
+
+@dataclass
+class _Relative:
+    """The relative judgement of the measured links: what it names as slow, and each one's status."""
+
+    median: float
+    """The median link's rate (bytes/s)."""
+    nodes: list[SlowNode]
+    named: list[str]
+    statuses: list[str]
+    by_median: bool
+    """Some link was named slow against the median link."""
+
+
+def _relative(measured: list[dict[str, Any]], links: list[dict[str, Any]], labels: dict[int, str]) -> _Relative:
+    """Slow nodes by their own links, then links against the median link, then (two nodes) one
+    direction against the other; marks each link's ``status`` in place."""
     median = statistics.median(lk["bytes_per_s"] for lk in measured)
     nodes = slow_nodes(measured)
     named, statuses = [], []
@@ -185,46 +206,45 @@ def link_checks(links: list[dict[str, Any]], labels: dict[int, str]) -> list[Che
             measured[0]["status"] = status
             statuses.append(status)
             named.append(text)
+    return _Relative(median, nodes, named, statuses, by_median)
+
+
+def _bandwidth_check(
+    measured: list[dict[str, Any]], links: list[dict[str, Any]], labels: dict[int, str], relative: _Relative
+) -> Check:
+    """``bandwidth``: the relative judgement's findings, or the absolute one's (what a reference
+    model's all-reduce costs a step at the slowest rate), the worse status winning; else ok."""
+    median = relative.median
     bottleneck = min(lk["bytes_per_s"] for lk in measured)
     participants = len({lk["a"] for lk in links} | {lk["b"] for lk in links})
     cost = step_cost_status(allreduce_seconds(REFERENCE_GRADIENT_BYTES, bottleneck, participants))
     costly = f"at {mb(bottleneck)} {describe_step_cost(bottleneck, participants)}" if cost != "ok" else ""
-    if broken:
-        checks.append(_broken_check(broken, labels, named))
-        return checks
-    if named:
-        status = fail if "fail" in statuses or cost == "fail" else warn
-        checks.append(
-            status(
-                "bandwidth",
-                "; ".join(named)
-                + (f" (the links' median: {mb(median)})" if by_median else "")
-                + (f"; {costly}" if costly else ""),
-                "look at that node's network: its link speed (`ethtool`), traffic shaping (`tc qdisc show`), "
-                "errors (`ip -s link`), the switch port, or a CPU too busy to feed it; every step of the job "
-                "waits for the slowest link",
-                slow_nodes=[labels[node.node] for node in nodes],
-                median_bytes_per_s=median,
-                bottleneck_bytes_per_s=bottleneck,
-            )
+    if relative.named:
+        status = fail if "fail" in relative.statuses or cost == "fail" else warn
+        return status(
+            "bandwidth",
+            "; ".join(relative.named)
+            + (f" (the links' median: {mb(median)})" if relative.by_median else "")
+            + (f"; {costly}" if costly else ""),
+            "look at that node's network: its link speed (`ethtool`), traffic shaping (`tc qdisc show`), "
+            "errors (`ip -s link`), the switch port, or a CPU too busy to feed it; every step of the job "
+            "waits for the slowest link",
+            slow_nodes=[labels[node.node] for node in relative.nodes],
+            median_bytes_per_s=median,
+            bottleneck_bytes_per_s=bottleneck,
         )
-        return checks
     summary = f"{len(measured)} link(s): median {mb(median)}, slowest {mb(bottleneck)}"
     if cost != "ok":
-        checks.append(
-            (fail if cost == "fail" else warn)(
-                "bandwidth",
-                f"{summary}: every link is slow for data-parallel training: {costly}",
-                "use a faster network between the nodes, or send fewer bytes per step: --comm-hook bf16 "
-                "(half) or powersgd (far fewer; docs/BENCHMARKS.md, 'Slow networks'), a larger --grad-accum",
-                slow_nodes=[],
-                median_bytes_per_s=median,
-                bottleneck_bytes_per_s=bottleneck,
-            )
+        return (fail if cost == "fail" else warn)(
+            "bandwidth",
+            f"{summary}: every link is slow for data-parallel training: {costly}",
+            "use a faster network between the nodes, or send fewer bytes per step: --comm-hook bf16 "
+            "(half) or powersgd (far fewer; docs/BENCHMARKS.md, 'Slow networks'), a larger --grad-accum",
+            slow_nodes=[],
+            median_bytes_per_s=median,
+            bottleneck_bytes_per_s=bottleneck,
         )
-        return checks
-    checks.append(ok("bandwidth", summary, slow_nodes=[], median_bytes_per_s=median, bottleneck_bytes_per_s=bottleneck))
-    return checks
+    return ok("bandwidth", summary, slow_nodes=[], median_bytes_per_s=median, bottleneck_bytes_per_s=bottleneck)
 
 
 def _slower(link: dict[str, Any]) -> float:
