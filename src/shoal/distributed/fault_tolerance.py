@@ -37,6 +37,7 @@ rank receives its own shards from the same rank of a live group.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -99,8 +100,11 @@ class Replicas:
         coordinates: ReplicaCoordinates | None = None,
         timeout_s: float = COLLECTIVE_TIMEOUT_S,
         quorum_timeout_s: float = QUORUM_TIMEOUT_S,
+        async_quorum: bool = True,
     ) -> None:
         self.coordinates = coordinates or replica_coordinates()
+        self.async_quorum = async_quorum
+        """Whether each step's quorum runs during the forward pass (below) or before it."""
         self.optimizer = optimizer
         self.group_rank, self.group_nproc = _group_shape()
         if self.group_nproc > 1:
@@ -108,7 +112,7 @@ class Replicas:
         self.healable = {"model": model, "optimizer": optimizer, **(state or {})}
         self.backend = choose_backend(backend or "auto", device)
         """How the groups reach each other: ``nccl`` or ``gloo``."""
-        self.manager = _make_manager(self, device, self.backend, timeout_s, quorum_timeout_s)
+        self.manager = _make_manager(self, device, self.backend, timeout_s, quorum_timeout_s, async_quorum)
         pass_first_quorum_gate()  # the job's first start: every group heartbeats before any quorum
         # One process: DDP's reducer overlaps the replicas' all-reduce with backward. Several: the
         # group's own wrapper reduces inside it, and commit() averages across the groups.
@@ -117,6 +121,9 @@ class Replicas:
         """Groups in the current step's quorum."""
         self.heals = 0
         """How many times this process received a live group's state (healing)."""
+        self._quorum_pending: tuple[bool, int] | None = None
+        """While this step's quorum is unconfirmed: whether the connections were released before it,
+        and the quorum id before it."""
 
     @property
     def group(self) -> int:
@@ -151,8 +158,16 @@ class Replicas:
 
     @property
     def quorum(self) -> int:
-        """The id of the current quorum: it changes whenever a group leaves or joins."""
+        """The id of the current quorum: it changes whenever a group leaves or joins, and whenever
+        the lighthouse, restarted, forms another set of groups (:class:`ReplicaClient`)."""
         return int(getattr(self.manager, "_quorum_id", -1))  # torchft 0.2 keeps it private
+
+    @property
+    def lighthouse_quorum(self) -> int:
+        """The lighthouse's own id of the current quorum (it counts from 1 again when the lighthouse
+        restarts)."""
+        client = self.manager._client
+        return client.lighthouse_id if isinstance(client, ReplicaClient) else self.quorum
 
     @property
     def is_writer(self) -> bool:
@@ -169,23 +184,38 @@ class Replicas:
         return (text.splitlines() or [""])[0][:200]
 
     def start_step(self) -> int:
-        """Join this step's quorum (healing from a live group first if behind); the committed steps.
+        """Start this step's quorum; the committed steps as this group knows them.
+
+        With ``async_quorum`` (the default) the quorum completes while the forward pass runs (the
+        gradient all-reduce waits for it); else before this returns. A group behind the others (a
+        restart) learns the job's step from the quorum: it receives a live group's state at
+        :meth:`commit` (or here, without ``async_quorum``), and its gradient of the step it joins
+        in counts as zero, the step's average being over the groups that were up to date (torchft's
+        rule). At the job's first step (every group at step 0), groups other than the first receive
+        its weights here, before their forward pass, so that every group's gradient counts.
 
         No quorum within the quorum timeout (the lighthouse gone for good, or a quorum that never
         formed) is a ShoalError with exit status 1: one line, and this group's launcher restarts it
         (status 2, bad input, would stop the job)."""
-        released = released_connections(self.manager)
-        before = self.quorum
+        self._quorum_pending = (released_connections(self.manager), self.quorum)
         try:
             self.manager.start_quorum()
+        except (TimeoutError, RuntimeError) as err:  # a synchronous quorum's failure
+            raise self._no_quorum(err) from None
+        if not self.async_quorum or self.manager.current_step() == 0:
+            self._quorum_done()
+        return self.manager.current_step()
+
+    def _quorum_done(self) -> None:
+        """Wait for this step's quorum (once a step), and check what it says."""
+        if self._quorum_pending is None:
+            return
+        released, before = self._quorum_pending
+        self._quorum_pending = None
+        try:
+            self.manager.wait_quorum()
         except (TimeoutError, RuntimeError) as err:
-            raise ShoalError(
-                f"replica group {self.coordinates.group}: no quorum from torchft's lighthouse at "
-                f"{self.coordinates.lighthouse}: {first_line(err)}",
-                "the launcher restarts this group, which heals from a live one; if every group says this, "
-                "check that the lighthouse runs and that this node reaches it",
-                exit_code=1,
-            ) from None
+            raise self._no_quorum(err) from None
         if released and self.quorum == before:
             # The connections were closed for a peer that went away, yet the same groups met again
             # (a peer's connection broke while it lived): this group has nothing left to talk over.
@@ -195,15 +225,32 @@ class Replicas:
                 "the launcher restarts this group, which heals from a live one",
                 exit_code=1,
             )
-        self.participants = self.manager.num_participants()
-        return self.manager.current_step()
+        manager = self.manager
+        if manager._healing and manager.current_step() == 0:
+            # The job's first quorum (torchft's init_sync): the weights of the first group, taken
+            # before the forward pass as torchft's synchronous quorum takes them (manager.py,
+            # start_quorum, 0.2.0); every group is at step 0 and sees the same, so every gradient
+            # of the step counts and the average is over all of them.
+            manager._apply_pending_state_dict()
+            manager._healing = False
+        self.participants = manager.num_participants()
+
+    def _no_quorum(self, err: BaseException) -> ShoalError:
+        return ShoalError(
+            f"replica group {self.coordinates.group}: no quorum from torchft's lighthouse at "
+            f"{self.coordinates.lighthouse}: {first_line(err)}",
+            "the launcher restarts this group, which heals from a live one; if every group says this, "
+            "check that the lighthouse runs and that this node reaches it",
+            exit_code=1,
+        )
 
     def commit(self) -> bool:
         """Step the optimizer if every group of the quorum got through this step; else drop it."""
+        self._quorum_done()
         if self.group_nproc > 1:
             _average_across_groups(self.manager, self.optimizer)
             release_peers(self.manager)
-        if not self.manager.should_commit():
+        if not self.manager.should_commit():  # a healing group receives the live state in here
             return False
         self.optimizer.step()
         return True
@@ -306,8 +353,9 @@ def _as_shards_of(obj: Any, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _make_manager(
-    replicas: Replicas, device: torch.device, backend: str, timeout_s: float, quorum_timeout_s: float
-) -> Any:
+    replicas: Replicas, device: torch.device, backend: str, timeout_s: float, quorum_timeout_s: float,
+    async_quorum: bool,
+) -> Any:  # fmt: skip
     """torchft's Manager for this process: rank ``group_rank`` of its group's ``group_nproc``; the
     groups meet through torchft's reconfigurable NCCL or gloo group (``backend``).
 
@@ -331,14 +379,12 @@ def _make_manager(
         pg, wire = torchft.ProcessGroupGloo(timeout=timeout), torch.device("cpu")
     try:
         with _manager_server_bound_to(where.address):
-            return torchft.Manager(
+            manager = torchft.Manager(
                 pg=pg,
                 load_state_dict=replicas._load_state_dict,
                 state_dict=replicas._state_dict,
                 min_replica_size=1,
-                # A synchronous quorum heals a returning group before its forward pass: every step
-                # then starts from the same weights in every group (torchft's default is async).
-                use_async_quorum=False,
+                use_async_quorum=async_quorum,
                 timeout=timeout,
                 quorum_timeout=timedelta(seconds=quorum_timeout_s),
                 connect_timeout=timedelta(seconds=quorum_timeout_s),
@@ -358,6 +404,56 @@ def _make_manager(
             f"{(str(err).splitlines() or [''])[0]}",
             "check that the lighthouse runs and that this node reaches its address and port",
         ) from None
+    manager._client = ReplicaClient(manager._client, replicas.group_nproc)
+    return manager
+
+
+class ReplicaClient:
+    """torchft's ManagerClient (the group's line to its manager server) with two changes.
+
+    * **Quorum ids no restart of the lighthouse repeats.** torchft reconfigures a group's
+      connections only when the quorum id changes, and names their rendezvous keys in the store by
+      it (torchft/manager.py, ``_async_quorum``, 0.2.0). A restarted lighthouse counts from 1 again
+      (torchft/src/lighthouse.rs, ``quorum_id: 0`` in ``Lighthouse::new``), so its first quorum
+      may carry the id the groups already hold for another set of groups: the groups of the new
+      quorum keep the old connections and wait, every step, for a group that is not in it, until
+      the collective timeout (or, with the id of an older set, meet its stale keys). Here the id is
+      a digest of the lighthouse's id, the member groups and the step at which that set first met:
+      the same in every member (they receive the same quorum), new for every set of groups, in
+      any life of the lighthouse.
+    * **A group of one process votes alone.** The commit vote is a round trip to the group's
+      manager server, which answers with the AND of its ranks' votes once all have voted
+      (torchft/src/manager.rs, ``should_commit``): for one rank, its own vote. That round trip is
+      skipped.
+    """
+
+    def __init__(self, client: Any, group_nproc: int) -> None:
+        self._client = client
+        self._group_nproc = group_nproc
+        self._set: tuple[int, tuple[str, ...]] | None = None
+        self.id = -1
+        """The current quorum's id, as the groups use it."""
+        self.lighthouse_id = -1
+        """The current quorum's id, as the lighthouse gave it."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def _quorum(self, **kwargs: Any) -> Any:
+        quorum = self._client._quorum(**kwargs)
+        members = (quorum.quorum_id, tuple(sorted(quorum.replica_ids)))
+        if members != self._set:
+            self._set = members
+            digest = hashlib.blake2b(repr((members, quorum.max_step)).encode(), digest_size=7).digest()
+            self.id = int.from_bytes(digest, "big")  # a positive int64
+        self.lighthouse_id = quorum.quorum_id
+        quorum.quorum_id = self.id
+        return quorum
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+        if self._group_nproc == 1:
+            return should_commit
+        return self._client.should_commit(group_rank, step, should_commit, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -416,7 +512,10 @@ def replica_allreduce_hook(state, bucket):  # DDP checks the annotations: none, 
     """
     buffer = bucket.buffer()
     started = time.perf_counter()
-    state.manager.allreduce(buffer).wait()  # on success the average is written into ``buffer``
+    try:
+        state.manager.allreduce(buffer).wait()  # on success the average is written into ``buffer``
+    except Exception as err:  # the quorum failed (its wait runs in here): commit() says why
+        state.manager.report_error(err)  # and the step does not commit
     state.waited_s += time.perf_counter() - started
     release_peers(state.manager)
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -1,6 +1,7 @@
 """The figures of docs/FAULT_TOLERANCE.md, measured in one run against a baseline of the same run.
 
     python tests/train/ft/bench_ft.py [--workload digits] [--epochs 3] [--kills 3] [--train-args="--arch resnet18 ..."]
+    python tests/train/ft/bench_ft.py --kills 0 --rounds 5 [--against OTHER_CHECKOUT/src]   # the step's cost
     python tests/train/ft/bench_ft.py --epochs 40 --kills 3 --train-args="--start-method spawn"   # spawned groups
     python tests/train/ft/bench_ft.py --chaos [--groups 8] [--chaos-kills 10] [--kill-every 2] [--epochs 30]
     python tests/train/ft/bench_ft.py --chaos --groups 8 --chaos-nodes 4 [--nproc-per-group 2 --train-args="--strategy fsdp"]
@@ -9,7 +10,9 @@
    --fault-tolerance --nproc 2`` (2 replica groups of one process, torchft): the median
    time of a step (epoch time / steps; the last epochs, the first one holds the start-up).
    ``--nproc 4 --nproc-per-group 2 --train-args="--strategy fsdp"``: plain FSDP over 4 processes
-   against HSDP, 2 replica groups of 2.
+   against HSDP, 2 replica groups of 2. ``--rounds R``: the jobs R times in turn, medians;
+   ``--against DIR``: a third job each round, the fault-tolerant one with shoal imported from DIR
+   (another checkout's ``src``), and each round's ratio of this tree's step to DIR's.
 2. Faults: ``--kills`` runs of ``--fault-tolerance`` where replica group 1 is SIGKILLed right after
    its first commit: the survivor's next commit after the kill, and the restarted group's first
    commit after its process started (both from RUN_DIR/replicas.jsonl). ``--nodes``: each group
@@ -63,16 +66,29 @@ def _step_s(out: Path, steps_key: str | None) -> float:
 
 
 def steady_state(workload: str, epochs: int, root: Path, extra: tuple[str, ...] = (), nproc: int = 2,
-                 per_group: int = 1) -> dict:  # fmt: skip
+                 per_group: int = 1, rounds: int = 1, against: Path | None = None) -> dict:  # fmt: skip
     """The same job (``nproc`` processes, ``extra`` flags) without and with ``--fault-tolerance``, in
-    groups of ``per_group`` processes."""
-    plain, ft = root / "ddp", root / "ft"
+    groups of ``per_group`` processes, ``rounds`` times in turn; ``against``: a shoal source tree
+    (its ``src``) whose fault-tolerant job runs in the same rounds, for a change's per-step cost."""
     common = (workload, "--nproc", str(nproc), "--epochs", str(epochs), "--seed", "0", *extra)
-    subprocess.run(_shoal(*common, "--out", str(plain)), check=True, capture_output=True)
     grouped = ("--fault-tolerance", "--nproc-per-group", str(per_group))
-    subprocess.run(_shoal(*common, *grouped, "--out", str(ft)), check=True, capture_output=True)
-    ddp_s, ft_s = _step_s(plain, None), _step_s(ft, "steps_committed")
-    return {"ddp_step_s": ddp_s, "ft_step_s": ft_s, "ratio": ft_s / ddp_s}
+    variants = {"ddp": ((), None), "ft": (grouped, None)}
+    if against is not None:
+        variants["ft_against"] = (grouped, against)
+    steps: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(rounds):
+        for name, (flags, tree) in variants.items():
+            out = root / f"{name}-{round_}"
+            env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
+            subprocess.run(_shoal(*common, *flags, "--out", str(out)), check=True, capture_output=True, env=env)
+            steps[name].append(_step_s(out, "steps_committed" if flags else None))
+    report: dict = {f"{name}_step_s": statistics.median(values) for name, values in steps.items()}
+    report["ratio"] = report["ft_step_s"] / report["ddp_step_s"]
+    if against is not None:
+        report["ft_against_ratio"] = report["ft_against_step_s"] / report["ddp_step_s"]
+        report["ft_per_round"] = [round(a / b, 3) for a, b in zip(steps["ft"], steps["ft_against"])]
+    report["rounds"] = {name: [round(v * 1000, 2) for v in values] for name, values in steps.items()}
+    return report
 
 
 def one_fault(workload: str, epochs: int, out: Path, extra: tuple[str, ...] = ()) -> dict:
@@ -298,6 +314,10 @@ def main() -> None:
     parser.add_argument("--nproc-per-group", type=int, default=1, help="steady state: processes per replica group")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="steady state: the jobs this many times in turn")
+    parser.add_argument(
+        "--against", type=Path, help="steady state: also the fault-tolerant job of this shoal checkout's src/"
+    )
     parser.add_argument(
         "--train-args",
         default="",
@@ -323,8 +343,15 @@ def main() -> None:
             return
         report = {
             "steady_state": steady_state(
-                args.workload, args.epochs, root, tuple(shlex.split(args.train_args)), args.nproc, args.nproc_per_group
-            )
+                args.workload,
+                args.epochs,
+                root,
+                tuple(shlex.split(args.train_args)),
+                args.nproc,
+                args.nproc_per_group,
+                args.rounds,
+                args.against,
+            )  # fmt: skip
         }
         if args.kills == 0:
             print(json.dumps(report, indent=2))

@@ -217,16 +217,13 @@ class _Run:
         replicas, tally, events, progress = self.replicas, self.tally, self.events, self.progress
         heals = replicas.heals
         waited = time.perf_counter()
-        progress.collective()  # the quorum (and a heal)
-        step = replicas.start_step()  # heals this group first if it is behind
-        if replicas.heals != heals and not self.joined:
-            self._healed(step, "peer")
+        progress.collective()  # the quorum: it completes during the forward pass
+        step = replicas.start_step()  # as this group knows it: a group behind learns the job's at commit
         progress.phase("data", step)
         epoch, index = divmod(step, batches.batches)
-        self.epoch, self.epoch_done = epoch + 1, index == batches.batches - 1
-        if self.epoch > self.cfg.epochs:
+        if epoch + 1 > self.cfg.epochs:
             return False
-        inputs, targets = batches.get(self.epoch, index)
+        inputs, targets = batches.get(epoch + 1, index)
         schedule.apply(replicas.optimizer, epoch + index / batches.batches)
         replicas.optimizer.zero_grad(set_to_none=True)
         computed, waited_before = time.perf_counter(), replicas.waited_s
@@ -238,14 +235,19 @@ class _Run:
         # Not the wait for the other groups inside backward: a straggler is told by its compute alone.
         compute_s = time.perf_counter() - computed - (replicas.waited_s - waited_before)
         progress.collective()  # the commit vote, and the optimizer step
-        if not replicas.commit():
+        committed = replicas.commit()  # a group behind receives a live group's state in here
+        step = replicas.step - int(committed)  # the step tried, as the job counts it
+        if replicas.heals != heals and not self.joined:
+            self._healed(step, "peer")
+        epoch, index = divmod(step, batches.batches)
+        self.epoch, self.epoch_done = epoch + 1, committed and index == batches.batches - 1
+        if not committed:
             tally.dropped += 1
             self.dropped_since += 1
             error = replicas.error or "a member failed in it"  # another rank of this group, or another group
             self._say(
                 "dropped", f"dropped step {step + 1} ({error}); the live groups go on", step=step + 1, error=error
             )
-            self.epoch_done = False
             return True
         participants = replicas.participants
         if not self.joined:
@@ -254,7 +256,7 @@ class _Run:
             self.joined = True
             events.write("joined", step=step + 1, after_s=round(time.time() - events.born, 3))
         if replicas.quorum != self.quorum:  # the first commit with another set of groups
-            events.write("quorum", step=step + 1, participants=participants, quorum=replicas.quorum)
+            events.write("quorum", step=step + 1, participants=participants, quorum=replicas.lighthouse_quorum)
             self.quorum = replicas.quorum
         if self.dropped_since:
             events.write("recovered", step=step + 1, dropped=self.dropped_since, participants=participants)

@@ -1,6 +1,6 @@
 """A workload whose replica group ``DIE_GROUP`` SIGKILLs itself inside a step, on its first start:
 ``shoal train tests/train/ft/scripts/dies_in_step.py:DiesInStep --fault-tolerance``. At its
-``DIE_AT``-th forward pass (default 20) it dies as backward begins, before it sends its gradients,
+``DIE_AT``-th forward pass (default 20), its quorum formed, it dies as backward begins, before it sends its gradients,
 so that every other group is in, or enters, the step's all-reduce without it: the fault that
 stalled the groups across gloo's ring from the dead one until the collective timeout. A tiny MLP on
 ``SAMPLES`` (default 2400) random points; a step is a few milliseconds."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import torch
 from torch import nn
@@ -26,6 +27,10 @@ class _Net(nn.Module):
         out = self.net(x)
         self.forwards += 1
         if self.forwards == self.die_at and out.requires_grad:
+            # The step's quorum completes during the forward pass (shoal's async quorum): wait for it
+            # (milliseconds; the lighthouse would leave a silent group out after its 1 s heartbeat
+            # timeout, but this one heartbeats on), so that this group dies a member of the step.
+            time.sleep(0.5)
             out.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGKILL))  # the first thing backward does
         return out
 
