@@ -72,3 +72,65 @@ def test_who_set_the_threads_is_read_from_the_environment_the_launch_began_in(en
     from shoal.launch.core import _threads_note
 
     assert _threads_note(SimpleNamespace(nproc_per_node=2), environ) == note
+
+
+def test_the_note_counts_every_nodes_workers_when_all_run_here():
+    from types import SimpleNamespace
+
+    from shoal.launch.core import _threads_note
+
+    cores = len(os.sched_getaffinity(0))
+    assert _threads_note(SimpleNamespace(nproc_per_node=1), {}, nodes_here=2) == (
+        f", OMP_NUM_THREADS={max(1, cores // 2)} ({cores} cores for the 2 nodes' 2 workers on this machine)"
+    )
+
+
+@pytest.mark.multiprocess
+def test_two_loopback_nodes_share_this_machines_cores(tmp_path):
+    """Issue 49: two ``shoal run --nnodes 2`` "nodes" on one machine (a loopback master: every node
+    runs here) give each worker cores // (both nodes' workers), not cores // (its node's): no more
+    threads than cores."""
+    import subprocess
+
+    import warm
+    from shoal.launch.ports import find_free_port
+
+    script = tmp_path / "threads.py"
+    script.write_text("import os\nprint('threads', os.environ['OMP_NUM_THREADS'], flush=True)\n")
+    port = str(find_free_port())
+    nodes = [
+        warm.popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal",
+                "run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--nproc",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                str(script),
+            ],
+            env=_env(tmp_path, None),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    outputs = [node.communicate(timeout=180) for node in nodes]
+    cores = len(os.sched_getaffinity(0))
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err
+        assert out.splitlines() == [f"threads {max(1, cores // 2)}"], (out, err)
+        first = err.splitlines()[0]
+        assert first.startswith(f"shoal run: 1 worker on this node (node {nodes.index(node)} of 2), waiting"), err
+        assert first.endswith(
+            f", OMP_NUM_THREADS={max(1, cores // 2)} ({cores} cores for the 2 nodes' 2 workers on this machine)"
+        ), err

@@ -129,7 +129,7 @@ def run_workers(
     from torch.distributed.launcher.api import elastic_launch
 
     plan = launch.plan
-    launch.threads_note = _threads_note(config, os.environ)
+    launch.threads_note = _threads_note(config, os.environ, plan.nodes_here)
     too_many = oversubscribed(config.nproc_per_node, usable_cores())
     if too_many:
         write_line(f"{launch.prog}: warning: {too_many[0]}\nHINT: {too_many[1]}")
@@ -304,7 +304,8 @@ def _workers_environ(
     restored, so a library call that launches workers leaves its caller's environment as it was.
     """
     saved = dict(os.environ)
-    extra = {"OMP_NUM_THREADS": str(threads_per_process(config.nproc_per_node)), **plan.environ}
+    # Every node's workers count where every node runs on this machine (a loopback master).
+    extra = {"OMP_NUM_THREADS": str(threads_per_process(config.nproc_per_node * plan.nodes_here)), **plan.environ}
     if not verbose:  # c10d/gloo's C++ warnings (a client's host name not resolving...): --verbose
         extra["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     else:  # each worker's own traceback on the console too (exit_hook/sitecustomize.py)
@@ -357,16 +358,22 @@ def _torch_logs(verbose: bool, log_dir: str | None) -> Iterator[None]:
         handler.close()
 
 
-def _threads_note(config: Any, environ: Mapping[str, str]) -> str:
+def _threads_note(config: Any, environ: Mapping[str, str], nodes_here: int = 1) -> str:
     """``, OMP_NUM_THREADS=N`` and who chose N, from the environment the launch began in.
 
     Read before :func:`_workers_environ` adds shoal's own value (which the start lines, printed
     while the workers start, would otherwise see as the user's). A value already set was the
     user's, unless this process runs inside a torchrun worker: torchrun sets 1 unless it was set.
+    ``nodes_here``: nodes whose workers share these cores (:attr:`RendezvousPlan.nodes_here`); when
+    several, the note says N counts them all.
     """
     value = environ.get("OMP_NUM_THREADS")
     if value is None:
-        return f", OMP_NUM_THREADS={threads_per_process(config.nproc_per_node)}"
+        workers = config.nproc_per_node * nodes_here
+        note = f", OMP_NUM_THREADS={threads_per_process(workers)}"
+        if nodes_here > 1:
+            note += f" ({usable_cores()} cores for the {nodes_here} nodes' {workers} workers on this machine)"
+        return note
     if "TORCHELASTIC_RUN_ID" in environ:
         return f", OMP_NUM_THREADS={value} (inherited through torchrun)"
     return f", OMP_NUM_THREADS={value} (yours)"

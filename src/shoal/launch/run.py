@@ -35,7 +35,8 @@ both spellings), run by torch's own elastic agent. What shoal adds:
   - every socket of the job listens on loopback (one node) or on the interface that leads to the
     other nodes, never on every interface (torch's stores have no authentication);
   - a given port that is already taken on this machine is an immediate error;
-  - OMP_NUM_THREADS, unless set, = usable cores // workers per node (torchrun: always 1);
+  - OMP_NUM_THREADS, unless set, = usable cores // workers per node (torchrun: always 1), or
+    // every node's workers when a loopback --master-addr puts all the nodes on this machine;
   - when a worker fails, its own traceback is shown and shoal exits with its exit code;
   - across nodes: the interface and address that route to the master are found and used
     (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, --local-addr, c10d is_host) unless you set them,

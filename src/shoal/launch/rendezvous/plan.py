@@ -96,6 +96,14 @@ class RendezvousPlan:
         return self.route is None
 
     @property
+    def nodes_here(self) -> int:
+        """Nodes whose workers share this machine's cores: every node (at most) when the master is a
+        loopback address, since every node must then run here; else this one alone. A master address
+        of this machine that is not loopback says nothing of the other nodes: on a cluster node 0
+        hosts the rendezvous and the others run elsewhere, on their own cores."""
+        return self.max_nodes if self.route is not None and self.route.loopback else 1
+
+    @property
     def endpoint(self) -> str:
         return f"{bracket(self.host)}:{self.port}"
 
