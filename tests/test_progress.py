@@ -156,6 +156,16 @@ def test_cost_of_a_phase_call_and_of_a_step(tmp_path):
     writer.close()
 
 
+def test_an_untimed_step_counts_but_leaves_the_timed_totals(tmp_path):
+    writer = ProgressWriter(tmp_path, 0, stacks=False)
+    writer.step_done(8, 0.5, 0.1, timed=False)  # a first step after a start: slow, not the pace
+    writer.step_done(8, 0.01, 0.002)
+    record = read_one(writer.path)
+    assert (record.step, record.steps_timed, record.total_samples) == (2, 1, 8)
+    assert (record.total_compute_s, record.total_wait_s) == (0.01, 0.002)
+    writer.close()
+
+
 def test_a_restarted_writer_replaces_the_record_without_truncating_it(tmp_path):
     first = ProgressWriter(tmp_path, 2, stacks=False)
     first.step_done(8, 0.1)

@@ -238,10 +238,15 @@ class ProgressWriter:
         self._phase = _COLLECTIVE
         self._write_phase()
 
-    def step_done(self, samples: int, compute_s: float, wait_s: float = 0.0) -> None:
+    def step_done(self, samples: int, compute_s: float, wait_s: float = 0.0, *, timed: bool = True) -> None:
         """One step finished: ``samples`` in it, its time split into computing and waiting (for data,
-        for the other ranks). The step counter goes up by one; the phase stays."""
+        for the other ranks). The step counter goes up by one; the phase stays. ``timed=False``: the
+        step counts, its times do not (the timed steps and totals that judge stragglers stay)."""
         if not self.enabled:
+            return
+        if not timed:
+            self._step += 1
+            self._write_phase()
             return
         totals = self._totals
         totals[0] += 1

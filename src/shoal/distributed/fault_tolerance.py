@@ -176,12 +176,9 @@ class Replicas:
 
     @property
     def error(self) -> str | None:
-        """What made the last step drop (its first line), or None."""
+        """Why the last step dropped, in one line, or None."""
         error = self.manager.errored()
-        if error is None:
-            return None
-        text = str(getattr(error, "original_exception", error))
-        return (text.splitlines() or [""])[0][:200]
+        return None if error is None else dropped_because(str(getattr(error, "original_exception", error)))
 
     def start_step(self) -> int:
         """Start this step's quorum; the committed steps as this group knows them.
@@ -527,6 +524,16 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
 """What gloo (and NCCL's remote error) say when a peer's connection closed: the peer died, or
 aborted its own connections after its step failed. A timeout is not one: a hung peer is left out
 by the lighthouse's heartbeat, a slow one may still come."""
+
+
+def dropped_because(error: str) -> str:
+    """Why a step dropped, in shoal's words, from the error torchft recorded (gloo's or NCCL's)."""
+    if any(marker in error for marker in _PEER_LOST):
+        return "another group's connection closed: it died, or gave the step up"
+    if "Timed out" in error or "timed out" in error:
+        return f"another group did not answer within the collective timeout ({COLLECTIVE_TIMEOUT_S:.0f} s)"
+    line = (error.splitlines() or [""])[0]
+    return line if len(line) <= 160 else line[:160].rsplit(" ", 1)[0] + " ..."
 
 
 def release_peers(manager: Any) -> None:

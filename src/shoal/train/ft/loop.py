@@ -46,6 +46,9 @@ from shoal.train.trainer import TrainResult
 from shoal.workloads.base import Workload
 from shoal.workloads.blame import blame, checked_loss
 
+UNTIMED_STEPS = 10
+"""A process's first committed steps, which its progress record counts but does not time."""
+
 
 class ReplicaTally:
     """The current epoch's record: steps committed and dropped, participants per committed step,
@@ -190,6 +193,8 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     replicas.close()
     ctx.shutdown()
     model_path = run.outputs.save_model(state) if group == 0 and speaker else None
+    if model_path is not None:
+        ctx.print(f"saved {model_path} and metrics in {run.outputs.directory}")
     return TrainResult(run_dir=Path(cfg.out), metrics=run.outputs.logged_epochs(), model_path=model_path, config=cfg)
 
 
@@ -211,6 +216,8 @@ class _Run:
         self.resumed = False
         """Whether this process loaded a checkpoint before its first quorum."""
         self.said_healed = False
+        self.steps_done = 0
+        """Steps this process committed."""
 
     def step(self, batches: _Batches, loss_fn: Any, schedule: LRSchedule, workload: Any) -> bool:
         """One step: False once the run's steps are all committed."""
@@ -261,7 +268,11 @@ class _Run:
         if self.dropped_since:
             events.write("recovered", step=step + 1, dropped=self.dropped_since, participants=participants)
             self.dropped_since = 0
-        progress.step_done(targets.shape[0], compute_s, time.perf_counter() - waited - compute_s)
+        # A process's first steps (allocations, first calls) are not the group's pace: untimed, so
+        # that a group restarted beside groups long warm is not judged a straggler for them.
+        self.steps_done += 1
+        timed = self.steps_done > UNTIMED_STEPS
+        progress.step_done(targets.shape[0], compute_s, time.perf_counter() - waited - compute_s, timed=timed)
         tally.committed += 1
         tally.participants.append(participants)
         tally.samples += participants * self.ctx.world_size * targets.shape[0]
