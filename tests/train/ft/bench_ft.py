@@ -5,6 +5,7 @@
     python tests/train/ft/bench_ft.py --epochs 40 --kills 3 --train-args="--start-method spawn"   # spawned groups
     python tests/train/ft/bench_ft.py --chaos [--groups 8] [--chaos-kills 10] [--kill-every 2] [--epochs 30]
     python tests/train/ft/bench_ft.py --chaos --groups 8 --chaos-nodes 4 [--nproc-per-group 2 --train-args="--strategy fsdp"]
+    python tests/train/ft/bench_ft.py --lighthouse-kills 10 --groups 8 --epochs 60
 
 1. Steady state: ``shoal train W --nproc 2`` (plain DDP, gloo) and ``shoal train W
    --fault-tolerance --nproc 2`` (2 replica groups of one process, torchft): the median
@@ -28,6 +29,11 @@
    restarted more often than it was killed (a survivor restarted), whether every restart recorded
    where it healed, whether every group ended on the same weights, the test accuracy of both runs.
 
+4. ``--lighthouse-kills K`` (instead): ``--groups`` groups of one process on one node, the
+   lighthouse SIGKILLed K times, each ``--kill-every`` seconds after every group trained again; per
+   kill, the seconds until every group has committed 3 more steps, the groups restarted, the steps
+   dropped; whether every group ended on the same weights.
+
 Prints one JSON document. Not a test: the figures depend on the machine and its load.
 """
 
@@ -49,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: procs, warm, the namespaced nodes
 
-from ft_events import events, find, metrics
+from ft_events import events, find, lighthouses, metrics
 
 
 def _shoal(*args: str) -> list[str]:
@@ -221,6 +227,65 @@ def chaos(
     }  # fmt: skip
 
 
+def lighthouse_kills(workload: str, epochs: int, groups: int, kills: int, every_s: float, root: Path) -> dict:
+    """``groups`` replica groups on one node; the lighthouse SIGKILLed ``kills`` times, each
+    ``every_s`` seconds (give or take a third) after every group trained again: per kill, the seconds
+    until every group has committed 3 more steps (from their progress records: a lighthouse that
+    forms the same quorum again writes no event), the groups restarted and the steps dropped."""
+    from listening import descendants
+    from shoal.progress import progress_path, read_one, run_progress_dir
+
+    out = root / "lighthouse-kills"
+    proc = subprocess.Popen(
+        _shoal(workload, "--nproc", str(groups), "--epochs", str(epochs), "--fault-tolerance", "--out", str(out)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def steps() -> dict[int, int]:
+        records = {g: read_one(progress_path(run_progress_dir(out), g)) for g in range(groups)}
+        return {g: r.step for g, r in records.items() if r is not None}
+
+    chance, per_kill = random.Random(0), []
+    try:
+        deadline = time.monotonic() + 600
+        while not all(find(events(out), g, "joined") for g in range(groups)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the run ended or stalled before every group committed")
+            time.sleep(0.05)
+        for _ in range(kills):
+            time.sleep(every_s * chance.uniform(2 / 3, 4 / 3))
+            lighthouse = lighthouses(descendants(proc.pid))
+            if proc.poll() is not None or not lighthouse:
+                break
+            before, killed_at = steps(), time.time()
+            os.kill(lighthouse[0], signal.SIGKILL)
+            back: dict[int, float] = {}
+            while len(back) < groups and time.time() - killed_at < 120 and proc.poll() is None:
+                now = steps()
+                back.update({g: time.time() - killed_at for g in now if g not in back and now[g] >= before[g] + 3})
+                time.sleep(0.01)
+            after = [e for e in events(out) if e["t"] > killed_at]
+            per_kill.append({
+                "every_group_trains_again_s": round(max(back.values()), 3) if len(back) == groups else None,
+                "groups_restarted": sorted(e["group"] for e in after if e["event"] == "start"),
+                "steps_dropped": sum(1 for e in after if e["event"] == "dropped"),
+            })  # fmt: skip
+        proc.wait(timeout=3600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    found = events(out)
+    finished = {e["group"]: e["params"] for e in found if e["event"] == "finished"}
+    waits = [k["every_group_trains_again_s"] for k in per_kill if k["every_group_trains_again_s"] is not None]
+    return {
+        "groups": groups, "exit_status": proc.returncode, "kills": len(per_kill), "per_kill": per_kill,
+        "every_group_trains_again_s": _spread(waits, len(per_kill)),
+        "groups_restarted": sum(len(k["groups_restarted"]) for k in per_kill),
+        "weights_equal": len(finished) == groups and len(set(finished.values())) == 1,
+    }  # fmt: skip
+
+
 def _spread(values: list[float], expected: int) -> dict:
     """Median and worst of ``values``; ``missing``: how many of ``expected`` never came."""
     return {
@@ -331,9 +396,18 @@ def main() -> None:
         "--kill-every", type=float, default=2.0, help="seconds between a victim's return and the next kill"
     )
     parser.add_argument("--chaos-nodes", type=int, default=1, help="the chaos run's nodes (namespaced; needs root)")
+    parser.add_argument(
+        "--lighthouse-kills", type=int, default=0, help="instead: SIGKILL the lighthouse this many times (--groups)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-ft-bench-") as tmp:
         root = Path(tmp)
+        if args.lighthouse_kills:
+            report = lighthouse_kills(
+                args.workload, args.epochs, args.groups, args.lighthouse_kills, args.kill_every, root
+            )
+            print(json.dumps(report, indent=2))
+            return
         if args.chaos:
             report = chaos(
                 args.workload, args.epochs, args.groups, args.chaos_kills, args.kill_every, root,
