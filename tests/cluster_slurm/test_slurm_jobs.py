@@ -194,3 +194,36 @@ def test_sbatch_gives_torchruns_contract(slurm, tmp_path, layout):
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{output}\n{slurm.logs()}"
     ranks = check_report(report_from_file(report), world=2, nodes=1)
     assert [v["LOCAL_RANK"] for v in ranks] == ["0", "1"]
+
+
+def test_slurms_warning_before_the_time_limit_stops_a_plain_script_with_a_hint(slurm, tmp_path):
+    """Issue 49: the rendered script's ``--signal=USR1@60`` under a one-minute ``--time``: Slurm sends
+    SIGUSR1 at once (the limit is under 60 s away); a plain script (no ctx.preemption()) stops, and
+    the launcher says that this is Slurm's pre-timeout warning and what to do."""
+    from shoal.launch.core import SLURM_WARNING_HINT
+
+    script = tmp_path / "plain.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    rendered = subprocess.run(
+        [*LAUNCH, "slurm", "--nodes", "1", "--nproc", "1", "--time", "1", "--output", str(tmp_path / "job-%j.out"),
+         "--dry-run", "--", str(script)],
+        env=slurm.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    _check(rendered, slurm)
+    assert "#SBATCH --signal=USR1@60" in rendered.stdout.splitlines()
+    (tmp_path / "job.sbatch").write_text(rendered.stdout)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", str(tmp_path / "job.sbatch")],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    _check(submitted, slurm)
+    job_id = submitted.stdout.strip().split(";")[0]
+    info = slurm.wait_job(job_id, timeout=240)
+    output = (tmp_path / f"job-{job_id}.out").read_text()
+    assert info["JobState"] == "FAILED", f"{info}\n{output}"  # stopped before the limit, not TIMEOUT
+    assert "started" in output.splitlines(), output
+    ours = [line for line in output.splitlines() if line.startswith(("shoal run: stopped", "HINT: "))]
+    assert ours == ["shoal run: stopped by SIGUSR1; workers stopped", f"HINT: {SLURM_WARNING_HINT}"], output

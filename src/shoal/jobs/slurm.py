@@ -103,6 +103,7 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
             f"{SBATCH_MARKER}: one `shoal run` launcher per node starts {nproc} process{'es' if nproc != 1 else ''};",
             "# the launchers meet in a c10d rendezvous served by the first node of the allocation.",
         ]
+    lines += notes(nproc, cpus_per_task, per_task=opts.one_task_per_process, default=cpus is None)
     lines += ["set -eu", "", *exports(spec)]
     srun = ["srun"]
     if opts.one_task_per_process:
@@ -124,6 +125,35 @@ def render_sbatch(spec: JobSpec, opts: SlurmOptions) -> str:
     signals = ["--signals-to-handle", LAUNCHER_SIGNALS]
     lines.append(continued(srun, launcher, signals, rendezvous, spec.launcher_target()))
     return "\n".join(lines) + "\n"
+
+
+def notes(nproc: int, cpus_per_task: int | None, *, per_task: bool, default: bool) -> list[str]:
+    """What the script's ``--signal`` and ``--cpus-per-task`` do to a job, and how to change them,
+    as comments: the pre-timeout SIGUSR1 stops a script that does not save on it, and one core per
+    process leaves none for data loading."""
+    lines = [
+        f"# --signal={WARNING_SIGNAL}@{WARNING_S}: Slurm's warning {WARNING_S} s before --time ends. shoal train (and a "
+        "script using",
+        "#   ctx.preemption() with a checkpointer) saves and stops, and the same job submitted again resumes;",
+        "#   any other script stops then (exit 138): delete the line to run up to the limit.",
+    ]
+    processes = f"{nproc} process{'es' if nproc != 1 else ''}"
+    if cpus_per_task is None:
+        return [
+            *lines,
+            "# No --cpus-per-task: Slurm gives each process one core; for data-loading workers give",
+            "#   shoal launch slurm --cpus-per-node C (C cores per node, shared by its processes).",
+        ]
+    if default:
+        first = f"# --cpus-per-task={cpus_per_task}: one core for each of this node's {processes}; for data-loading workers give"
+    else:
+        whose = "each process" if per_task else f"this node's {processes}"
+        first = f"# --cpus-per-task={cpus_per_task}: the cores of {whose}, from --cpus-per-node; to change it give"
+    return [
+        *lines,
+        first,
+        "#   shoal launch slurm --cpus-per-node C (C cores per node), or edit both --cpus-per-task here.",
+    ]
 
 
 def sbatch_head(

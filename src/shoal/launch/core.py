@@ -189,7 +189,8 @@ def run_workers(
             # went) themselves; a traceback report would only bury that.
             code = max(codes)
             raise WorkersFailed(
-                f"{launch.prog}: workers stopped by {signal_name(code - 128)}", exit_code=code
+                f"{launch.prog}: workers stopped by {signal_name(code - 128)}{_signal_hint(code - 128)}",
+                exit_code=code,
             ) from None
         report = describe_child_failure(
             err, launch.log_dir, stderr_logs=recorder.stderrs, keep_logs=launch.keep_logs, memory_before=memory_before
@@ -200,7 +201,8 @@ def run_workers(
         # has forwarded it to the workers and waited for them.
         signum = int(err.sigval)
         raise WorkersFailed(
-            f"{launch.prog}: stopped by {signal_name(signum)}; {launch.stopped_note}", exit_code=128 + signum
+            f"{launch.prog}: stopped by {signal_name(signum)}; {launch.stopped_note}{_signal_hint(signum)}",
+            exit_code=128 + signum,
         ) from None
     except StopRequested:  # --on-hang stop, with restarts left: the agent's next rendezvous refused
         raise _hang_failure(launch, watch, config) from None
@@ -356,6 +358,19 @@ def _torch_logs(verbose: bool, log_dir: str | None) -> Iterator[None]:
             lg.removeHandler(handler)
             lg.propagate = propagate
         handler.close()
+
+
+SLURM_WARNING_HINT = (
+    "SIGUSR1 is Slurm's warning that the job's time limit is near (#SBATCH --signal=USR1@60, which shoal "
+    "launch slurm writes). A script that uses ctx.preemption() with a checkpointer (shoal train does) saves and "
+    "stops on it: submit the same job again to resume from that checkpoint. Any other script just stops: give "
+    "a longer --time, or delete that line to run up to the limit"
+)
+
+
+def _signal_hint(signum: int, environ: Mapping[str, str] = os.environ) -> str:
+    """``\nHINT: ...`` for a stop that Slurm's pre-timeout signal caused (SIGUSR1 in a Slurm job), else ``""``."""
+    return f"\nHINT: {SLURM_WARNING_HINT}" if signum == signal.SIGUSR1 and "SLURM_JOB_ID" in environ else ""
 
 
 def _threads_note(config: Any, environ: Mapping[str, str], nodes_here: int = 1) -> str:
