@@ -3,6 +3,8 @@ only what exists, a non-zero exit, and no file written or changed (a user's Dock
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import run_shoal
@@ -87,3 +89,59 @@ def test_a_directory_named_dockerfile_is_an_error_not_a_traceback(tmp_path):
 def test_help_names_the_fixed_file_names():
     result = run_shoal("launch", "image", "--help")
     assert result.returncode == 0 and "./Dockerfile and ./.dockerignore" in result.stdout.replace("\n", " ")
+
+
+def _checkout() -> str | None:
+    """The checkout shoal runs from here (``pip install -e .``), else None."""
+    import json
+    from importlib.metadata import distribution
+    from urllib.parse import unquote, urlparse
+
+    origin = json.loads(distribution("shoal").read_text("direct_url.json") or "{}")
+    return unquote(urlparse(origin["url"]).path) if "dir_info" in origin else None
+
+
+@pytest.mark.skipif(_checkout() is None, reason="shoal is not installed from a checkout here")
+def test_the_image_installs_the_shoal_that_runs_here_not_an_index_release(tmp_path):
+    """Issue 49: no package index serves shoal, so by default the image installs what runs here: a
+    wheel built from its checkout into the build context (the checkout left as it was), copied in
+    and installed; the wheel holds shoal (imported from it alone)."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    checkout, here = _checkout(), version("torch").split("+")[0]
+    wheel = f"shoal-{version('shoal')}-py3-none-any.whl"
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    base = ["--base-image", f"pytorch/pytorch:{here}-cpu"]  # this machine's torch: no note about it
+    printed = run_shoal("launch", "image", *base, "--dry-run", "--", "train.py", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stderr.splitlines() == [
+        f"shoal launch: the image installs {wheel}, a wheel of the checkout shoal runs from ({checkout}), built "
+        "into this directory when the files are written"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # --dry-run writes nothing
+    before = sorted(os.listdir(checkout))
+    written = run_shoal("launch", "image", *base, "--", "train.py", cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert written.stderr.splitlines() == [
+        f"shoal launch: built {wheel} from the checkout shoal runs from ({checkout}); the image installs it",
+        "shoal launch: wrote Dockerfile and .dockerignore; build and push the image with:",
+    ]
+    assert sorted(os.listdir(checkout)) == before  # no build/ left in the user's checkout
+    lines = (tmp_path / "Dockerfile").read_text().splitlines()
+    assert lines[lines.index("WORKDIR /workspace") + 1 :][:3] == [
+        f"COPY {wheel} ./{wheel}",
+        f"RUN pip install --no-cache-dir ./{wheel}",
+        "COPY . ./",
+    ]
+    assert not any("shoal==" in line for line in lines)
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site)]
+    subprocess.run([*pip, str(tmp_path / wheel)], check=True, capture_output=True, timeout=300)
+    assert (site / "shoal" / "horovod" / "shim" / "horovod" / "tensorflow" / "keras.py").is_file()  # --horovod-shim's
+    code = "import shoal, shoal.cli.main; print(shoal.__file__)"  # no torch here: -S, only the wheel's files
+    found = subprocess.run(
+        [sys.executable, "-S", "-c", code], env={"PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60
+    )
+    assert found.returncode == 0 and found.stdout.strip() == str(site / "shoal" / "__init__.py"), found.stderr

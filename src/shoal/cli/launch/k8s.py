@@ -9,9 +9,11 @@ before anything is written or applied.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 
 from shoal.cli.launch.common import (
     add_command,
@@ -134,7 +136,12 @@ def image_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-image", default=DEFAULT_BASE_IMAGE, help=f"base image (default {DEFAULT_BASE_IMAGE})")
     p.add_argument("--requirements", metavar="FILE", help="a pip requirements file to install (relative path)")
     p.add_argument("--mpi", action="store_true", help="add Open MPI and openssh-server (for an MPIJob)")
-    p.add_argument("--shoal-requirement", metavar="SPEC", help="how pip installs shoal (default shoal==VERSION)")
+    p.add_argument(
+        "--shoal-requirement",
+        metavar="SPEC",
+        help="how pip installs shoal (default: the shoal that runs here: its checkout when it is this directory, "
+        "else a wheel built from it into this directory; the file or index it was installed from)",
+    )
     p.add_argument("--image", help="the tag to build, for the printed docker commands")
     p.add_argument(
         "--horovod-shim",
@@ -268,19 +275,23 @@ def run_runai(args: argparse.Namespace) -> int:
 
 
 def run_image(args: argparse.Namespace) -> int:
-    from shoal.jobs.kubernetes.image import IMAGE_MARKER, render_dockerfile, render_dockerignore
+    from shoal.jobs.kubernetes.image import IMAGE_MARKER, build_wheel, render_dockerfile, render_dockerignore
     from shoal.jobs.spec import JobSpec, parse_env
 
     spec = JobSpec(command=args.command, env=parse_env(env_items(args)))
-    requirement, notes = _image_sources(args)
-    dockerfile = render_dockerfile(
-        spec,
-        base_image=args.base_image,
-        shoal_requirement=requirement,
-        requirements=args.requirements,
-        mpi=args.mpi,
-        notes=notes,
-    )
+    source = _image_sources(args)
+
+    def dockerfile(requirement: str) -> str:
+        return render_dockerfile(
+            spec,
+            base_image=args.base_image,
+            shoal_requirement=requirement,
+            requirements=args.requirements,
+            mpi=args.mpi,
+            notes=source.notes,
+        )
+
+    text = dockerfile(source.requirement)
     ignore = render_dockerignore()
     if not args.dry_run:
         if args.requirements and not os.path.isfile(args.requirements):
@@ -290,12 +301,24 @@ def run_image(args: argparse.Namespace) -> int:
         for path in ("Dockerfile", ".dockerignore"):  # check both before writing either
             _check_image_file(path, IMAGE_MARKER)
     warn_missing_script(args.command, where="the image")  # warnings once the input is known to be good
-    for note in notes:
+    for note in source.notes:
         announce(f"warning: {note}")
     if args.dry_run:
-        sys.stdout.write(f"# ---- Dockerfile\n{dockerfile}# ---- .dockerignore\n{ignore}")
+        if source.checkout:
+            announce(
+                f"the image installs {source.requirement}, a wheel of the checkout shoal runs from "
+                f"({source.checkout}), built into this directory when the files are written"
+            )
+        sys.stdout.write(f"# ---- Dockerfile\n{text}# ---- .dockerignore\n{ignore}")
         return 0
-    write_rendered("Dockerfile", dockerfile, IMAGE_MARKER, what="shoal launch image")
+    if source.checkout:
+        built = build_wheel(source.checkout, os.getcwd())
+        announce(f"built {built} from the checkout shoal runs from ({source.checkout}); the image installs it")
+        text = dockerfile(built) if built != source.requirement else text
+    elif source.copy:
+        shutil.copyfile(source.copy, os.path.basename(source.copy))
+        announce(f"copied {source.copy}, the file shoal was installed from, here; the image installs it")
+    write_rendered("Dockerfile", text, IMAGE_MARKER, what="shoal launch image")
     write_rendered(".dockerignore", ignore, IMAGE_MARKER, what="shoal launch image")
     tag = args.image or "REGISTRY/NAME:TAG"
     announce("wrote Dockerfile and .dockerignore; build and push the image with:")
@@ -303,36 +326,52 @@ def run_image(args: argparse.Namespace) -> int:
     return 0
 
 
-def _image_sources(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
-    """How the image installs shoal, and what it assumes that differs from this machine.
+@dataclass(frozen=True)
+class _ImageSource:
+    """How the image installs shoal: ``requirement`` (what pip installs in the Dockerfile); a
+    ``checkout`` to build a wheel of into the build context first, or a file to ``copy`` there;
+    ``notes``: what the image assumes that differs from this machine."""
 
-    shoal installed from a checkout (``pip install -e .``) is installed from the build context when
-    that checkout is this directory; otherwise the image gets the release of the same version from
-    the package index, and says so. A ``pytorch/pytorch`` base image's torch is compared with the
-    torch installed here."""
+    requirement: str
+    checkout: str = ""
+    copy: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def _image_sources(args: argparse.Namespace) -> _ImageSource:
+    """How the image installs shoal: the shoal this machine runs, by default.
+
+    ``--shoal-requirement`` as given; else, shoal installed from a checkout (``pip install -e .``):
+    the checkout itself when it is this directory (the build context), else a wheel built from it
+    into this directory; shoal installed from a wheel or sdist file: that file, copied here; shoal
+    installed from a package index: the same version from it. A ``pytorch/pytorch`` base image's
+    torch is compared with the torch installed here."""
     import json
     from importlib.metadata import PackageNotFoundError, distribution, version
     from urllib.parse import unquote, urlparse
 
-    from shoal.jobs.kubernetes.image import base_image_torch
+    from shoal.jobs.kubernetes.image import base_image_torch, wheel_name
 
     notes = []
-    requirement = args.shoal_requirement
-    if requirement is None:
-        requirement = f"shoal=={_version()}"
+    source = _ImageSource(requirement=args.shoal_requirement or f"shoal=={_version()}")
+    if args.shoal_requirement is None:
         try:
             origin = json.loads(distribution("shoal").read_text("direct_url.json") or "{}")
         except (PackageNotFoundError, ValueError):
             origin = {}
-        checkout = unquote(urlparse(origin.get("url", "")).path) if "dir_info" in origin else ""
-        if checkout and os.path.realpath(checkout) == os.path.realpath(os.getcwd()):
-            requirement = "."
-        elif checkout:
-            notes.append(
-                f"shoal runs here from a checkout ({os.path.basename(checkout.rstrip('/'))}), which is not this "
-                f"build context: the image installs the release {requirement} from the package index; run "
-                "`shoal launch image` in the checkout, or pass --shoal-requirement with a wheel built from it"
-            )
+        url = origin.get("url", "")
+        path = unquote(urlparse(url).path) if url.startswith("file:") else ""
+        if "dir_info" in origin and path:
+            if os.path.realpath(path) == os.path.realpath(os.getcwd()):
+                source = _ImageSource(requirement=".")
+            else:
+                source = _ImageSource(requirement=wheel_name(_version()), checkout=path)
+        elif "archive_info" in origin and path and os.path.isfile(path):
+            name = os.path.basename(path)
+            here = os.path.realpath(path) == os.path.realpath(name)
+            source = _ImageSource(requirement=name, copy="" if here else path)
+        elif url and not path:  # installed from a URL: the image installs from it too
+            source = _ImageSource(requirement=url)
     ours = base_image_torch(args.base_image)
     try:
         here = version("torch").split("+", 1)[0]
@@ -343,7 +382,7 @@ def _image_sources(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
             f"the base image holds torch {ours}, this machine runs torch {here}: pass --base-image with a "
             f"pytorch/pytorch:{here} tag to train with the same torch"
         )
-    return requirement, tuple(notes)
+    return dataclasses.replace(source, notes=tuple(notes))
 
 
 def _check_image_file(path: str, marker: str) -> None:

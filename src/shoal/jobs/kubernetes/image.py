@@ -121,6 +121,44 @@ def render_dockerfile(
     return "\n".join(lines) + "\n"
 
 
+_NOT_PACKAGED = (
+    ".git", ".venv", "venv", "build", "dist", "__pycache__", "*.egg-info", "*.pyc", "*.whl", "tests", "benchmarks",
+    "docs", "examples", "runs", ".pytest_cache", ".ruff_cache", ".mypy_cache", "Dockerfile", ".dockerignore",
+)  # fmt: skip
+"""What a copy of shoal's checkout leaves out before its wheel is built: nothing a wheel holds."""
+
+
+def wheel_name(version: str) -> str:
+    """The file name of shoal's wheel of ``version`` (pure Python: one wheel for every platform)."""
+    return f"shoal-{version}-py3-none-any.whl"
+
+
+def build_wheel(checkout: str, directory: str) -> str:
+    """Build a wheel of shoal's checkout ``checkout`` into ``directory`` (the build context); return
+    its file name. The checkout is copied first (setuptools builds in the source tree: the user's
+    checkout is left as it was), and built with this Python's pip and build backend, offline."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="shoal-wheel-") as tmp:
+        source, out = os.path.join(tmp, "shoal"), os.path.join(tmp, "out")
+        shutil.copytree(checkout, source, ignore=shutil.ignore_patterns(*_NOT_PACKAGED), symlinks=True)
+        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, source]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        wheels = [name for name in os.listdir(out) if name.endswith(".whl")] if os.path.isdir(out) else []
+        if proc.returncode != 0 or len(wheels) != 1:
+            why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            raise ShoalError(
+                f"could not build a wheel of shoal's checkout {checkout} for the image: {why}",
+                f"build one yourself (pip wheel --no-deps -w . {checkout}) and pass --shoal-requirement with "
+                "its file name, or run shoal launch image in the checkout",
+            )
+        os.replace(os.path.join(out, wheels[0]), os.path.join(directory, wheels[0]))
+    return wheels[0]
+
+
 def with_extras(requirement: str, extras: tuple[str, ...]) -> str:
     """``requirement`` (a name with a version, a file, ``.``) with shoal's ``extras`` added to those
     it names: ``shoal==0.1.0`` -> ``shoal[ft]==0.1.0``, ``.`` -> ``.[ft]``."""
