@@ -210,3 +210,22 @@ def test_a_path_of_this_machine_handed_to_pods_is_a_warning(tmp_path):
         "k8s", "--image", "IMG", "--env", "DATA=/mnt/shared/data", "--dry-run", "--", "python", str(tmp_path / "lab.py")
     )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_the_shims_path_passed_on_to_other_hosts_is_a_warning_and_none_for_this_one(tmp_path):
+    """``shoal launch --hosts`` passes PYTHONPATH on from this shell unasked: the shim's path of this
+    machine reaching other hosts is said (naming --horovod-shim); a host list of this machine alone is not."""
+    (tmp_path / "lab.py").write_text("import horovod.tensorflow.keras as hvd\n")
+    env = clean_env(PYTHONPATH=shim_path())
+    argv = [sys.executable, "-m", "shoal", "launch", "--via", "ssh", "--dry-run", "--", "lab.py"]
+    proc = warm.run([*argv[:4], "--hosts", "10.255.0.1:1,10.255.0.2:1", *argv[4:]], env=env, cwd=tmp_path,
+                    capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"shoal launch: warning: PYTHONPATH (passed on from this shell) passes this machine's "
+        f"{os.path.realpath(shim_path())} to the other hosts, where it exists only if the files there match this "
+        "machine's; pass --horovod-shim instead: it finds the shim where each process runs"
+    ]
+    proc = warm.run([*argv[:4], "--hosts", "127.0.0.1:2", *argv[4:]], env=env, cwd=tmp_path,
+                    capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

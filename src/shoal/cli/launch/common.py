@@ -76,13 +76,14 @@ def env_items(args: argparse.Namespace) -> list[str]:
     return [*(getattr(args, "env", None) or ()), *([HOROVOD_SHIM_ITEM] if getattr(args, "horovod_shim", False) else [])]
 
 
-def warn_local_paths(env, environ, *, where: str, shared_files: bool = False) -> None:
+def warn_local_paths(env, environ, *, where: str, shared_files: bool = False, label: str = "--env {name}") -> None:
     """A warning line for each ``--env`` variable whose value holds a path of this machine that
     ``where`` (pods, other nodes) may not have: one in this Python's installation (its virtual
     environment, site-packages) or home directory. A path to the Horovod shim names ``--horovod-shim``,
     which finds the shim where each process runs. ``shared_files``: the target runs this Python by
     its path already (Slurm, a host list), so only the shim's path is said. ``env``: (name, value or
-    None for this shell's), as :class:`~shoal.jobs.spec.JobSpec` holds it."""
+    None for this shell's), as :class:`~shoal.jobs.spec.JobSpec` holds it; ``label``: how the line
+    names a variable (``--env {name}``, or one passed on from this shell unasked)."""
     from shoal.launch.exit_hook import HOROVOD_SHIM_DIRECTORY
 
     shim_dir = os.path.realpath(HOROVOD_SHIM_DIRECTORY)
@@ -104,7 +105,7 @@ def warn_local_paths(env, environ, *, where: str, shared_files: bool = False) ->
             else "give the path it has there"
         )
         print(
-            f"shoal launch: warning: --env {name} passes this machine's {local[0]} to {where}, where it exists "
+            f"shoal launch: warning: {label.format(name=name)} passes this machine's {local[0]} to {where}, where it exists "
             f"only if the files there match this machine's; {advice}",
             file=sys.stderr,
             flush=True,

@@ -264,7 +264,12 @@ def _warn_local_paths(args: argparse.Namespace, opts, here) -> None:
     from shoal.jobs.spec import parse_env
 
     if _remote_hosts(opts, here):
-        warn_local_paths(parse_env(args.env), os.environ, where="the other hosts", shared_files=True)
+        env = parse_env(args.env)
+        warn_local_paths(env, os.environ, where="the other hosts", shared_files=True)
+        # PYTHONPATH is passed on from this shell unasked (FORWARDED_ENV): the shim's path of this machine too.
+        unasked = [("PYTHONPATH", None)] if "PYTHONPATH" not in dict(env) else []
+        label = "{name} (passed on from this shell)"
+        warn_local_paths(unasked, os.environ, where="the other hosts", shared_files=True, label=label)
 
 
 def _hosts(args: argparse.Namespace, *, required: bool):
