@@ -33,7 +33,9 @@ ratios to their baselines (matplotlib).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import math
 import os
 import re
 import signal
@@ -60,6 +62,8 @@ STEP_PROBE = str(ROOT / "benchmarks" / "scale_probe.py")
 HANG_SCRIPT = str(ROOT / "tests" / "launch" / "scripts" / "hang_faults.py")
 STEPS = 100
 TIMEOUT_S = 900
+JOIN_S = "300"
+"""Every launcher's join timeout: 16 launchers importing torch on 2 cores need more than 60 s."""
 
 
 def _size(label: str) -> tuple[int, int]:
@@ -74,10 +78,10 @@ def _startup_cmd(arm: str, i: int, n: int, p: int, pod, port: int) -> tuple[list
         cmd = [PY, "-m", "shoal", "run", "--nproc", str(n * p)]
     elif arm == "shoal static":
         cmd = [PY, "-m", "shoal", "run", "--nnodes", str(n), "--node-rank", str(i), "--master-addr", "n0",
-               "--master-port", str(port), "--nproc", str(p), "--join-timeout", "600"]  # fmt: skip
+               "--master-port", str(port), "--nproc", str(p), "--join-timeout", JOIN_S]  # fmt: skip
     elif arm == "shoal c10d":
         cmd = [PY, "-m", "shoal", "run", "--nnodes", str(n), "--nproc", str(p), "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"n0:{port}", "--rdzv-id", "curve", "--join-timeout", "600"]  # fmt: skip
+               "--rdzv-endpoint", f"n0:{port}", "--rdzv-id", "curve", "--join-timeout", JOIN_S]  # fmt: skip
     elif arm == "torchrun static":
         cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(i), "--master-addr", "n0",
                "--master-port", str(port), "--nproc-per-node", str(p)]  # fmt: skip
@@ -85,7 +89,7 @@ def _startup_cmd(arm: str, i: int, n: int, p: int, pod, port: int) -> tuple[list
     elif arm == "torchrun c10d":
         cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(n), "--nproc-per-node", str(p),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"n0:{port}", "--rdzv-id", "curve",
-               "--local-addr", pod.addr, "--rdzv-conf", f"is_host={int(i == 0)}"]  # fmt: skip
+               "--local-addr", pod.addr, "--rdzv-conf", f"is_host={int(i == 0)},join_timeout={JOIN_S}"]  # fmt: skip
         env["GLOO_SOCKET_IFNAME"] = pod.ifname
     else:
         raise ValueError(arm)
@@ -325,7 +329,7 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def run_curves(labels: list[str], measures: list[str], repeat: int, tmp: Path, log, save) -> dict:
+def run_curves(labels: list[str], measures: list[str], repeat: int, tmp: Path, log, save, skip=()) -> dict:
     found: dict = {m: {label: {} for label in labels} for m in measures}
     port = 29800
     for r in range(repeat):
@@ -336,9 +340,17 @@ def run_curves(labels: list[str], measures: list[str], repeat: int, tmp: Path, l
                     fn, arms = MEASURES[measure]
                     order = list(arms) if r % 2 == 0 else list(arms)[::-1]
                     for arm in order:
+                        if arm in skip:
+                            continue
                         port += 1
                         work = tmp / f"r{r}-{label}-{measure}-{arm.replace(' ', '_')}"
-                        value = fn(pods, label, arm, work, port)
+                        try:
+                            value = fn(pods, label, arm, work, port)
+                        except RuntimeError as failed:  # recorded, and the run goes on
+                            SHOWN[f"failed: {label} {measure} {arm}"] = str(failed)[-6000:]
+                            log(f"round {r + 1} {label} {measure} {arm}: FAILED {str(failed)[:300]}")
+                            _stop(pods, [])
+                            continue
                         found[measure][label].setdefault(arm, []).append(value)
                         shown = json.dumps(value) if isinstance(value, dict) else f"{value:.2f}"
                         log(f"round {r + 1} {label} {measure} {arm}: {shown}  [{_uptime()}]")
@@ -358,7 +370,9 @@ def table(found: dict) -> str:
         rows = found["startup"]
         one = statistics.median(rows["1"]["shoal static"]) if "1" in rows else None
         for label, arms in rows.items():
-            m = {a: statistics.median(v) for a, v in arms.items()}
+            if not arms:
+                continue
+            m = collections.defaultdict(lambda: math.nan, {a: statistics.median(v) for a, v in arms.items()})
             n, p = _size(label)
             vs_one = f"{m['shoal static'] / one:.2f}" if one else "-"
             lines.append(
@@ -374,7 +388,9 @@ def table(found: dict) -> str:
             "| --- | --- | --- | --- |",
         ]
         for label, arms in found["step"].items():
-            m = {a: statistics.median(v) for a, v in arms.items()}
+            if not arms:
+                continue
+            m = collections.defaultdict(lambda: math.nan, {a: statistics.median(v) for a, v in arms.items()})
             n, p = _size(label)
             lines.append(f"| {n} x {p} | {m['plain']:.1f} | {m['shoal']:.1f} | {m['shoal'] / m['plain']:.2f} |")
         lines.append("")
@@ -384,6 +400,8 @@ def table(found: dict) -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         for label, arms in found["records"].items():
+            if "blocks" not in arms:
+                continue
             off = statistics.median(v["off"] for v in arms["blocks"])
             on = statistics.median(v["on"] for v in arms["blocks"])
             n, p = _size(label)
@@ -395,6 +413,8 @@ def table(found: dict) -> str:
         arms = MEASURES[measure][1]
         lines += [f"| {measure}: nodes x processes | " + " | ".join(arms) + " |", "| --- |" + " --- |" * len(arms)]
         for label, got in found[measure].items():
+            if not got:
+                continue
             n, p = _size(label)
             cells = [f"{statistics.median(got[a]):.1f} s ({', '.join(f'{v:.1f}' for v in got[a])})" for a in arms]
             lines.append(f"| {n} x {p} | " + " | ".join(cells) + " |")
@@ -411,11 +431,13 @@ def plot(found: dict, path: str) -> None:
     panels = [m for m in ("startup", "step") if m in found]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
     for ax, measure in zip(axes[0], panels):
-        rows = {label: arms for label, arms in found[measure].items() if "x" not in label}
+        single = [(label, arms) for label, arms in found[measure].items() if "x" not in label and arms]
+        rows = dict(sorted(single, key=lambda row: int(row[0])))
         nodes = [int(label) for label in rows]
-        for arm in next(iter(rows.values())):
-            ys = [statistics.median(rows[label][arm]) for label in rows]
-            ax.plot(nodes, ys, marker="o", linestyle="--" if arm.startswith(("torchrun", "plain")) else "-", label=arm)
+        for arm in MEASURES[measure][1]:
+            have = [label for label in rows if rows[label].get(arm)]
+            xs, ys = [int(label) for label in have], [statistics.median(rows[label][arm]) for label in have]
+            ax.plot(xs, ys, marker="o", linestyle="--" if arm.startswith(("torchrun", "plain")) else "-", label=arm)
         ax.set_xscale("log", base=2)
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.set_xlabel("nodes (1 process each)")
@@ -427,14 +449,38 @@ def plot(found: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def report(paths: list[str], png: str | None) -> None:
+    """Print the tables of earlier runs (their --json files, merged: a later file's arms win) and plot them."""
+    merged: dict = {}
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        print(f"{path}: uptime {saved['uptime'][0]} -> {saved['uptime'][1]}")
+        for measure in MEASURES:
+            for label, arms in saved.get(measure, {}).items():
+                merged.setdefault(measure, {}).setdefault(label, {}).update(arms)
+        for key, text in saved.get("shown", {}).items():
+            print(f"--- {key} ---\n{text}")
+    print()
+    print(table(merged))
+    if png:
+        plot(merged, png)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="1,2,4,8,16,4x2", help="sizes: N (N nodes of 1 process) or NxP")
     parser.add_argument("--measure", default="startup,step", help=f"of {','.join(MEASURES)}")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--skip", default="", help="arms not to run (e.g. 'shoal c10d,torchrun c10d')")
     parser.add_argument("--json", help="write every round's figures here")
     parser.add_argument("--plot", help="draw the curves into this PNG")
+    parser.add_argument(
+        "--report", help="no run: the tables and --plot of these --json files (comma-separated), merged"
+    )
     args = parser.parse_args()
+    if args.report:
+        report(args.report.split(","), args.plot)
+        return
     labels = args.nodes.split(",")
     measures = args.measure.split(",")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run removes its pods too
@@ -447,7 +493,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="shoal-curves-") as tmp:
         log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-        found = run_curves(labels, measures, args.repeat, Path(tmp), log, save)
+        found = run_curves(labels, measures, args.repeat, Path(tmp), log, save, args.skip.split(","))
     print(f"uptime before: {before}\nuptime after:  {_uptime()}\nmedians of {args.repeat} round(s)\n")
     print(table(found))
     save(found)
