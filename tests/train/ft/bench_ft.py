@@ -5,7 +5,7 @@
     python tests/train/ft/bench_ft.py --epochs 40 --kills 3 --train-args="--start-method spawn"   # spawned groups
     python tests/train/ft/bench_ft.py --chaos [--groups 8] [--chaos-kills 10] [--kill-every 2] [--epochs 30]
     python tests/train/ft/bench_ft.py --chaos --groups 8 --chaos-nodes 4 [--nproc-per-group 2 --train-args="--strategy fsdp"]
-    python tests/train/ft/bench_ft.py --lighthouse-kills 10 --groups 8 --epochs 60
+    python tests/train/ft/bench_ft.py --lighthouse-kills 10 --groups 8 --epochs 60 --train-args="--batch-size 8"
 
 1. Steady state: ``shoal train W --nproc 2`` (plain DDP, gloo) and ``shoal train W
    --fault-tolerance --nproc 2`` (2 replica groups of one process, torchft): the median
@@ -227,7 +227,9 @@ def chaos(
     }  # fmt: skip
 
 
-def lighthouse_kills(workload: str, epochs: int, groups: int, kills: int, every_s: float, root: Path) -> dict:
+def lighthouse_kills(
+    workload: str, epochs: int, groups: int, kills: int, every_s: float, root: Path, extra: tuple[str, ...] = ()
+) -> dict:
     """``groups`` replica groups on one node; the lighthouse SIGKILLed ``kills`` times, each
     ``every_s`` seconds (give or take a third) after every group trained again: per kill, the seconds
     until every group has committed 3 more steps (from their progress records: a lighthouse that
@@ -237,7 +239,7 @@ def lighthouse_kills(workload: str, epochs: int, groups: int, kills: int, every_
 
     out = root / "lighthouse-kills"
     proc = subprocess.Popen(
-        _shoal(workload, "--nproc", str(groups), "--epochs", str(epochs), "--fault-tolerance", "--out", str(out)),
+        _shoal(workload, "--nproc", str(groups), "--epochs", str(epochs), "--fault-tolerance", *extra, "--out", str(out)),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -404,8 +406,9 @@ def main() -> None:
         root = Path(tmp)
         if args.lighthouse_kills:
             report = lighthouse_kills(
-                args.workload, args.epochs, args.groups, args.lighthouse_kills, args.kill_every, root
-            )
+                args.workload, args.epochs, args.groups, args.lighthouse_kills, args.kill_every, root,
+                tuple(shlex.split(args.train_args)),
+            )  # fmt: skip
             print(json.dumps(report, indent=2))
             return
         if args.chaos:

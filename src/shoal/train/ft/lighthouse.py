@@ -31,7 +31,12 @@ from shoal.launch.process import PR_SET_PDEATHSIG
 from shoal.stopping import stop_with_grace
 
 QUORUM_RETRIES = 10
-"""Each worker's retries of a failed quorum call (torchft's default: 0)."""
+"""Each worker's retries of a failed quorum call (torchft's default: 0). torchft waits the quorum
+timeout / (retries + 1) between two tries (torchft/src/manager.rs, ``_quorum_with_retries``,
+0.2.0): 2.7 s here. Shorter waits (60 retries: 0.5 s) bring the groups back sooner, but then the
+first group to retry often meets a restarted lighthouse that has not yet heard the others'
+heartbeats, and trains alone: 4 of 12 lighthouse kills then cost 10 s instead of 2.8 s
+(tests/train/ft/bench_ft.py --lighthouse-kills)."""
 _CHECK_S = 0.2
 _INSTALL_HINT = "pip install 'shoal[ft]' (torchft, PyTorch's per-step fault tolerance)"
 
