@@ -74,7 +74,7 @@ def _size(label: str) -> tuple[int, int]:
 def _startup_cmd(arm: str, i: int, n: int, p: int, pod, port: int) -> tuple[list[str], dict[str, str]]:
     """The launcher of node ``i`` for ``arm``, and its environment."""
     env = clean_env()
-    if arm == "shoal, one node":
+    if arm == "shoal one node":
         cmd = [PY, "-m", "shoal", "run", "--nproc", str(n * p)]
     elif arm == "shoal static":
         cmd = [PY, "-m", "shoal", "run", "--nnodes", str(n), "--node-rank", str(i), "--master-addr", "n0",
@@ -134,7 +134,7 @@ def startup(pods, label: str, arm: str, work: Path, port: int) -> float:
     stamps = work / "stamps"
     stamps.mkdir(parents=True)
     cmds = []
-    for i, pod in enumerate(pods[:1] if arm == "shoal, one node" else pods):
+    for i, pod in enumerate(pods[:1] if arm == "shoal one node" else pods):
         cmd, env = _startup_cmd(arm, i, n, p, pod, port)
         cmds.append(([*cmd, PROBE, str(stamps)], env))
     start = time.time()
@@ -310,7 +310,7 @@ def status(pods, label: str, arm: str, work: Path, port: int) -> float:
 
 
 MEASURES = {
-    "startup": (startup, ("shoal static", "torchrun static", "shoal c10d", "torchrun c10d", "shoal, one node")),
+    "startup": (startup, ("shoal static", "torchrun static", "shoal c10d", "torchrun c10d", "shoal one node")),
     "step": (step, ("plain", "shoal")),
     "records": (records, ("blocks",)),
     "elastic": (elastic, ("shoal", "torch defaults")),
@@ -377,9 +377,9 @@ def table(found: dict) -> str:
             vs_one = f"{m['shoal static'] / one:.2f}" if one else "-"
             lines.append(
                 f"| {n} x {p} | {m['shoal static']:.1f} s | {m['torchrun static']:.1f} s | {m['shoal c10d']:.1f} s "
-                f"| {m['torchrun c10d']:.1f} s | {m['shoal, one node']:.1f} s "
+                f"| {m['torchrun c10d']:.1f} s | {m['shoal one node']:.1f} s "
                 f"| {m['shoal static'] / m['torchrun static']:.2f} | {m['shoal c10d'] / m['torchrun c10d']:.2f} "
-                f"| {m['shoal static'] / m['shoal, one node']:.2f} | {vs_one} |"
+                f"| {m['shoal static'] / m['shoal one node']:.2f} | {vs_one} |"
             )
         lines.append("")
     if "step" in found:
@@ -439,6 +439,7 @@ def plot(found: dict, path: str) -> None:
             xs, ys = [int(label) for label in have], [statistics.median(rows[label][arm]) for label in have]
             ax.plot(xs, ys, marker="o", linestyle="--" if arm.startswith(("torchrun", "plain")) else "-", label=arm)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.set_xlabel("nodes (1 process each)")
         ax.set_ylabel("seconds to the first step on every rank" if measure == "startup" else "ms per step (median)")
@@ -457,6 +458,7 @@ def report(paths: list[str], png: str | None) -> None:
         print(f"{path}: uptime {saved['uptime'][0]} -> {saved['uptime'][1]}")
         for measure in MEASURES:
             for label, arms in saved.get(measure, {}).items():
+                arms = {arm.replace(",", ""): values for arm, values in arms.items()}  # an older spelling
                 merged.setdefault(measure, {}).setdefault(label, {}).update(arms)
         for key, text in saved.get("shown", {}).items():
             print(f"--- {key} ---\n{text}")
