@@ -52,6 +52,7 @@ import torch.distributed.run  # noqa: F401
 import tqdm  # noqa: F401
 
 import shoal.cli.main
+import shoal.cli.run.args
 import shoal.launch.core
 import shoal.launch.run
 import shoal.train.job

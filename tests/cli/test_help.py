@@ -46,13 +46,13 @@ def test_help_imports_no_torch_and_shows_examples(command):
 
 
 def test_shoal_runs_flags_are_torchruns_as_installed():
-    """``shoal run`` parses with torchrun's flags frozen in ``shoal.launch.run_help`` (torch's parser
+    """``shoal run`` parses with torchrun's flags frozen in ``shoal.cli.run.torchrun_flags`` (torch's parser
     costs seconds of import): they must be what torchrun's parser declares now. A torch release
-    that adds, drops or changes a flag fails here; write them again with ``python -m shoal.launch.run``."""
-    from shoal.launch import run_help
-    from shoal.launch.run import torchrun_flags
+    that adds, drops or changes a flag fails here; write them again with ``python -m shoal.cli.run.args``."""
+    from shoal.cli.run import torchrun_flags as frozen
+    from shoal.cli.run.args import torchrun_flags
 
-    assert torchrun_flags() == run_help.FLAGS, "torchrun's flags changed: regenerate with `python -m shoal.launch.run`"
+    assert torchrun_flags() == frozen.FLAGS, "torchrun's flags changed: regenerate with `python -m shoal.cli.run.args`"
 
 
 ARGVS = [
@@ -80,7 +80,7 @@ def test_shoal_run_parses_as_torchrun_does(argv, monkeypatch):
     from torch.distributed.run import get_args_parser
 
     from shoal.cli.parser import ArgumentParser
-    from shoal.launch.run import LEFT_OUT, build_parser
+    from shoal.cli.run.args import LEFT_OUT, build_parser
 
     for name in [name for name in os.environ if name.startswith("PET_")]:
         monkeypatch.delenv(name)

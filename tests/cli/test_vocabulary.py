@@ -13,8 +13,8 @@ import pytest
 from shoal.cli.launch import _FORMS
 from shoal.cli.main import build_parser
 from shoal.cli.parser import HELP_WIDTH, ArgumentParser
+from shoal.cli.run.args import build_parser as run_parser
 from shoal.console import help_text
-from shoal.launch.run import build_parser as run_parser
 
 MEANINGS = {
     # meaning: (the canonical flag, every spelling accepted, the dests that hold it)

@@ -22,8 +22,9 @@ import warm
 from conftest import run_shoal, shoal_cmd
 from procs import alive, diagnose_stuck, kill_group, start_cmd
 from shoal.cli.main import main
+from shoal.cli.run import args as run_args
+from shoal.cli.run.precheck import check_run_args
 from shoal.errors import ShoalError
-from shoal.launch import run as launch_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ALLREDUCE = str(SCRIPTS / "allreduce.py")
@@ -366,13 +367,13 @@ def test_unknown_flag_is_one_line(capsys):
 
 
 def test_modules_are_not_checked_programs_are():
-    parse = launch_run.build_parser().parse_args
-    launch_run._check_script(parse(["-m", "no.such.module"]))  # the worker reports it
-    launch_run._check_script(parse(["--no-python", "true"]))  # found on PATH
+    parse = run_args.build_parser().parse_args
+    check_run_args(parse(["-m", "no.such.module"]))  # the worker reports it
+    check_run_args(parse(["--no-python", "true"]))  # found on PATH
     with pytest.raises(ShoalError, match="program not found: no-such-program"):
-        launch_run._check_script(parse(["--no-python", "no-such-program"]))
+        check_run_args(parse(["--no-python", "no-such-program"]))
     with pytest.raises(ShoalError, match="script not found: no_such_script.py"):
-        launch_run._check_script(parse(["no_such_script.py"]))
+        check_run_args(parse(["no_such_script.py"]))
 
 
 def test_help_shows_torchruns_flags_shoals_and_examples(capsys):
@@ -442,12 +443,12 @@ RUNAI_POD = {"MASTER_ADDR": "dist-train1-master-0", "MASTER_PORT": "23456", "RAN
 
 
 def test_in_a_pod_with_only_the_classic_variables_they_are_the_flags_defaults():
-    _, options = launch_run.parse(["train.py"], environ=RUNAI_POD)
+    _, options = run_args.parse(["train.py"], environ=RUNAI_POD)
     assert (options.nnodes, options.node_rank, options.rdzv_backend) == ("2", 1, "static")
     assert (options.master_addr, options.master_port, options.nproc) == ("dist-train1-master-0", 23456, 1)
-    _, options = launch_run.parse(["--nproc", "3", "--master-port", "29999", "train.py"], environ=RUNAI_POD)
+    _, options = run_args.parse(["--nproc", "3", "--master-port", "29999", "train.py"], environ=RUNAI_POD)
     assert (options.nproc, options.master_port, options.nnodes) == (3, 29999, "2")  # flags given win
-    _, options = launch_run.parse(["--standalone", "train.py"], environ=RUNAI_POD)
+    _, options = run_args.parse(["--standalone", "train.py"], environ=RUNAI_POD)
     assert not options.several_nodes
-    _, options = launch_run.parse(["train.py"], environ={})  # elsewhere: a standalone job, as before
+    _, options = run_args.parse(["train.py"], environ={})  # elsewhere: a standalone job, as before
     assert not options.several_nodes and options.master_port is None

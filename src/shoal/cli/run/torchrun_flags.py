@@ -1,11 +1,11 @@
 """torchrun's flags as the installed torch declares them, frozen so that ``shoal run`` parses its
 command line without importing torch (2-3 s of CPU before any error or ``--help``). Generated: do
-not edit; write it again with ``python -m shoal.launch.run``.
+not edit; write it again with ``python -m shoal.cli.run.args``.
 
 One row per flag: (spellings, dest, action, type, default, choices, torchrun's help). ``action``:
 ``env`` (the default comes from ``PET_<DEST>``, as torchrun's), ``check_env`` (a switch, on when
 ``PET_<DEST>`` is a non-zero number) or ``store``; ``type``: ``str``, ``int``, ``float`` or ``list``
-(comma-separated). :func:`shoal.launch.run.build_parser` builds ``shoal run``'s parser from them;
+(comma-separated). :func:`shoal.cli.run.args.build_parser` builds ``shoal run``'s parser from them;
 ``tests/cli/test_help.py`` fails when torch's parser says something else (a torch release that adds,
 drops or changes a flag).
 """

@@ -1,16 +1,23 @@
 """What ``shoal run`` checks of its script before torch is imported (2-3 s of CPU) and before any
 worker starts: a script that does not exist, a program not on PATH, a script that does not compile.
 Each is one error said once, in a fraction of a second, instead of once per worker. (The flags are
-checked by ``shoal run``'s own parser, torch-free too: :func:`shoal.launch.run.build_parser`.)
+checked by ``shoal run``'s own parser, torch-free too: :func:`shoal.cli.run.args.build_parser`.)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import traceback
 
 from shoal.errors import ShoalError
+
+
+def check_run_args(args: argparse.Namespace) -> None:
+    """The script (or ``--no-python`` program) of ``shoal run``'s parsed arguments must exist here and
+    compile; ``-m module`` is not checked."""
+    check_script(args.training_script, module=args.module, no_python=args.no_python, run_path=args.run_path)
 
 
 def check_script(path: str, *, module: bool = False, no_python: bool = False, run_path: bool = False) -> None:
