@@ -410,13 +410,16 @@ def table(found: dict) -> str:
     for measure in ("elastic", "hang", "status"):
         if measure not in found:
             continue
-        arms = MEASURES[measure][1]
+        arms = [a for a in MEASURES[measure][1] if any(a in got for got in found[measure].values())]
         lines += [f"| {measure}: nodes x processes | " + " | ".join(arms) + " |", "| --- |" + " --- |" * len(arms)]
         for label, got in found[measure].items():
             if not got:
                 continue
             n, p = _size(label)
-            cells = [f"{statistics.median(got[a]):.1f} s ({', '.join(f'{v:.1f}' for v in got[a])})" for a in arms]
+            cells = [
+                f"{statistics.median(got[a]):.1f} s ({', '.join(f'{v:.1f}' for v in got[a])})" if a in got else "-"
+                for a in arms
+            ]
             lines.append(f"| {n} x {p} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
