@@ -212,10 +212,6 @@ def write_rendered(path: str, text: str, marker: str, *, what: str, mode: int = 
     atomic_write_text(path, text, mode=mode)
 
 
-def count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
-
-
 def announce(line: str) -> None:
     print(f"shoal launch: {line}", file=sys.stderr, flush=True)
 

@@ -3,7 +3,8 @@
 From the head node, through Open MPI's mpirun when it is installed (one process per slot, each run
 through :mod:`shoal.launch.as_torchrun`, so a torchrun-style script sees torchrun's variables), else
 through SSH (one ``shoal run`` per host); the mpirun command line alone; or the ``shoal run`` line
-to type on each node.
+to type on each node. This module parses their flags and builds the job; the hosts target submits
+it (:mod:`shoal.jobs.hosts.submit`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from shoal.cli.launch.common import (
     add_nproc,
     add_python,
     announce,
-    count,
     env_items,
     parser,
-    shell,
     warn_local_paths,
 )
 from shoal.errors import ShoalError
@@ -122,11 +121,8 @@ def manual_parser() -> argparse.ArgumentParser:
 
 
 def run_hosts(args: argparse.Namespace) -> int:
-    from shoal.jobs.hosts import processes
     from shoal.jobs.hosts.options import Here
-    from shoal.jobs.hosts.reach import check_reachable
-    from shoal.jobs.hosts.render import render_mpirun, render_ssh
-    from shoal.jobs.programs import require_program
+    from shoal.jobs.hosts.submit import submit_mpirun, submit_ssh
     from shoal.jobs.spec import JobSpec
 
     hosts = _hosts(args, required=True)
@@ -151,17 +147,7 @@ def run_hosts(args: argparse.Namespace) -> int:
             )
         spec = JobSpec(**common)
         opts = _options(hosts, args, hostfile=args.hostfile)
-        argv = render_mpirun(spec, opts, here, report_status=True)
-        if args.dry_run:
-            print(shell(argv))
-            return 0
-        require_program("mpirun", processes.MPIRUN_HINT)
-        check_reachable(_remote_hosts(opts, here), args.rsh, mpirun=True)
-        announce(
-            f"mpirun, {count(opts.world_size(), 'process')} on {_host_list(opts)}, rendezvous "
-            f"{opts.main_address(spec)}:{spec.port()}"
-        )
-        return processes.supervise_mpirun(argv, ranks=_rank_hosts(opts))
+        return submit_mpirun(spec, opts, here, announce=announce, dry_run=args.dry_run, on_hosts=True)
     spec = JobSpec(
         **common,
         rdzv_backend=args.rdzv_backend,
@@ -169,33 +155,12 @@ def run_hosts(args: argparse.Namespace) -> int:
         workdir=os.getcwd(),
         shoal=(python, "-m", "shoal"),
     )
-    opts = _options(hosts, args)
-    commands = render_ssh(spec, opts, here, os.environ)
-    if args.dry_run:
-        for host, cmd in zip(opts.hosts, commands, strict=True):
-            print(f"# {host}")
-            print(shell(cmd))
-        return 0
-    for program in dict.fromkeys(cmd[0] for cmd in commands):
-        require_program(program, processes.SSH_HINT)
-    check_reachable(_remote_hosts(opts, here), args.rsh)
-    local = sum(here.is_local(h.name) for h in opts.hosts)
-    parts = [f"{local} here"] if local else []
-    if len(commands) > local:
-        parts.append(f"{len(commands) - local} over {args.rsh or 'ssh'}")
-    announce(
-        f"{count(len(commands), 'launcher')} ({', '.join(parts)}), {count(opts.world_size(), 'process')} on "
-        f"{_host_list(opts)}, {spec.rdzv_backend} rendezvous {opts.main_address(spec)}:{spec.port()}"
-    )
-    return processes.run_launchers(commands, [f"host {h.name} (node {i})" for i, h in enumerate(opts.hosts)])
+    return submit_ssh(spec, _options(hosts, args), here, announce=announce, dry_run=args.dry_run)
 
 
 def run_mpirun(args: argparse.Namespace) -> int:
-    from shoal.jobs.hosts import processes
     from shoal.jobs.hosts.options import Here
-    from shoal.jobs.hosts.reach import check_reachable
-    from shoal.jobs.hosts.render import render_mpirun
-    from shoal.jobs.programs import require_program
+    from shoal.jobs.hosts.submit import submit_mpirun
     from shoal.jobs.spec import JobSpec
 
     hosts = _hosts(args, required=False)
@@ -217,14 +182,7 @@ def run_mpirun(args: argparse.Namespace) -> int:
         python=python,
     )
     opts = _options(hosts, args, hostfile=args.hostfile, np=args.np)
-    argv = render_mpirun(spec, opts, here)
-    if args.dry_run:
-        print(shell(argv))
-        return 0
-    require_program("mpirun", processes.MPIRUN_HINT)
-    check_reachable(_remote_hosts(opts, here), args.rsh, mpirun=True)
-    announce(f"mpirun, {count(opts.world_size(), 'process')}, rendezvous {opts.main_address(spec)}:{spec.port()}")
-    return processes.supervise_mpirun(argv)
+    return submit_mpirun(spec, opts, here, announce=announce, dry_run=args.dry_run)
 
 
 def run_manual(args: argparse.Namespace) -> int:
@@ -261,9 +219,10 @@ def _env(args: argparse.Namespace, python: str):
 
 def _warn_local_paths(args: argparse.Namespace, opts, here) -> None:
     """``--env`` values holding the Horovod shim's path here, when a host is another machine."""
+    from shoal.jobs.hosts.submit import remote_hosts
     from shoal.jobs.spec import parse_env
 
-    if _remote_hosts(opts, here):
+    if remote_hosts(opts, here):
         env = parse_env(args.env)
         warn_local_paths(env, os.environ, where="the other hosts", shared_files=True)
         # PYTHONPATH is passed on from this shell unasked (FORWARDED_ENV): the shim's path of this machine too.
@@ -294,17 +253,6 @@ def _options(hosts, args: argparse.Namespace, **extra):
     return HostsOptions(hosts=hosts, rsh=args.rsh, **extra)
 
 
-def _remote_hosts(opts, here) -> list[str]:
-    return [h.name for h in opts.hosts if not here.is_local(h.name)]
-
-
-def _rank_hosts(opts) -> list[str]:
-    """The host of each rank under mpirun's ``-map-by slot``: each host's slots in turn."""
-    from shoal.jobs.hosts.render import ranks_per_node
-
-    return [h.name for h, ranks in zip(opts.hosts, ranks_per_node(opts)) for _ in range(ranks)]
-
-
 def _port(args: argparse.Namespace, hosts, here) -> int | None:
     """``--master-port``; else a free port when the rendezvous is served here (so jobs sharing this
     machine never collide), else None (29500)."""
@@ -316,7 +264,3 @@ def _port(args: argparse.Namespace, hosts, here) -> int | None:
 
         return find_free_port("0.0.0.0")
     return None
-
-
-def _host_list(opts) -> str:
-    return ",".join(str(h) for h in opts.hosts) or "this machine"
