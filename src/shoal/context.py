@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.console import LAUNCHER_ENV
+from shoal.console import LAUNCHER_ENV, write_line
 from shoal.distributed import collectives
 from shoal.distributed.device import choose_backend, choose_device, configure_threads
 from shoal.distributed.process_group import (
@@ -192,10 +193,16 @@ class Context:
         return create_tracker(spec, run_dir=run_dir, rank=self.rank, **options)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the main process only."""
-        if self.is_main:
-            kwargs.setdefault("flush", True)
-            print(*args, **kwargs)
+        """``print`` on the main process only. A plain line goes out in one write
+        (:func:`shoal.console.write_line`): the main processes of several groups or jobs sharing a
+        terminal never run their lines together."""
+        if not self.is_main:
+            return
+        if set(kwargs) <= {"flush"}:
+            write_line(" ".join(str(arg) for arg in args), sys.stdout)
+            return
+        kwargs.setdefault("flush", True)
+        print(*args, **kwargs)
 
     def barrier(self) -> None:
         collectives.barrier()
