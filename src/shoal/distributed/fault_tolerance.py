@@ -438,7 +438,7 @@ class ReplicaClient:
 
     def _quorum(self, **kwargs: Any) -> Any:
         quorum = self._client._quorum(**kwargs)
-        members = (quorum.quorum_id, tuple(sorted(quorum.replica_ids)))
+        members = (quorum.quorum_id, tuple(quorum.replica_ids))  # in the lighthouse's order (by id)
         if members != self._set:
             self._set = members
             digest = hashlib.blake2b(repr((members, quorum.max_step)).encode(), digest_size=7).digest()
