@@ -65,7 +65,8 @@ import horovod.torch as hvd
 hvd.init()
 total = hvd.allreduce(torch.ones(1) * (hvd.rank() + 1), op=hvd.Sum).item()
 first = os.environ["PYTHONPATH"].split(os.pathsep)[0]
-print(f"rank {hvd.rank()} of {hvd.size()}: {hvd.__name__}, sum {total:g}, shim first {first == SHIM}", flush=True)
+line = f"rank {hvd.rank()} of {hvd.size()}: {hvd.__name__}, sum {total:g}, shim first {first == SHIM}"
+os.write(1, (line + "\\n").encode())  # one write: the two ranks share the launcher's stdout
 """
 
 

@@ -42,6 +42,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError, first_line
+from shoal.launch.exit_hook import switch
 
 if TYPE_CHECKING:
     from shoal.launch.options import LaunchOptions
@@ -61,12 +62,7 @@ _HINT_ENV = f"set {ENV}=1 (or pass shoal run --tf-config) to get TF_CONFIG; {ENV
 def requested(environ: Mapping[str, str]) -> bool:
     """True if ``environ`` asks for ``TF_CONFIG`` (``SHOAL_TF_CONFIG=1``); ShoalError for a value
     that is neither on nor off."""
-    value = environ.get(ENV, "").strip().lower()
-    if value in ("", "0", "off", "false", "no"):
-        return False
-    if value in ("1", "on", "true", "yes"):
-        return True
-    raise ShoalError(f"{ENV}={environ[ENV]!r} is neither on nor off", _HINT_ENV)
+    return switch(environ, ENV, _HINT_ENV)
 
 
 def check_layout(options: LaunchOptions, environ: Mapping[str, str]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 ORIGINAL_PATH_ENV = "SHOAL_ORIGINAL_PYTHONPATH"
@@ -47,20 +47,28 @@ _ON = ("1", "on", "true", "yes")
 _OFF = ("", "0", "off", "false", "no")
 
 
+def switch(environ: Mapping[str, str], name: str, hint: str) -> bool:
+    """Whether the variable ``name`` of ``environ`` is on (``1``, ``on``, ``true``, ``yes``) or off
+    (unset, empty, ``0``, ``off``, ``false``, ``no``); any other value is a ShoalError with ``hint``."""
+    value = environ.get(name, "").strip()
+    if value.lower() in _OFF:
+        return False
+    if value.lower() in _ON:
+        return True
+    from shoal.errors import ShoalError
+
+    raise ShoalError(f"{name}={value}: neither on nor off", hint)
+
+
 def add_horovod_shim(environ: MutableMapping[str, str]) -> None:
     """With ``SHOAL_HOROVOD_SHIM=1`` in ``environ`` (the worker's, before ``exec``), put this
     installation's Horovod shim first on its ``PYTHONPATH`` (once); the variable itself is removed.
     Before :func:`add_exit_hook`, so the script and whatever it starts keep the shim on their path."""
-    value = environ.pop(HOROVOD_SHIM_ENV, "").strip().lower()
-    if value in _OFF:
+    hint = f"set {HOROVOD_SHIM_ENV}=1 (or pass --horovod-shim) for Horovod's module names; 0 or unset for none"
+    on = switch(environ, HOROVOD_SHIM_ENV, hint)
+    environ.pop(HOROVOD_SHIM_ENV, None)
+    if not on:
         return
-    if value not in _ON:
-        from shoal.errors import ShoalError
-
-        raise ShoalError(
-            f"{HOROVOD_SHIM_ENV}={value}: neither on nor off",
-            f"set {HOROVOD_SHIM_ENV}=1 (or pass --horovod-shim) for Horovod's module names; 0 or unset for none",
-        )
     original = environ.get("PYTHONPATH")
     entries = original.split(os.pathsep) if original else []
     if HOROVOD_SHIM_DIRECTORY not in entries:
