@@ -32,7 +32,7 @@ demo: $(STAMP)
 
 ## The whole test suite (CPU, real multi-process runs over gloo), three test files at a time on the
 ## 2 cores (pytest-xdist: a file's tests, and every test of the Slurm cluster or of the MLflow server,
-## share one worker; two files at a time left the cores idle 10% of the run, three 1%: docs/TEST_TIME.md).
+## share one worker; two files at a time left the cores idle 10% of the run, three 1%: docs/contributing/TEST_TIME.md).
 ## The files are handed out longest first, as tests/conftest.py orders them (--no-loadscope-reorder: not
 ## xdist's fewest-tests-last, which left one worker alone with a multi-node file at the end).
 ## PYTEST_ARGS='-p no:xdist' runs one at a time.

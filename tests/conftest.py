@@ -11,7 +11,7 @@ from pathlib import Path
 
 # Three test files run at a time on 2 cores, each starting processes with OpenMP threads of their own,
 # and libgomp spins ~300,000 times in a barrier before it sleeps (it sees its own threads, not the
-# other processes'): there the spinning takes the CPU the others wait for (docs/TEST_TIME.md: a
+# other processes'): there the spinning takes the CPU the others wait for (docs/contributing/TEST_TIME.md: a
 # 2-thread worker 4.8-9.0 CPU-s by default, 3.9-4.3 passive). PASSIVE sleeps at once. Read when
 # libgomp loads (when torch is first imported), so set first; every process the tests start inherits it.
 # A value of the caller's wins.

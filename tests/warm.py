@@ -1,6 +1,6 @@
 """Warm starts for the tests' ``python -m shoal`` commands: the same command, minus the 2-3 CPU-s of imports.
 
-Most of the suite's CPU goes into starting interpreters that import torch (docs/TEST_TIME.md). A
+Most of the suite's CPU goes into starting interpreters that import torch (docs/contributing/TEST_TIME.md). A
 command that :func:`popen` or :func:`run` starts warm is a fork of tests/warm_server.py, which
 imported torch, torch._dynamo and shoal's CLI once: from there it is ``python -m shoal ARGS`` (or
 the ``shoal`` console script, as a pod's container command names it) as a fresh interpreter runs it

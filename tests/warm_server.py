@@ -42,7 +42,7 @@ import threading
 import types
 
 # What `shoal train --nproc N` has imported when it forks its workers (1.3 CPU-s for torch, 1.1 for
-# torch._dynamo, which the first optimizer pulls in, 0.3 for shoal's own: docs/TEST_TIME.md).
+# torch._dynamo, which the first optimizer pulls in, 0.3 for shoal's own: docs/contributing/TEST_TIME.md).
 import numpy  # noqa: F401
 import torch
 import torch._dynamo
@@ -213,7 +213,7 @@ def exit_code(main: list[str]) -> int:
 def end(code: int) -> None:
     """End as ``Py_FinalizeEx`` begins (non-daemon threads joined, atexit run, streams flushed), then
     stop there: tearing down the modules imported before the fork costs more than most commands
-    (docs/TEST_TIME.md) and makes triton's bindings print leak warnings for the frozen objects."""
+    (docs/contributing/TEST_TIME.md) and makes triton's bindings print leak warnings for the frozen objects."""
     threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

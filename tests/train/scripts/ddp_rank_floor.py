@@ -1,4 +1,4 @@
-"""What one DDP rank costs to start, in CPU-s (docs/TEST_TIME.md, "Latest runs"): ``import torch``,
+"""What one DDP rank costs to start, in CPU-s (docs/contributing/TEST_TIME.md, "Latest runs"): ``import torch``,
 joining the group, DDP's constructor (it imports ``torch._dynamo``: torch/nn/parallel/distributed.py,
 ``get_optimize_ddp_mode``) and 3 optimizer steps, each from ``resource.getrusage`` of the rank itself.
 
