@@ -1,4 +1,4 @@
-"""The memory demo of docs/SHARDING.md, one launch: ``shoal train language --arch large`` under DDP
+"""The memory demo of docs/BENCHMARKS.md ("Memory"), one launch: ``shoal train language --arch large`` under DDP
 or FSDP inside a memory cgroup. tests/train/test_fsdp_train.py asserts it at 2 workers;
 tests/train/scripts/fsdp_memory_peak.py runs it by hand and prints the peak."""
 
@@ -13,7 +13,7 @@ SAMPLES = 2
 """Training windows: at batch 1 on 2 workers, one optimizer step each (was 8, then 4). The memory that
 decides the demo is all there in that step: Adam's state is made in ``optimizer.step()`` while the
 gradients are still there, beside the parameters; further steps repeat that peak and only add time
-(docs/SHARDING.md: peaks 2.11 GiB under FSDP, 3.59 GiB under DDP, as 2.15 and 3.76 at 8)."""
+(docs/BENCHMARKS.md, "Memory": peaks 2.11 GiB under FSDP, 3.59 GiB under DDP, as 2.15 and 3.76 at 8)."""
 LARGE = ["language", "--arch", "large", "--samples", str(SAMPLES), "--batch-size", "1", "--epochs", "1"]
 LARGE += ["--device", "cpu", "--checkpoint-every", "off", "--no-progress", "--seed", "0"]
 

@@ -345,7 +345,7 @@ def test_the_large_model_trains_under_fsdp_where_ddp_is_killed_for_memory(memory
     """TinyGPT large (99.8 M parameters: 1.6 GB of parameters, gradients and Adam state per worker
     under DDP, 0.8 GB under FSDP at 2) at 2 workers in 2 x 1.125 GiB (+ the launcher's 640 MiB):
     DDP's workers are OOM-killed and shoal says so; FSDP (its peak 2.11 GiB for the whole job,
-    measured unlimited; DDP's 3.59 GiB) trains to the end. docs/SHARDING.md."""
+    measured unlimited; DDP's 3.59 GiB) trains to the end. docs/BENCHMARKS.md, "Memory"."""
     code, out = _in_cgroup(memory_limit, "ddp", tmp_path / "ddp")
     assert code == 128 + signal.SIGKILL, out
     summary = next(line for line in out.splitlines() if line.startswith("shoal: error:"))
