@@ -1,7 +1,7 @@
 """``shoal run``: real worker processes over gloo on CPU, started by torch's elastic agent.
 
-Multi-process tests cost about 2 CPU-s a worker that joins a process group (it imports torch); checks
-of bad input run in-process where they fail before anything is launched.
+Multi-process tests cost about 2 CPU-s a worker that joins a process group (it imports torch). The
+command line's own checks (flags, a missing script) are in tests/cli/test_run_args.py.
 """
 
 from __future__ import annotations
@@ -19,12 +19,8 @@ from pathlib import Path
 import pytest
 
 import warm
-from conftest import run_shoal, shoal_cmd
+from conftest import shoal_cmd
 from procs import alive, diagnose_stuck, kill_group, start_cmd
-from shoal.cli.main import main
-from shoal.cli.run import args as run_args
-from shoal.cli.run.precheck import check_run_args
-from shoal.errors import ShoalError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ALLREDUCE = str(SCRIPTS / "allreduce.py")
@@ -309,7 +305,7 @@ def test_shoal_run_says_yours_only_for_the_users_value_at_start_and_restart(omp,
         assert notes == [("3", " (yours)")] * 2, err
 
 
-# --- bad input: fails before anything is launched ---------------------------------------------
+# --- refused before anything starts; the caller left as it was ---------------------------------
 
 
 def test_port_in_use_is_a_one_line_error_before_anything_starts(tmp_path):
@@ -323,79 +319,6 @@ def test_port_in_use_is_a_one_line_error_before_anything_starts(tmp_path):
         f"shoal: error: port {port} is already in use on this machine",
         "HINT: pick another --master-port, or omit it to get a free one",
     ]
-
-
-def _main_run(capsys, *args: str) -> tuple[int, str]:
-    code = main(["run", *args])
-    return code, capsys.readouterr().err
-
-
-def test_script_not_found(capsys, tmp_path):
-    missing = str(tmp_path / "nope.py")
-    code, err = _main_run(capsys, "--nproc", "2", missing)
-    assert code == 2
-    assert f"shoal: error: script not found: {missing}" in err
-    assert "HINT: " in err and "-m" in err
-
-
-@pytest.mark.parametrize(
-    "flags, named",
-    [(["--nproc", "0"], "--nproc"), (["--nproc_per_node=0"], "--nproc_per_node"), (["--nproc", "-1"], "--nproc")],
-)
-def test_nproc_below_one(capsys, flags, named):
-    code, err = _main_run(capsys, *flags, ALLREDUCE)
-    assert code == 2
-    value = flags[-1].split("=")[-1]
-    assert err.splitlines() == [
-        f"shoal: error: {named} must be at least 1, got {value}",
-        "HINT: give the number of worker processes, e.g. 2",
-    ]
-
-
-def test_nproc_and_nproc_per_node_disagree(capsys):
-    code, err = _main_run(capsys, "--nproc", "2", "--nproc-per-node", "3", ALLREDUCE)
-    assert code == 2 and "disagree" in err
-
-
-def test_unknown_flag_is_one_line(capsys):
-    code, err = _main_run(capsys, "--no-such-flag", ALLREDUCE)
-    assert code == 2
-    assert err.splitlines() == [
-        "shoal: error: unknown flag --no-such-flag",
-        "HINT: see `shoal run --help`",
-    ]
-
-
-def test_modules_are_not_checked_programs_are():
-    parse = run_args.build_parser().parse_args
-    check_run_args(parse(["-m", "no.such.module"]))  # the worker reports it
-    check_run_args(parse(["--no-python", "true"]))  # found on PATH
-    with pytest.raises(ShoalError, match="program not found: no-such-program"):
-        check_run_args(parse(["--no-python", "no-such-program"]))
-    with pytest.raises(ShoalError, match="script not found: no_such_script.py"):
-        check_run_args(parse(["no_such_script.py"]))
-
-
-def test_help_shows_torchruns_flags_shoals_and_examples(capsys):
-    assert main(["run", "--help"]) == 0  # the frozen text (tests/cli/test_help.py checks it is torch's)
-    out = capsys.readouterr().out
-    for text in (
-        "usage: shoal run",
-        "--nproc N",
-        "--nproc-per-node",
-        "--nproc_per_node",
-        "--master-port",
-        "--rdzv-endpoint",
-        "--standalone",
-        "--join-timeout",
-        "examples:",
-    ):
-        assert text in out
-
-
-def test_listed_in_shoal_help():
-    proc = run_shoal("--help", timeout=60)
-    assert proc.returncode == 0 and re.search(r"^\s+run\s+launch a script", proc.stdout, re.M)
 
 
 def _environ_of_a_worker():
@@ -437,18 +360,3 @@ def test_under_mpirun_every_copy_stops_instead_of_training_alone(tmp_path):
     assert said, out
     assert out.count("HINT: mpirun starts every process itself") == len(said) and "Traceback" not in out
     assert not (tmp_path / "train.py.ran").exists()
-
-
-RUNAI_POD = {"MASTER_ADDR": "dist-train1-master-0", "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "2"}
-
-
-def test_in_a_pod_with_only_the_classic_variables_they_are_the_flags_defaults():
-    _, options = run_args.parse(["train.py"], environ=RUNAI_POD)
-    assert (options.nnodes, options.node_rank, options.rdzv_backend) == ("2", 1, "static")
-    assert (options.master_addr, options.master_port, options.nproc) == ("dist-train1-master-0", 23456, 1)
-    _, options = run_args.parse(["--nproc", "3", "--master-port", "29999", "train.py"], environ=RUNAI_POD)
-    assert (options.nproc, options.master_port, options.nnodes) == (3, 29999, "2")  # flags given win
-    _, options = run_args.parse(["--standalone", "train.py"], environ=RUNAI_POD)
-    assert not options.several_nodes
-    _, options = run_args.parse(["train.py"], environ={})  # elsewhere: a standalone job, as before
-    assert not options.several_nodes and options.master_port is None
