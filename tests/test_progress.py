@@ -136,7 +136,7 @@ def test_a_program_with_its_own_handler_keeps_it(tmp_path):
 
 
 def test_cost_of_a_phase_call_and_of_a_step(tmp_path):
-    """The figure for docs/WATCHDOG.md (printed with -s); a time is not asserted (shared machines)."""
+    """The figure for docs/BENCHMARKS.md, "The watchdog" (printed with -s); a time is not asserted (shared machines)."""
     writer = ProgressWriter(tmp_path, 0, stacks=False)
 
     def step():
