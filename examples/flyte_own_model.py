@@ -29,7 +29,7 @@ from torch.utils.data import Subset
 from torchvision import datasets, transforms
 
 import shoal
-from shoal.integrations.flyte import TrainOutputs, fit, resources, train_task
+from shoal.flyte import TrainOutputs, fit, resources, train_task
 
 WORKERS = 2  # processes, and GPUs requested: one per process
 PROJECT = "mnist-single-node-multi-gpu"

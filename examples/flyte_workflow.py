@@ -8,7 +8,7 @@ pyflyte run examples/flyte_workflow.py elastic_workflow                        #
 from flytekit import task, workflow
 from flytekitplugins.kfpytorch import Elastic
 
-from shoal.integrations.flyte import TrainOutputs, fit, resources, train_task
+from shoal.flyte import TrainOutputs, fit, resources, train_task
 
 WORKERS = 2  # processes, and GPUs requested: one per process
 

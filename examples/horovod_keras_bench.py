@@ -156,9 +156,9 @@ def _bridge_cost(model, steps: int) -> dict:
     import tensorflow as tf
     import torch
 
-    from shoal.integrations.horovod import buckets
-    from shoal.integrations.horovod import ops as engine
-    from shoal.integrations.horovod.tensorflow.reduce import GradientSettings, reduce_gradients
+    from shoal.horovod import buckets
+    from shoal.horovod import ops as engine
+    from shoal.horovod.tensorflow.reduce import GradientSettings, reduce_gradients
 
     grads = [tf.random.normal(v.shape) for v in model.trainable_variables]
     settings = GradientSettings()

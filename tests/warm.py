@@ -78,7 +78,7 @@ the least of ``vmstat 5``'s free column in the runs of 2026-11-25, where they st
 7 of them a second or third worker's copy of another's; shared, a full run starts 8). The
 environments: this process's, a pod image's, a pod image's with the client libraries' PYTHONPATH
 (tests/clients/), the OMP_NUM_THREADS=1 of the Horovod-style and tracking tests
-(tests/integrations/horovod_launch.py, tests/tracking/harness.py), and a test's own PYTHONPATH or
+(tests/horovod/horovod_launch.py, tests/tracking/harness.py), and a test's own PYTHONPATH or
 OMP_NUM_THREADS (with 4 a worker, 12 commands a run found no server left; with 6 a worker, 9, 6 of them
 the pods of tests/k8s/test_runai_pods.py)."""
 FRESH_BEFORE_A_SERVER = 1

@@ -4,7 +4,7 @@ of torchrun's variables (tests/contract/scripts/torchrun_contract.py's checks).
 python flyte_contract_driver.py    prints ``torchrun-contract: {...}`` (the workflow's output)
 
 Flyte has no path for a user's *script* through shoal: a task runs a function (``shoal.run``) or a
-workload (``shoal.integrations.flyte.fit``); both start their workers with torch's elastic agent.
+workload (``shoal.flyte.fit``); both start their workers with torch's elastic agent.
 """
 
 import json

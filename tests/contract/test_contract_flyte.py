@@ -17,7 +17,7 @@ DRIVER = Path(__file__).with_name("flyte_contract_driver.py")
 
 def test_a_flyte_tasks_function_workers_see_torchruns_contract(tmp_path):
     pytest.importorskip("flytekit")
-    from integrations.flyte_harness import TIMEOUT, flyte_environment
+    from flyte.flyte_harness import TIMEOUT, flyte_environment
 
     env = flyte_environment(tmp_path)
     env.pop("OMP_NUM_THREADS", None)

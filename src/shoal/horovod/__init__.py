@@ -24,14 +24,43 @@ equivalent; Horovod settings in the environment that shoal ignores are named in 
 
 Importing this module makes an uncaught :class:`~shoal.errors.ShoalError` print as two lines
 (``shoal: error: ...`` and ``HINT: ...``) instead of a traceback.
+
+The implementation, private modules beside this facade, by concept:
+
+- :mod:`~.common`: the names every facade (torch, TensorFlow, Keras) offers alike, listed once.
+- :mod:`~.errors`: the errors (ShoalErrors that are also the exception types Horovod raises).
+- :mod:`~.state`: ``init``/``shutdown``, the job's shape (``size``, ``rank``, ``local_*``, ``cross_*``)
+  and the build queries (``nccl_built``, ``mpi_built``, ...).
+- :mod:`~.ops`: the reduction ops (``Average``, ``Sum``, ...), the ``allreduce`` family and the
+  handles of async calls (``synchronize``, ``poll``).
+- :mod:`~.exchange`: the collectives that move data (``allgather``, ``broadcast``, ``alltoall``, ``barrier``).
+- :mod:`~.grouped`: the grouped forms (``grouped_allreduce``, ``grouped_allgather``) and ``sparse_allreduce_async``.
+- :mod:`~.scatter`: ``reducescatter`` and ``grouped_reducescatter``.
+- :mod:`~.agreement`: Horovod's cross-rank checks before each collective (shape, dtype, name, op,
+  duplicate names): the same one-line error on every rank instead of a hang.
+- :mod:`~.dtypes`: the dtype a tensor travels in (int16 as int32: gloo and NCCL lack it).
+- :mod:`~.functions`: parameters, optimizer state and Python objects across ranks.
+- :mod:`~.buckets`: packing many tensors into few flat buffers (one collective per bucket).
+- :mod:`~.compression`: ``Compression.none`` / ``Compression.fp16``.
+- :mod:`~.reducer`: the gradient buckets' asynchronous all-reduces, started from hooks during backward.
+- :mod:`~.sparse_grads`: the optimizer's sparse gradients, gathered as indices and values.
+- :mod:`~.optimizer`: ``DistributedOptimizer``: the wrapped optimizer's ``step()`` after the reducer's work.
+- :mod:`~.join`: ``join()``: ranks out of data answer the others' all-reduces with zeros until every rank has joined.
+- :mod:`~.unsupported`: what shoal cannot offer (Adasum, the timeline, elastic), named with the
+  shoal equivalent; the ``HOROVOD_*`` settings it ignores, named in one warning.
+- :mod:`~.recipe`: the tutorial's setup in one call, for benchmarks and examples.
+- :mod:`~.tensorflow`: the TensorFlow 2 and Keras 3 API on the same engine; :mod:`~.keras`: ``horovod.keras``.
+- :mod:`~.shim`: a ``horovod`` package for PYTHONPATH, so that unchanged ``import horovod...`` lines load these.
 """
 
 from __future__ import annotations
 
-from shoal.integrations.horovod import unsupported as _unsupported
-from shoal.integrations.horovod.compression import Compression, Compressor, FP16Compressor, NoneCompressor
-from shoal.integrations.horovod.errors import HorovodInternalError, install_excepthook
-from shoal.integrations.horovod.exchange import (
+from shoal.horovod import common as _common
+from shoal.horovod import unsupported as _unsupported
+from shoal.horovod.common import *  # noqa: F403
+from shoal.horovod.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from shoal.horovod.errors import install_excepthook
+from shoal.horovod.exchange import (
     allgather,
     allgather_async,
     alltoall,
@@ -42,13 +71,13 @@ from shoal.integrations.horovod.exchange import (
     broadcast_async,
     broadcast_async_,
 )
-from shoal.integrations.horovod.functions import (
+from shoal.horovod.functions import (
     allgather_object,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from shoal.integrations.horovod.grouped import (
+from shoal.horovod.grouped import (
     grouped_allgather,
     grouped_allgather_async,
     grouped_allreduce,
@@ -57,16 +86,10 @@ from shoal.integrations.horovod.grouped import (
     grouped_allreduce_async_,
     sparse_allreduce_async,
 )
-from shoal.integrations.horovod.join import join
-from shoal.integrations.horovod.ops import (
-    Adasum,
-    Average,
+from shoal.horovod.join import join
+from shoal.horovod.ops import (
     Handle,
-    Max,
-    Min,
-    Product,
     ReduceOp,
-    Sum,
     allreduce,
     allreduce_,
     allreduce_async,
@@ -74,54 +97,24 @@ from shoal.integrations.horovod.ops import (
     poll,
     synchronize,
 )
-from shoal.integrations.horovod.optimizer import DistributedOptimizer
-from shoal.integrations.horovod.scatter import (
+from shoal.horovod.optimizer import DistributedOptimizer
+from shoal.horovod.scatter import (
     grouped_reducescatter,
     grouped_reducescatter_async,
     reducescatter,
     reducescatter_async,
 )
-from shoal.integrations.horovod.state import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    gpu_available,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
-from shoal.integrations.horovod.unsupported import elastic, start_timeline, stop_timeline
+from shoal.horovod.state import ccl_built, cuda_built, ddl_built, global_process_set, gpu_available, rocm_built
+from shoal.horovod.unsupported import elastic
 
 __all__ = [
-    "Adasum",
-    "Average",
     "Compression",
     "Compressor",
     "DistributedOptimizer",
     "FP16Compressor",
     "Handle",
-    "HorovodInternalError",
-    "Max",
-    "Min",
     "NoneCompressor",
-    "Product",
     "ReduceOp",
-    "Sum",
     "allgather",
     "allgather_async",
     "allgather_object",
@@ -140,14 +133,10 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "ccl_built",
-    "cross_rank",
-    "cross_size",
     "cuda_built",
     "ddl_built",
     "elastic",
     "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
     "gpu_available",
     "grouped_allgather",
     "grouped_allgather_async",
@@ -157,28 +146,15 @@ __all__ = [
     "grouped_allreduce_async_",
     "grouped_reducescatter",
     "grouped_reducescatter_async",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
     "poll",
-    "rank",
     "reducescatter",
     "reducescatter_async",
     "rocm_built",
-    "shutdown",
-    "size",
     "sparse_allreduce_async",
-    "start_timeline",
-    "stop_timeline",
     "synchronize",
 ]
+__all__ += _common.__all__  # init, size, rank, Average, Sum...: the names every facade shares
 
 __getattr__ = _unsupported.facade_getattr  # a Horovod name not offered here: one line naming it
 

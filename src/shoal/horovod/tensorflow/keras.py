@@ -18,41 +18,16 @@ tensors). docs/HOROVOD.md ("TensorFlow and Keras") maps the lab's seven steps.
 
 from __future__ import annotations
 
-from shoal.horovod import (
-    Adasum,
-    Average,
-    HorovodInternalError,
-    Max,
-    Min,
-    Product,
-    Sum,
-    cross_rank,
-    cross_size,
-    elastic,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from shoal.integrations.horovod import unsupported as _unsupported
-from shoal.integrations.horovod.tensorflow import callbacks
-from shoal.integrations.horovod.tensorflow.compression import Compression
-from shoal.integrations.horovod.tensorflow.keras_values import allgather, allreduce, broadcast, reducescatter
-from shoal.integrations.horovod.tensorflow.optimizer import DistributedOptimizer
-from shoal.integrations.horovod.tensorflow.saving import load_model
-from shoal.integrations.horovod.tensorflow.variables import (
+from shoal.horovod import common as _common
+from shoal.horovod import elastic
+from shoal.horovod import unsupported as _unsupported
+from shoal.horovod.common import *  # noqa: F403
+from shoal.horovod.tensorflow import callbacks
+from shoal.horovod.tensorflow.compression import Compression
+from shoal.horovod.tensorflow.keras_values import allgather, allreduce, broadcast, reducescatter
+from shoal.horovod.tensorflow.optimizer import DistributedOptimizer
+from shoal.horovod.tensorflow.saving import load_model
+from shoal.horovod.tensorflow.variables import (
     allgather_object,
     broadcast_global_variables,
     broadcast_object,
@@ -60,15 +35,8 @@ from shoal.integrations.horovod.tensorflow.variables import (
 )
 
 __all__ = [
-    "Adasum",
-    "Average",
     "Compression",
     "DistributedOptimizer",
-    "HorovodInternalError",
-    "Max",
-    "Min",
-    "Product",
-    "Sum",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -77,27 +45,10 @@ __all__ = [
     "broadcast_object",
     "broadcast_variables",
     "callbacks",
-    "cross_rank",
-    "cross_size",
     "elastic",
-    "gloo_built",
-    "gloo_enabled",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "load_model",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
     "reducescatter",
-    "shutdown",
-    "size",
-    "start_timeline",
-    "stop_timeline",
 ]
+__all__ += _common.__all__  # init, size, rank, Average, Sum...: the names every facade shares
 
 __getattr__ = _unsupported.facade_getattr  # a Horovod name not offered here: one line naming it
