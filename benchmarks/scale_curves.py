@@ -136,6 +136,8 @@ def startup(pods, label: str, arm: str, work: Path, port: int) -> float:
     cmds = []
     for i, pod in enumerate(pods[:1] if arm == "shoal one node" else pods):
         cmd, env = _startup_cmd(arm, i, n, p, pod, port)
+        # python -m MODULE ... run by the probe, which stamps when the launcher's imports are done
+        cmd = [PY, PROBE, "--launcher", str(stamps), pod.name, *cmd[2:]]
         cmds.append(([*cmd, PROBE, str(stamps)], env))
     start = time.time()
     procs, logs = _launch(pods, cmds, work)
@@ -143,7 +145,45 @@ def startup(pods, label: str, arm: str, work: Path, port: int) -> float:
     found = [float(f.read_text()) for f in stamps.glob("rank*.txt")]
     if len(found) != n * p:
         raise RuntimeError(f"{len(found)} of {n * p} ranks stamped:\n" + _tails(logs))
+    PHASES.setdefault(label, {}).setdefault(arm, []).append(_phases(stamps, start))
     return max(found) - start
+
+
+PHASES: dict[str, dict[str, list[dict[str, float]]]] = {}
+"""Where each start-up went (:func:`_phases`, by size and arm), for --json."""
+PHASE_NAMES = {
+    "launchers imported": "the last launcher done importing (its modules: torch's agent, shoal's launch)",
+    "workers started": "the last worker process started (rendezvous closed, workers spawned)",
+    "workers imported": "the last worker done importing torch",
+    "group ready": "the last rank's init_process_group returned",
+    "first step": "the last rank's first step done",
+}
+
+
+def _phases(stamps: Path, start: float) -> dict[str, float]:
+    """Seconds from starting the launchers to the last launcher / worker reaching each phase, and the
+    median (over nodes / ranks) of each phase's own length: benchmarks/startup_probe.py's stamps."""
+    launched = [float(f.read_text()) for f in stamps.glob("launcher-*.txt")]
+    ranks = [json.loads(f.read_text()) for f in stamps.glob("phases-*.json")]
+    by_host = collections.defaultdict(list)
+    for rank in ranks:
+        by_host[rank["host"]].append(rank)
+    launcher_at = {f.name[len("launcher-") : -len(".txt")]: float(f.read_text()) for f in stamps.glob("launcher-*.txt")}
+    spawn = [min(r["started"] for r in rs) - launcher_at[h] for h, rs in by_host.items() if h in launcher_at]
+    out = {
+        "launchers imported": max(launched) - start,
+        "workers started": max(r["started"] for r in ranks) - start,
+        "workers imported": max(r["imported"] for r in ranks) - start,
+        "group ready": max(r["grouped"] for r in ranks) - start,
+        "first step": max(r["stepped"] for r in ranks) - start,
+        # each one's own length, median over nodes / ranks
+        "launcher import (median)": statistics.median(launched) - start,
+        "launcher imported -> its first worker started (median)": statistics.median(spawn) if spawn else math.nan,
+        "worker import (median)": statistics.median(r["imported"] - r["started"] for r in ranks),
+        "last worker imported -> group ready": max(r["grouped"] for r in ranks) - max(r["imported"] for r in ranks),
+        "group ready -> first step": max(r["stepped"] for r in ranks) - max(r["grouped"] for r in ranks),
+    }
+    return out
 
 
 def step(pods, label: str, variant: str, work: Path, port: int) -> float:
@@ -425,6 +465,21 @@ def table(found: dict) -> str:
     return "\n".join(lines)
 
 
+def phase_table(phases: dict) -> str:
+    """Where each start-up went: seconds from starting the launchers to the last one reaching each
+    phase, then each phase's own length (see :func:`_phases`); one column per launch."""
+    cols = [(label, arm, i) for label, arms in phases.items() for arm, got in arms.items() for i in range(len(got))]
+    if not cols:
+        return ""
+    keys = list(phases[cols[0][0]][cols[0][1]][0])
+    lines = ["| seconds | " + " | ".join(f"{label} {arm}" for label, arm, _ in cols) + " |",
+             "| --- |" + " --- |" * len(cols)]  # fmt: skip
+    for key in keys:
+        cells = [phases[label][arm][i].get(key, math.nan) for label, arm, i in cols]
+        lines.append(f"| {key} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(found: dict, path: str) -> None:
     import matplotlib
 
@@ -456,6 +511,7 @@ def plot(found: dict, path: str) -> None:
 def report(paths: list[str], png: str | None) -> None:
     """Print the tables of earlier runs (their --json files, merged: a later file's arms win) and plot them."""
     merged: dict = {}
+    phases: dict = {}
     for path in paths:
         saved = json.loads(Path(path).read_text())
         print(f"{path}: uptime {saved['uptime'][0]} -> {saved['uptime'][1]}")
@@ -465,8 +521,11 @@ def report(paths: list[str], png: str | None) -> None:
                 merged.setdefault(measure, {}).setdefault(label, {}).update(arms)
         for key, text in saved.get("shown", {}).items():
             print(f"--- {key} ---\n{text}")
+        for label, arms in saved.get("phases", {}).items():
+            phases.setdefault(label, {}).update(arms)
     print()
     print(table(merged))
+    print(phase_table(phases))
     if png:
         plot(merged, png)
 
@@ -493,7 +552,7 @@ def main() -> None:
 
     def save(found: dict) -> None:  # after every measurement: an interrupted run keeps what it measured
         if args.json:
-            done = {"uptime": [before, _uptime()], "repeat": args.repeat, **found, "shown": SHOWN}
+            done = {"uptime": [before, _uptime()], "repeat": args.repeat, **found, "shown": SHOWN, "phases": PHASES}
             Path(args.json).write_text(json.dumps(done, indent=1))
 
     with tempfile.TemporaryDirectory(prefix="shoal-curves-") as tmp:
@@ -501,6 +560,7 @@ def main() -> None:
         found = run_curves(labels, measures, args.repeat, Path(tmp), log, save, args.skip.split(","))
     print(f"uptime before: {before}\nuptime after:  {_uptime()}\nmedians of {args.repeat} round(s)\n")
     print(table(found))
+    print(phase_table(PHASES))
     save(found)
     if args.plot:
         plot(found, args.plot)
