@@ -25,7 +25,6 @@ import gc
 import logging
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,12 +32,20 @@ from typing import Any
 
 from shoal.console import LAUNCHER_ENV, write_line
 from shoal.env.host import threads_per_process, usable_cores
-from shoal.errors import EXIT_HUNG, ShoalError, first_line
-from shoal.launch.failures import describe_child_failure, first_recorded_failure
+from shoal.launch.failures import (
+    PREEMPTED_CODES,
+    SLURM_WARNING_HINT,
+    WorkersFailed,
+    first_recorded_failure,
+    hang_failure,
+    launcher_stopped,
+    rendezvous_failure,
+    workers_failed,
+)
 from shoal.launch.oom import memory_state
 from shoal.launch.options import oversubscribed
 from shoal.launch.ports import check_port_free
-from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers, signal_name
+from shoal.launch.process import die_with_parent, reset_inherited_signal_handlers
 from shoal.launch.rendezvous.handlers import (
     MEMBERSHIP,
     ROUNDS,
@@ -52,28 +59,13 @@ from shoal.launch.watchdog import JobWatch
 from shoal.launch.worker_logs import recording_logs_specs, wait_for_tees
 from shoal.progress import ENV_DIR
 
+# The launch's failures are said in shoal.launch.failures; its callers meet them here too.
+__all__ = ["PREEMPTED_CODES", "SLURM_WARNING_HINT", "Launch", "WorkersFailed", "function_worker", "run_workers"]
+
 WORKER_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_shim.py")
-PREEMPTED_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGUSR1})
-"""Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see :mod:`shoal.preemption`)."""
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 """Loggers of torch's agent and of the start contexts it uses ("Terminating process N via signal
 SIGTERM" for every worker it stops after a failure comes from torch.multiprocessing.spawn)."""
-
-
-class WorkersFailed(ShoalError):
-    """A worker failed (or the workers were stopped); the message is the whole report to print.
-
-    ``raised``: the root-cause worker ended on its own with a failure status, not for a lost peer
-    (:attr:`FailureReport.raised`): its code or input failed, and a retry would fail the same way.
-    False for a kill, a preemption, a hang or a stop.
-    """
-
-    def __init__(self, message: str, hint: str = "", *, exit_code: int = 2, raised: bool = False) -> None:
-        super().__init__(message, hint, exit_code=exit_code)
-        self.raised = raised
-
-    def format(self) -> str:
-        return self.message
 
 
 @dataclass
@@ -135,20 +127,9 @@ def run_workers(
         write_line(f"{launch.prog}: warning: {too_many[0]}\nHINT: {too_many[1]}")
     memory_before = memory_state()  # to tell an OOM kill of these workers from earlier ones
     _apply_plan(config, plan)
-    if plan.single_node and plan.workers_port:
-        check_port_free(plan.workers_port, host=plan.bind_addr)  # the hint: pick another, or omit it
-    elif plan.hosts_store and plan.port:
-        where = "--master-port" if plan.backend == "static" else "the port in --rdzv-endpoint"
-        hint = f"pick another {where} that is free on this node, and give every node the same one"
-        check_port_free(plan.port, host=plan.bind_addr, hint=hint)
+    _check_ports(plan)
     register_backends()
-    shimmed = isinstance(entrypoint, str) and sys.platform.startswith("linux")
-    if shimmed:
-        args = (WORKER_SHIM, str(os.getpid()), entrypoint, *args)
-        entrypoint = sys.executable
-    elif not isinstance(entrypoint, str):
-        args = (entrypoint, *args)
-        entrypoint = function_worker
+    entrypoint, args, shimmed = _worker_command(entrypoint, args)
     if not plan.single_node:
         for line in plan.lines(launch.prog, config.nproc_per_node, extra=launch.threads_note):
             write_line(line)
@@ -156,14 +137,7 @@ def run_workers(
         config.logs_specs, tee=shimmed, on_start=lambda env, failed: _on_start(launch, config, env, failed)
     )
     config.logs_specs = recorder
-    # Forked workers start with a copy of this process's unwritten output buffers: empty them
-    # first, so nothing printed before the launch comes out once per worker.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # ... and with a copy of its unreachable objects. A TCPStore server of an earlier launch that
-    # waits in a reference cycle would be finalised by a worker's garbage collector, whose C++
-    # destructor then waits for a libuv thread that exists only here: a hang, or a SIGSEGV.
-    gc.collect()
+    _before_fork()
     watch = launch.watch = _watch(config, launch)
     try:
         with (
@@ -182,57 +156,76 @@ def run_workers(
         wait_for_tees(recorder.stderrs.values())
         watch.settle()
         if watch.stopped_this_attempt:  # not a later attempt's own failure
-            raise _hang_failure(launch, watch, config) from None
-        codes = {failure.exitcode for failure in err.failures.values()}
-        if codes and codes <= PREEMPTED_CODES:
-            # Every worker stopped for a preemption signal: they said so (and where the checkpoint
-            # went) themselves; a traceback report would only bury that.
-            code = max(codes)
-            raise WorkersFailed(
-                f"{launch.prog}: workers stopped by {signal_name(code - 128)}{_signal_hint(code - 128)}",
-                exit_code=code,
-            ) from None
-        report = describe_child_failure(
-            err, launch.log_dir, stderr_logs=recorder.stderrs, keep_logs=launch.keep_logs, memory_before=memory_before
-        )
-        raise WorkersFailed(report.format(), exit_code=report.exit_code, raised=report.raised) from None
-    except SignalException as err:
-        # This launcher got the signal (Kubernetes or Slurm stopping the job, a Ctrl-C): the agent
-        # has forwarded it to the workers and waited for them.
-        signum = int(err.sigval)
-        raise WorkersFailed(
-            f"{launch.prog}: stopped by {signal_name(signum)}; {launch.stopped_note}{_signal_hint(signum)}",
-            exit_code=128 + signum,
+            raise hang_failure(launch.prog, watch, config.max_restarts) from None
+        stderrs, keep = recorder.stderrs, launch.keep_logs
+        raise workers_failed(
+            err, launch.prog, launch.log_dir, stderr_logs=stderrs, keep_logs=keep, memory_before=memory_before
         ) from None
+    except SignalException as err:
+        raise launcher_stopped(launch.prog, int(err.sigval), launch.stopped_note) from None
     except StopRequested:  # --on-hang stop, with restarts left: the agent's next rendezvous refused
-        raise _hang_failure(launch, watch, config) from None
+        raise hang_failure(launch.prog, watch, config.max_restarts) from None
     except Exception as err:
-        from shoal.launch.rendezvous.explain import explain_failure, is_rendezvous_failure
-
         watch.settle()
         if watch.stopping:  # the other nodes went on failing after this one stopped its workers
-            raise _hang_failure(launch, watch, config) from None
-        if not is_rendezvous_failure(err):
+            raise hang_failure(launch.prog, watch, config.max_restarts) from None
+        failure = rendezvous_failure(err, plan)
+        if failure is None:
             raise
-        if not plan.single_node:
-            raise explain_failure(err, plan) from None
-        raise ShoalError(
-            f"the workers' rendezvous on this machine failed: {first_line(err)}",
-            "run again; if it persists, run with --verbose and report the output",
-            exit_code=1,
-        ) from None
+        raise failure from None
     finally:
-        # torch's agent stopped the workers (SIGTERM, SIGKILL after its shutdown timeout); a rank
-        # it lost track of, or one still dying, goes now: nothing outlives the launcher.
-        watch.close()
-        STOPPING.discard(config.run_id)
-        ROUNDS.pop(config.run_id, None)
-        if watch.monitor.events and str(watch.run_dir) == launch.log_dir:
-            launch.keep_logs = True  # the hang reports' stacks live there: say where, keep them
-        gc.collect()  # this launch's stores: their threads stop and their ports close now
-        if not launch.keep_logs and launch.log_dir:
-            shutil.rmtree(launch.log_dir, ignore_errors=True)
-        sys.stdout.flush()
+        _after_workers(config, launch, watch)
+
+
+def _check_ports(plan: RendezvousPlan) -> None:
+    """The port this node serves a store on is free, or a ShoalError (and its hint) says so before
+    anything starts."""
+    if plan.single_node and plan.workers_port:
+        check_port_free(plan.workers_port, host=plan.bind_addr)  # the hint: pick another, or omit it
+    elif plan.hosts_store and plan.port:
+        where = "--master-port" if plan.backend == "static" else "the port in --rdzv-endpoint"
+        hint = f"pick another {where} that is free on this node, and give every node the same one"
+        check_port_free(plan.port, host=plan.bind_addr, hint=hint)
+
+
+def _worker_command(
+    entrypoint: Callable[..., Any] | str, args: tuple[Any, ...]
+) -> tuple[Callable[..., Any] | str, tuple[Any, ...], bool]:
+    """What torch's agent starts, and whether a program's stderr is tee'd into its log: a program
+    under :mod:`~shoal.launch.worker_shim` (on Linux), a function under :func:`function_worker`."""
+    if isinstance(entrypoint, str) and sys.platform.startswith("linux"):
+        return sys.executable, (WORKER_SHIM, str(os.getpid()), entrypoint, *args), True
+    if not isinstance(entrypoint, str):
+        return function_worker, (entrypoint, *args), False
+    return entrypoint, args, False
+
+
+def _before_fork() -> None:
+    """Forked workers start with a copy of this process's unwritten output buffers: empty them
+    first, so nothing printed before the launch comes out once per worker.
+
+    ... and with a copy of its unreachable objects. A TCPStore server of an earlier launch that
+    waits in a reference cycle would be finalised by a worker's garbage collector, whose C++
+    destructor then waits for a libuv thread that exists only here: a hang, or a SIGSEGV.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
+
+
+def _after_workers(config: Any, launch: Launch, watch: JobWatch) -> None:
+    """torch's agent stopped the workers (SIGTERM, SIGKILL after its shutdown timeout); a rank it
+    lost track of, or one still dying, goes now: nothing outlives the launcher. The run's
+    rendezvous state goes, and the log directory unless it is kept."""
+    watch.close()
+    STOPPING.discard(config.run_id)
+    ROUNDS.pop(config.run_id, None)
+    if watch.monitor.events and str(watch.run_dir) == launch.log_dir:
+        launch.keep_logs = True  # the hang reports' stacks live there: say where, keep them
+    gc.collect()  # this launch's stores: their threads stop and their ports close now
+    if not launch.keep_logs and launch.log_dir:
+        shutil.rmtree(launch.log_dir, ignore_errors=True)
+    sys.stdout.flush()
 
 
 def _watch(config: Any, launch: Launch) -> JobWatch:
@@ -256,18 +249,6 @@ def _watch(config: Any, launch: Launch) -> JobWatch:
         launch.run_dir or launch.log_dir or ".", hang_timeout=launch.hang_timeout, on_hang=launch.on_hang,
         on_stop=lambda: STOPPING.add(run_id), publish=publish, peers=peers,
     )  # fmt: skip
-
-
-def _hang_failure(launch: Launch, watch: JobWatch, config: Any) -> WorkersFailed:
-    """The launch's end after ``--on-hang stop`` (or ``restart`` with no restart left): the report
-    is the message's last lines."""
-    event = watch.event
-    assert event is not None
-    if watch.stopping:
-        what = "stopped the workers: they hung (--on-hang stop)"
-    else:
-        what = f"the workers hung and no restart is left (--max-restarts {config.max_restarts}; --on-hang restart)"
-    return WorkersFailed(f"{launch.prog}: {what}\n{event.report}", exit_code=EXIT_HUNG)
 
 
 def function_worker(function: Callable[..., Any], *args: Any) -> Any:
@@ -358,19 +339,6 @@ def _torch_logs(verbose: bool, log_dir: str | None) -> Iterator[None]:
             lg.removeHandler(handler)
             lg.propagate = propagate
         handler.close()
-
-
-SLURM_WARNING_HINT = (
-    "SIGUSR1 is Slurm's warning that the job's time limit is near (#SBATCH --signal=USR1@60, which shoal "
-    "launch slurm writes). A script that uses ctx.preemption() with a checkpointer (shoal train does) saves and "
-    "stops on it: submit the same job again to resume from that checkpoint. Any other script just stops: give "
-    "a longer --time, or delete that line to run up to the limit"
-)
-
-
-def _signal_hint(signum: int, environ: Mapping[str, str] = os.environ) -> str:
-    """``\nHINT: ...`` for a stop that Slurm's pre-timeout signal caused (SIGUSR1 in a Slurm job), else ``""``."""
-    return f"\nHINT: {SLURM_WARNING_HINT}" if signum == signal.SIGUSR1 and "SLURM_JOB_ID" in environ else ""
 
 
 def _threads_note(config: Any, environ: Mapping[str, str], nodes_here: int = 1) -> str:

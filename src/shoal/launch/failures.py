@@ -21,6 +21,11 @@ others the one whose error file or stderr log was last written earliest is the r
 
 A worker killed by SIGKILL is named with its cause: the kernel's out-of-memory killer or something
 else (:mod:`shoal.launch.oom`).
+
+The launch core's every other end is said here too, as one :class:`WorkersFailed` each: workers
+stopped by a preemption signal (:func:`workers_failed`), the launcher stopped by one
+(:func:`launcher_stopped`), the workers stopped for a hang (:func:`hang_failure`), a rendezvous that
+did not complete (:func:`rendezvous_failure`).
 """
 
 from __future__ import annotations
@@ -34,10 +39,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shoal.errors import EXIT_HUNG, ShoalError, first_line
 from shoal.launch.oom import AT_IMPORT, UNKNOWN_CAUSE, MemoryState, SigkillCause, sigkill_cause
+from shoal.launch.process import signal_name
 
 if TYPE_CHECKING:  # torch is imported lazily: this module is imported by CLI code paths too
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from shoal.launch.rendezvous.plan import RendezvousPlan
+    from shoal.launch.watchdog import JobWatch
+
+PREEMPTED_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGUSR1})
+"""Exit statuses of workers that stopped for SIGTERM / SIGUSR1 (see :mod:`shoal.preemption`)."""
+
+
+class WorkersFailed(ShoalError):
+    """A worker failed (or the workers were stopped); the message is the whole report to print.
+
+    ``raised``: the root-cause worker ended on its own with a failure status, not for a lost peer
+    (:attr:`FailureReport.raised`): its code or input failed, and a retry would fail the same way.
+    False for a kill, a preemption, a hang or a stop.
+    """
+
+    def __init__(self, message: str, hint: str = "", *, exit_code: int = 2, raised: bool = False) -> None:
+        super().__init__(message, hint, exit_code=exit_code)
+        self.raised = raised
+
+    def format(self) -> str:
+        return self.message
+
 
 _TB_HEADER = "Traceback (most recent call last):"
 _CHAIN_LINES = (
@@ -349,24 +379,8 @@ def describe_child_failure(
         memory_before: :func:`memory_state` before the workers started, to tell an OOM kill of
             theirs from earlier ones (default: the state when this module was loaded).
     """
-    paths: dict[int, str] = {}
-    for rank, failure in err.failures.items():
-        path = (stderr_logs or {}).get(failure.local_rank) or None
-        if path is None and log_dir:
-            path = find_stderr_log(log_dir, failure.local_rank)
-        if path and os.path.isfile(path):
-            paths[rank] = path
-
-    order = {rank: i for i, rank in enumerate(err.failures)}  # as the agent noticed them
-
-    def stopped(rank: int) -> bool:  # by the agent, before it failed on its own (no error file)
-        failure = err.failures[rank]
-        return failure.exitcode == -signal.SIGTERM and not isinstance(failure.message, dict)
-
-    ranks = sorted(
-        err.failures,
-        key=lambda r: (stopped(r), _failure_time(err.failures[r], paths.get(r)), order[r]),
-    )
+    paths = _stderr_paths(err, log_dir, stderr_logs or {})
+    ranks = _root_cause_first(err, paths)
     rank, failure = ranks[0], err.failures[ranks[0]]
     report = FailureReport(
         rank=rank,
@@ -376,7 +390,46 @@ def describe_child_failure(
         log_path=paths.get(rank) if keep_logs else None,
         host=socket.gethostname(),
     )
+    _read_cause(report, failure, paths.get(rank))
+    report.same_ranks = sorted(
+        r for r in report.other_ranks if report.message and _message(err.failures[r]) == report.message
+    )
+    report.other_ranks = [r for r in report.other_ranks if r not in report.same_ranks]
+    _add_hint(report, failure, memory_before)
+    return report
 
+
+def _stderr_paths(err: ChildFailedError, log_dir: str | None, stderr_logs: Mapping[int, str]) -> dict[int, str]:
+    """Global rank -> its stderr log, for the failed ranks whose log exists (named in
+    ``stderr_logs`` by local rank, else found under ``log_dir``)."""
+    paths: dict[int, str] = {}
+    for rank, failure in err.failures.items():
+        path = stderr_logs.get(failure.local_rank) or None
+        if path is None and log_dir:
+            path = find_stderr_log(log_dir, failure.local_rank)
+        if path and os.path.isfile(path):
+            paths[rank] = path
+    return paths
+
+
+def _root_cause_first(err: ChildFailedError, paths: Mapping[int, str]) -> list[int]:
+    """The failed ranks, the root cause first (see the module docstring): those the agent stopped
+    last, then by when each failed, then as the agent noticed them."""
+    order = {rank: i for i, rank in enumerate(err.failures)}  # as the agent noticed them
+
+    def stopped(rank: int) -> bool:  # by the agent, before it failed on its own (no error file)
+        failure = err.failures[rank]
+        return failure.exitcode == -signal.SIGTERM and not isinstance(failure.message, dict)
+
+    return sorted(
+        err.failures,
+        key=lambda r: (stopped(r), _failure_time(err.failures[r], paths.get(r)), order[r]),
+    )
+
+
+def _read_cause(report: FailureReport, failure: ProcessFailure, stderr_log: str | None) -> None:
+    """The root cause's traceback and exception line, from its error file, else its stderr log (or
+    that log's last lines)."""
     recorded = failure.message if isinstance(failure.message, dict) else None
     if recorded:  # an error file: @record, or a function entrypoint
         report.traceback = (recorded.get("extraInfo") or {}).get("py_callstack") or None
@@ -389,8 +442,8 @@ def describe_child_failure(
             report.exitcode = 1
     elif isinstance(failure.message, str) and failure.error_file not in ("", _NOT_AVAILABLE):
         report.message = failure.message  # an error file in the newer plain-string format
-    if not report.traceback and rank in paths:
-        text = _read_text(paths[rank])
+    if not report.traceback and stderr_log:
+        text = _read_text(stderr_log)
         report.traceback = extract_last_traceback(text)
         if not report.traceback:
             tail = [ln for ln in text.splitlines() if ln.strip()][-_TAIL_LINES:]
@@ -399,10 +452,10 @@ def describe_child_failure(
             report.hint = _ABORT_AT_EXIT_HINT
     if report.traceback and not report.message:
         report.message = exception_line(report.traceback)
-    report.same_ranks = sorted(
-        r for r in report.other_ranks if report.message and _message(err.failures[r]) == report.message
-    )
-    report.other_ranks = [r for r in report.other_ranks if r not in report.same_ranks]
+
+
+def _add_hint(report: FailureReport, failure: ProcessFailure, memory_before: MemoryState | None) -> None:
+    """What to do about a cause shoal knows, and what killed a worker that died of a signal."""
     if not report.hint:
         report.hint = known_cause(report.message)
         report.known = report.hint is not None
@@ -411,7 +464,79 @@ def describe_child_failure(
     if failure.exitcode == -signal.SIGKILL:
         report.kill_cause = sigkill_cause(failure.pid, before=memory_before or AT_IMPORT)
         report.hint = report.hint or report.kill_cause.hint
-    return report
+
+
+def workers_failed(
+    err: ChildFailedError,
+    prog: str,
+    log_dir: str | None,
+    *,
+    stderr_logs: Mapping[int, str],
+    keep_logs: bool,
+    memory_before: MemoryState,
+) -> WorkersFailed:
+    """The launch's end when its workers failed: one line when every one of them stopped for a
+    preemption signal (they said why, and where the checkpoint went, themselves: a traceback report
+    would only bury that), else the root cause's report (:func:`describe_child_failure`)."""
+    codes = {failure.exitcode for failure in err.failures.values()}
+    if codes and codes <= PREEMPTED_CODES:
+        code = max(codes)
+        return WorkersFailed(
+            f"{prog}: workers stopped by {signal_name(code - 128)}{signal_hint(code - 128)}", exit_code=code
+        )
+    report = describe_child_failure(
+        err, log_dir, stderr_logs=stderr_logs, keep_logs=keep_logs, memory_before=memory_before
+    )
+    return WorkersFailed(report.format(), exit_code=report.exit_code, raised=report.raised)
+
+
+def launcher_stopped(prog: str, signum: int, stopped_note: str) -> WorkersFailed:
+    """The launch's end when the launcher itself got a signal (Kubernetes or Slurm stopping the job,
+    a Ctrl-C): torch's agent has forwarded it to the workers and waited for them."""
+    return WorkersFailed(
+        f"{prog}: stopped by {signal_name(signum)}; {stopped_note}{signal_hint(signum)}", exit_code=128 + signum
+    )
+
+
+def hang_failure(prog: str, watch: JobWatch, max_restarts: int) -> WorkersFailed:
+    """The launch's end after ``--on-hang stop`` (or ``restart`` with no restart left): the report
+    is the message's last lines."""
+    event = watch.event
+    assert event is not None
+    if watch.stopping:
+        what = "stopped the workers: they hung (--on-hang stop)"
+    else:
+        what = f"the workers hung and no restart is left (--max-restarts {max_restarts}; --on-hang restart)"
+    return WorkersFailed(f"{prog}: {what}\n{event.report}", exit_code=EXIT_HUNG)
+
+
+def rendezvous_failure(err: Exception, plan: RendezvousPlan) -> ShoalError | None:
+    """What a rendezvous that did not complete says (endpoint, arrivals, hint); None when ``err``
+    is no rendezvous failure."""
+    from shoal.launch.rendezvous.explain import explain_failure, is_rendezvous_failure
+
+    if not is_rendezvous_failure(err):
+        return None
+    if not plan.single_node:
+        return explain_failure(err, plan)
+    return ShoalError(
+        f"the workers' rendezvous on this machine failed: {first_line(err)}",
+        "run again; if it persists, run with --verbose and report the output",
+        exit_code=1,
+    )
+
+
+SLURM_WARNING_HINT = (
+    "SIGUSR1 is Slurm's warning that the job's time limit is near (#SBATCH --signal=USR1@60, which shoal "
+    "launch slurm writes). A script that uses ctx.preemption() with a checkpointer (shoal train does) saves and "
+    "stops on it: submit the same job again to resume from that checkpoint. Any other script just stops: give "
+    "a longer --time, or delete that line to run up to the limit"
+)
+
+
+def signal_hint(signum: int, environ: Mapping[str, str] = os.environ) -> str:
+    """``\nHINT: ...`` for a stop that Slurm's pre-timeout signal caused (SIGUSR1 in a Slurm job), else ``""``."""
+    return f"\nHINT: {SLURM_WARNING_HINT}" if signum == signal.SIGUSR1 and "SLURM_JOB_ID" in environ else ""
 
 
 def _failure_time(failure: ProcessFailure, stderr_log: str | None) -> float:
