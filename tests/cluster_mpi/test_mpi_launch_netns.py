@@ -65,6 +65,14 @@ def _env(**extra: str) -> dict[str, str]:
     return launcher_free_env(drop=("GLOO_", "NCCL_"), **{"SHOAL_INIT_TIMEOUT": "40", **extra})
 
 
+def _launch(nodes, tmp_path: Path, via: str, script: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``shoal launch --hosts a:1,b:1 --via VIA --rsh <the agent> -- SCRIPT tmp_path``, run in a."""
+    a, b = nodes
+    hosts, rsh = f"{a.addr}:1,{b.addr}:1", _rsh_agent(tmp_path, nodes)
+    command = [*LAUNCH, "--hosts", hosts, "--via", via, "--rsh", rsh, "--", script, str(tmp_path)]
+    return a.run(command, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
 def _results(out: Path, n: int) -> list[dict]:
     found = sorted(out.glob("rank*.json"))
     assert len(found) == n, f"expected {n} result files, got {[p.name for p in found]}"
@@ -79,25 +87,7 @@ def test_launch_hosts_via_mpirun_across_namespaces(nodes, tmp_path):
     a, b = nodes
     # Nobody sets GLOO_SOCKET_IFNAME: shoal.init() picks each node's interface that routes to the
     # main address (the machine's hostname resolves to 127.0.0.1 in both namespaces).
-    agent = _rsh_agent(tmp_path, nodes)
-    proc = a.run(
-        [
-            *LAUNCH,
-            "--hosts",
-            f"{a.addr}:1,{b.addr}:1",
-            "--via",
-            "mpirun",
-            "--rsh",
-            agent,
-            "--",
-            ALLREDUCE,
-            str(tmp_path),
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = _launch(nodes, tmp_path, "mpirun", ALLREDUCE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"shoal launch: mpirun, 2 processes on {a.addr}:1,{b.addr}:1, rendezvous {a.addr}:" in proc.stderr
     results = _results(tmp_path, 2)
@@ -112,24 +102,7 @@ def test_launch_hosts_via_mpirun_across_namespaces(nodes, tmp_path):
 def test_launch_hosts_via_ssh_across_namespaces(nodes, tmp_path):
     """One `shoal run` per host; shoal run picks each node's interface itself."""
     a, b = nodes
-    proc = a.run(
-        [
-            *LAUNCH,
-            "--hosts",
-            f"{a.addr}:1,{b.addr}:1",
-            "--via",
-            "ssh",
-            "--rsh",
-            _rsh_agent(tmp_path, nodes),
-            "--",
-            ALLREDUCE,
-            str(tmp_path),
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = _launch(nodes, tmp_path, "ssh", ALLREDUCE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = _results(tmp_path, 2)
     assert [(r["scheme"], r["rank"], r["world_size"], r["node_rank"]) for r in results] == [
@@ -143,24 +116,7 @@ def test_launch_hosts_via_ssh_across_namespaces(nodes, tmp_path):
 def test_a_failing_host_stops_the_others(nodes, tmp_path):
     """b's worker exits 3; a's would wait forever: shoal launch stops a's launcher and its worker."""
     a, b = nodes
-    proc = a.run(
-        [
-            *LAUNCH,
-            "--hosts",
-            f"{a.addr}:1,{b.addr}:1",
-            "--via",
-            "ssh",
-            "--rsh",
-            _rsh_agent(tmp_path, nodes),
-            "--",
-            FAILS,
-            str(tmp_path),
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = _launch(nodes, tmp_path, "ssh", FAILS, timeout=180)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     # "; stopping the other hosts" follows when a's launcher still ran; on a busy machine it may have
     # ended first (its worker saw the peer go), and the line says nothing more. No hang: timeout above.

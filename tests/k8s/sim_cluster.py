@@ -192,45 +192,46 @@ def start_container(
 
 
 def start_pod(
+    pod: Mapping[str, Any],
     *,
-    name: str,
-    namespace: str,
     role: str,
     index: int,
-    hostname: str,
-    subdomain: str | None,
     services: list[str],
-    pod_spec: Mapping[str, Any],
-    main: Mapping[str, Any],
-    restart_policy: str,
     secrets: Mapping[str, Mapping[str, str]],
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    init_containers: list[dict[str, Any]] | None = None,
-    dns_searches: Sequence[str] = (),
+    restart_policy: str | None = None,
+    main: str | None = None,
 ) -> SimPod:
-    """The pod the kubelet starts from ``pod_spec``, ``main`` being its main container."""
-    labels, annotations = dict(labels or {}), dict(annotations or {})
+    """The pod the kubelet starts from ``pod``, the Pod object an operator creates (``metadata``:
+    name, namespace, labels, annotations; ``spec``: containers, hostname, subdomain, init containers,
+    ``dnsConfig``), its main container the one named ``main`` (default the first).
+
+    ``services``: the headless Services that select it; ``restart_policy``: the replica's, which the
+    operator acts on (default the pod's own ``restartPolicy``).
+    """
+    metadata, pod_spec = pod["metadata"], pod["spec"]
+    name, namespace = metadata["name"], metadata["namespace"]
+    labels, annotations = dict(metadata.get("labels", {})), dict(metadata.get("annotations", {}))
+    container = next(c for c in pod_spec["containers"] if main is None or c["name"] == main)
     env, command, args = start_container(
-        name=name, namespace=namespace, container=main, labels=labels, annotations=annotations, secrets=secrets
+        name=name, namespace=namespace, container=container, labels=labels, annotations=annotations, secrets=secrets
     )
     return SimPod(
         name=name,
         namespace=namespace,
         role=role,
         index=index,
-        hostname=hostname,
-        subdomain=subdomain,
+        hostname=pod_spec.get("hostname") or name,
+        subdomain=pod_spec.get("subdomain"),
         services=services,
         env=env,
         command=command,
         args=args,
-        restart_policy=restart_policy,
+        restart_policy=restart_policy or pod_spec["restartPolicy"],
         termination_grace_s=pod_spec.get("terminationGracePeriodSeconds"),
-        container=dict(main),
+        container=dict(container),
         volumes=list(pod_spec.get("volumes", [])),
-        init_containers=init_containers if init_containers is not None else list(pod_spec.get("initContainers", [])),
-        dns_searches=list(dns_searches),
+        init_containers=list(pod_spec.get("initContainers", [])),
+        dns_searches=list(pod_spec.get("dnsConfig", {}).get("searches", [])),
         labels=labels,
         annotations=annotations,
     )

@@ -204,18 +204,7 @@ def _pod(
     }
     if kind == "Worker":
         labels["training.kubeflow.org/replica-index"] = str(index)
-    return start_pod(
-        name=pod_name,
-        namespace=namespace,
-        role=kind.lower(),
-        index=index,
-        hostname=hostname,
-        subdomain=name,
-        services=[name],
-        pod_spec=pod_spec,
-        main=main,
-        restart_policy=replica["restartPolicy"],
-        secrets=secrets,
-        labels=labels,
-        dns_searches=searches,
-    )
+    pod_spec.update(hostname=hostname, subdomain=name, dnsConfig={"searches": list(searches)})
+    pod = {"metadata": {"name": pod_name, "namespace": namespace, "labels": labels}, "spec": pod_spec}
+    policy = replica["restartPolicy"]
+    return start_pod(pod, role=kind.lower(), index=index, services=[name], secrets=secrets, restart_policy=policy)

@@ -140,21 +140,11 @@ def _pod(job: dict, kind: str, index: int, version: tuple[int, int], secrets: Ma
                 ],
             }
         )
-    main = next(c for c in pod_spec["containers"] if c["name"] == CONTAINER)
+    pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), *init]
+    pod = {"metadata": {"name": pod_name, "namespace": namespace, "labels": labels}, "spec": pod_spec}
+    policy = replica["restartPolicy"]
     return start_pod(
-        name=pod_name,
-        namespace=namespace,
-        role=kind.lower(),
-        index=index,
-        hostname=pod_name,
-        subdomain=None,
-        services=[pod_name],
-        pod_spec=pod_spec,
-        main=main,
-        restart_policy=replica["restartPolicy"],
-        secrets=secrets,
-        labels=labels,
-        init_containers=[*pod_spec.get("initContainers", []), *init],
+        pod, role=kind.lower(), index=index, services=[pod_name], secrets=secrets, restart_policy=policy, main=CONTAINER
     )
 
 

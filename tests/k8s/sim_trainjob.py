@@ -251,19 +251,8 @@ def _pod(jobset: str, namespace: str, job: str, index: int, template: dict, secr
                 }
             )
     pod_name = f"{job}-{index}-sim{index:02d}"  # generateName <job>-<index>- plus the API server's suffix
-    main = next(c for c in pod_spec["containers"] if c["name"] == NODE)
-    return start_pod(
-        name=pod_name,
-        namespace=namespace,
-        role=NODE,
-        index=index,
-        hostname=f"{job}-{index}",
-        subdomain=jobset,
-        services=[jobset],
-        pod_spec=pod_spec,
-        main=main,
-        restart_policy=pod_spec["restartPolicy"],
-        secrets=secrets,
-        labels=labels,
-        annotations=annotations,
-    )
+    pod = {
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "annotations": annotations},
+        "spec": {**pod_spec, "hostname": f"{job}-{index}", "subdomain": jobset},
+    }
+    return start_pod(pod, role=NODE, index=index, services=[jobset], secrets=secrets, main=NODE)
