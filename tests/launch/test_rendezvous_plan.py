@@ -175,11 +175,16 @@ def test_failures_name_the_endpoint_the_arrivals_and_a_hint():
 
 
 def test_c10d_heartbeats_by_number_of_nodes():
-    """Up to 64 nodes a heartbeat every 2 s; above, every 5 s (each rewrites the whole rendezvous
-    state), said in one start-up line; the user's own interval wins, and static has none."""
-    few = _plan(nnodes="64", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29400")
+    """Up to 8 nodes a heartbeat every 2 s; above, every 5 s (each rewrites the whole rendezvous
+    state, and while nodes join one whose heartbeat is 3 intervals old is dropped: 16 nodes short of
+    CPU did not close with 2 s), said in one start-up line; the user's own interval wins, and static
+    has none."""
+    few = _plan(nnodes="8", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29400")
     assert few.rdzv_configs["keep_alive_interval"] == 2 and few.scale_note is None
     assert len(few.lines("shoal run", 1)) == 2
+    sixteen = _plan(nnodes="15:16", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29400")
+    assert sixteen.rdzv_configs["keep_alive_interval"] == 5 and sixteen.rdzv_configs["keep_alive_max_attempt"] == 3
+    assert sixteen.scale_note.startswith("16 nodes: c10d heartbeats every 5 s, not 2 s")
     many = _plan(nnodes="32:1000", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29400")
     assert many.rdzv_configs["keep_alive_interval"] == 5 and many.rdzv_configs["keep_alive_max_attempt"] == 3
     lines = many.lines("shoal run", 8)

@@ -41,12 +41,16 @@ LAST_CALL_S = 5
 """c10d: how long a rendezvous that has MIN nodes waits for more (torch: 30 s)."""
 KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 2, 3
 """c10d: heartbeat interval and how many may be missed before a node counts as gone (6 s; torch 15 s)."""
-MANY_NODES, MANY_NODES_KEEP_ALIVE_S = 64, 5
+MANY_NODES, MANY_NODES_KEEP_ALIVE_S = 8, 5
 """c10d above ``MANY_NODES`` nodes: a heartbeat every 5 s (torch's default), a lost node noticed in 15 s.
 torch's c10d rendezvous keeps every node in one pickled state that each heartbeat reads and rewrites
 whole (a compare-and-set, retried when another node wrote first): the store's traffic grows with
 nodes x heartbeats/s x state size (measured: ``python -m benchmarks.rendezvous_scale``, docs/BENCHMARKS.md,
-"Rendezvous at 1,000 simulated nodes")."""
+"Rendezvous at 1,000 simulated nodes"). And while nodes join, any node whose last heartbeat is older
+than interval x misses is dropped by the next node to write: with 2 s x 3 (6 s) and launchers short
+of CPU, live nodes were dropped faster than they joined. 16 real nodes (one 2-core machine) did not
+close in 600 s with 2 s heartbeats, and closed with 5 s in the same run; 2 and 8 nodes closed with 2 s
+(benchmarks/scale_curves.py, docs/BENCHMARKS.md, "Cost curves to 16 nodes")."""
 EXIT_MARGIN_S = 2.0
 """torch overshoots its own timeouts a little and the failure is then diagnosed (one TCP probe of at
 most 1 s): this much of the join budget is kept for that."""
