@@ -260,7 +260,7 @@ def elastic(pods, label: str, arm: str, work: Path, port: int) -> float:
         pods[-1].kill_processes()  # the node is lost: its launcher and its workers
         survivors = logs[:-1]
         while True:
-            if time.monotonic() - kill > TIMEOUT_S:
+            if time.monotonic() - kill > TIMEOUT_S or all(proc.poll() is not None for proc in procs[:-1]):
                 raise RuntimeError("no resume after the kill:\n" + _tails(logs))
             if any("resuming from" in log.read_text(errors="replace") for log in survivors):
                 return time.monotonic() - kill
@@ -350,7 +350,7 @@ def status(pods, label: str, arm: str, work: Path, port: int) -> float:
 
 
 MEASURES = {
-    "startup": (startup, ("shoal static", "torchrun static", "shoal c10d", "torchrun c10d", "shoal one node")),
+    "startup": (startup, ("shoal static", "shoal one node", "torchrun static", "shoal c10d", "torchrun c10d")),
     "step": (step, ("plain", "shoal")),
     "records": (records, ("blocks",)),
     "elastic": (elastic, ("shoal", "torch defaults")),
@@ -366,7 +366,13 @@ def _pods(label: str, tag: str):
 
 
 def _uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    """The time, the load averages and the CPU pressure stall (the share of time some task waited for a CPU)."""
+    up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return up
+    return f"{up}; cpu pressure: {' '.join(some.split()[:3])}"
 
 
 def run_curves(labels: list[str], measures: list[str], repeat: int, tmp: Path, log, save, skip=()) -> dict:
@@ -388,8 +394,9 @@ def run_curves(labels: list[str], measures: list[str], repeat: int, tmp: Path, l
                             value = fn(pods, label, arm, work, port)
                         except RuntimeError as failed:  # recorded, and the run goes on
                             SHOWN[f"failed: {label} {measure} {arm}"] = str(failed)[-6000:]
-                            log(f"round {r + 1} {label} {measure} {arm}: FAILED {str(failed)[:300]}")
+                            log(f"round {r + 1} {label} {measure} {arm}: FAILED {str(failed)[:300]}  [{_uptime()}]")
                             _stop(pods, [])
+                            save(found)
                             continue
                         found[measure][label].setdefault(arm, []).append(value)
                         shown = json.dumps(value) if isinstance(value, dict) else f"{value:.2f}"
