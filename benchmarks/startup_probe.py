@@ -63,9 +63,14 @@ def _process_start() -> float | None:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
-LAUNCHER_IMPORTS = {"shoal": ("shoal.cli.main", "shoal.cli.run", "shoal.launch.core"),
-                    "torch.distributed.run": ("torch.distributed.run",)}  # fmt: skip
-"""What each launcher imports before it does anything (imported here first, then stamped)."""
+LAUNCHER_IMPORTS = {
+    "shoal": ("shoal.cli.main", "shoal.cli.run", "shoal.launch.core", "torch.distributed.run",
+              "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+              "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"),
+    "torch.distributed.run": ("torch.distributed.run",),
+}  # fmt: skip
+"""What each launcher imports before its rendezvous (imported here first, then stamped); shoal
+imports torch's agent lazily, when it launches."""
 
 
 def launcher(out_dir: str, name: str, module: str, args: list[str]) -> None:
