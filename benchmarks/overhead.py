@@ -17,7 +17,7 @@ launcher: same model and initial weights (seeded), same pre-loaded tensors, same
   plain loop with Hugging Face Accelerate's ``prepare``/``backward`` or Lightning Fabric's
   ``setup``/``backward``.
 * ``horovod``: the plain loop on the bare model with a Horovod script's setup through
-  ``shoal.horovod`` (``shoal.integrations.horovod.recipe.prepare``: ``hvd.init()``, broadcasts from
+  ``shoal.horovod`` (``shoal.horovod.recipe.prepare``: ``hvd.init()``, broadcasts from
   rank 0, ``hvd.DistributedOptimizer`` averaging the gradients with bucketed asynchronous
   all-reduces started during backward): no DDP.
 
@@ -212,7 +212,7 @@ def _preimport(variants: list[str]) -> None:
     if "fabric" in variants:
         import lightning.fabric  # noqa: F401
     if "horovod" in variants:
-        import shoal.integrations.horovod.recipe  # noqa: F401
+        import shoal.horovod.recipe  # noqa: F401
 
 
 def _rows(variants: list[str], runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

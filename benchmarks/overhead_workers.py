@@ -237,7 +237,7 @@ def horovod_worker(job: Job) -> dict[str, Any] | None:
     bucketed asynchronous all-reduces instead of DDP's."""
     import torch
 
-    from shoal.integrations.horovod import recipe, state
+    from shoal.horovod import recipe, state
 
     torch.set_num_threads(job.threads)
     model, optimizer = make_model_and_optimizer(job)

@@ -14,7 +14,7 @@ checkpoints on the claim written by rank 0 only, the last one reloaded with ``hv
 The lab runs once in the suite, here: its cost is fixed (each rank builds and traces MobileNetV2's
 training step; one epoch of 8 images costs what two of 32 do), and each part of the other places it
 could run is proven on its own: ``shoal launch --via mpirun`` with client scripts (tests/clients),
-the Horovod API under torchrun, mpirun, srun and ``shoal run`` (tests/integrations), the TF binding
+the Horovod API under torchrun, mpirun, srun and ``shoal run`` (tests/horovod), the TF binding
 under torchrun (test_horovod_tf_api.py). The equality with one process on the global batch is
 checked on a model without batch norm (test_horovod_tf_api.py): batch norm's per-rank batch
 statistics make the two differ, in Horovod too.

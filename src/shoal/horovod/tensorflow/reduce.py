@@ -1,7 +1,7 @@
 """The gradients of one step, all-reduced: the shared core of ``DistributedOptimizer`` and ``DistributedGradientTape``.
 
 Dense gradients of one dtype travel in one flat buffer (Horovod's fusion), by the cheaper of two
-ways for where the step runs (both measured: docs/HOROVOD.md, "Step time"):
+ways for where the step runs (both measured: docs/BENCHMARKS.md, "The horovod variant"):
 
 - in graphs (``tf.function``, ``model.fit``): TF packs them (``tf.concat``, the copy DDP's buckets
   make too), the buffer crosses to torch by DLPack once, is all-reduced in place and comes back as
