@@ -13,7 +13,10 @@ run back to back on the same pods, their order alternating round by round:
   (benchmarks/startup_probe.py: a gloo group, one DDP step with its all-reduce and optimizer step,
   then each rank stamps the time), for ``shoal run`` with the static and the c10d rendezvous and
   ``torchrun`` with the same two (node 0 hosting the store; torchrun given what it needs between
-  namespaces: GLOO_SOCKET_IFNAME, and for c10d ``--local-addr`` and ``is_host``);
+  namespaces: GLOO_SOCKET_IFNAME, and for c10d ``--local-addr`` and ``is_host``), and the same
+  processes on one node (``shoal run --nproc N*P``); each launch's phases too (when the last
+  launcher finished its imports, the last worker started, imported torch, had its process group
+  and its first step: the probe's stamps), printed as a second table;
 - ``step``: median ms per step of a tiny MLP (benchmarks/scale_probe.py), shoal's trainer against a
   hand-written DDP loop, both under ``shoal run`` (static): weak scaling, 100 steps per rank per epoch, one thread per process (OMP_NUM_THREADS=1);
 - ``elastic``: tests/cluster/elastic_timing.py's job on N nodes (``--nnodes N-1:N``, ``shoal train
