@@ -238,6 +238,16 @@ def _stop(pods, procs) -> None:
         proc.wait()
 
 
+LOSS_MARKS = {
+    "a survivor's worker failed": ("Connection closed by peer", "Connection reset by peer", "Traceback"),
+    "re-rendezvous done": ("the job goes on with",),
+    "resumed": ("resuming from",),
+}
+"""What a survivor's log shows after the kill, first seen (polling every 50 ms), for :func:`elastic`."""
+LOSS_TIMES: dict[str, dict[str, list[dict[str, float]]]] = {}
+"""Seconds from the kill to each of :data:`LOSS_MARKS`, by size and arm, for --json."""
+
+
 def elastic(pods, label: str, arm: str, work: Path, port: int) -> float:
     """tests/cluster/elastic_timing.py's measurement on N nodes: seconds from SIGKILLing the last node's
     processes (after epoch 4 on all N) until a survivor's restarted worker resumed from its checkpoint."""
@@ -259,15 +269,22 @@ def elastic(pods, label: str, arm: str, work: Path, port: int) -> float:
             if time.monotonic() > deadline or any(proc.poll() is not None for proc in procs):
                 raise RuntimeError(f"no epoch 4 on {n} nodes:\n" + _tails(logs))
             time.sleep(0.05)
+        survivors = logs[:-1]
+        before = {log: len(log.read_text(errors="replace")) for log in survivors}
         kill = time.monotonic()
         pods[-1].kill_processes()  # the node is lost: its launcher and its workers
-        survivors = logs[:-1]
+        marks: dict[str, float] = {}
         while True:
             if time.monotonic() - kill > TIMEOUT_S or all(proc.poll() is not None for proc in procs[:-1]):
                 raise RuntimeError("no resume after the kill:\n" + _tails(logs))
-            if any("resuming from" in log.read_text(errors="replace") for log in survivors):
-                return time.monotonic() - kill
-            time.sleep(0.02)
+            since = [log.read_text(errors="replace")[before[log] :] for log in survivors]
+            for mark, needles in LOSS_MARKS.items():
+                if mark not in marks and any(needle in text for needle in needles for text in since):
+                    marks[mark] = round(time.monotonic() - kill, 1)
+            if "resumed" in marks:
+                LOSS_TIMES.setdefault(label, {}).setdefault(arm, []).append(marks)
+                return marks["resumed"]
+            time.sleep(0.05)
     finally:
         _stop(pods, procs)
 
@@ -562,7 +579,14 @@ def main() -> None:
 
     def save(found: dict) -> None:  # after every measurement: an interrupted run keeps what it measured
         if args.json:
-            done = {"uptime": [before, _uptime()], "repeat": args.repeat, **found, "shown": SHOWN, "phases": PHASES}
+            done = {
+                "uptime": [before, _uptime()],
+                "repeat": args.repeat,
+                **found,
+                "shown": SHOWN,
+                "phases": PHASES,
+                "loss": LOSS_TIMES,
+            }
             Path(args.json).write_text(json.dumps(done, indent=1))
 
     with tempfile.TemporaryDirectory(prefix="shoal-curves-") as tmp:
@@ -571,6 +595,7 @@ def main() -> None:
     print(f"uptime before: {before}\nuptime after:  {_uptime()}\nmedians of {args.repeat} round(s)\n")
     print(table(found))
     print(phase_table(PHASES))
+    print(json.dumps(LOSS_TIMES))
     save(found)
     if args.plot:
         plot(found, args.plot)
