@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.train.ft.events import append_event, group_states, read_events
+from shoal.train.ft.events import append_event, finished_without, group_states, read_events
 
 
 def test_a_group_restarted_and_not_yet_back_shows_no_heal_of_its_earlier_life(tmp_path):
@@ -20,6 +20,21 @@ def test_a_group_restarted_and_not_yet_back_shows_no_heal_of_its_earlier_life(tm
     (state,) = group_states(read_events(tmp_path))
     assert state.healed["step"] == 41 and state.healed["source"] == "checkpoint"
     assert state.failure() == "killed by SIGKILL at step 40; resumed from its checkpoint at step 41 after 1.2 s"
+
+
+def test_a_group_restarted_after_the_others_finished_sees_the_job_is_over(tmp_path):
+    """A restarted group that finds no lighthouse asks this: has another group finished since its
+    previous process started? An earlier run's end in the same directory does not count."""
+    append_event(tmp_path, 0, "finished", pid=50, step=90)  # a previous run into the same --out
+    append_event(tmp_path, 0, "start", pid=100, starts=1)
+    append_event(tmp_path, 1, "start", pid=101, starts=1)
+    assert finished_without(read_events(tmp_path), 1) is None
+    append_event(tmp_path, 1, "died", pid=101, step=40, how="killed by SIGKILL")
+    assert finished_without(read_events(tmp_path), 1) is None  # the others still train
+    append_event(tmp_path, 0, "finished", pid=100, step=180)
+    done = finished_without(read_events(tmp_path), 1)
+    assert (done["group"], done["step"]) == (0, 180)
+    assert finished_without(read_events(tmp_path), 2) is None  # a group that never started: no verdict
 
 
 def test_every_event_written_is_in_the_guides_table():

@@ -56,6 +56,17 @@ def read_events(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return found
 
 
+def finished_without(events: list[dict[str, Any]], group: int) -> dict[str, Any] | None:
+    """Another group's ``finished`` event written after ``group``'s last ``start`` (its previous
+    process's), if any: the job ended while ``group`` was being restarted."""
+    starts = [e["t"] for e in events if e["group"] == group and e["event"] == "start"]
+    if not starts:
+        return None
+    since = max(starts)
+    done = [e for e in events if e["group"] != group and e["event"] == "finished" and e["t"] > since]
+    return done[-1] if done else None
+
+
 def node_label(node: int | None, address: str | None) -> str:
     """``node 1 (10.0.0.2)``: a group's node as its lines name it."""
     if node is None:

@@ -35,11 +35,12 @@ from shoal.context import init as init_context
 from shoal.data import make_loader
 from shoal.distributed.wrap import model_state_dict
 from shoal.env.replica import replica_coordinates
+from shoal.errors import ShoalError
 from shoal.evaluation import evaluate
 from shoal.launch.process import process_started
 from shoal.progress import ProgressWriter, progress_path, read_one, run_progress_dir
 from shoal.train.config import TrainConfig
-from shoal.train.ft.events import EVENTS_FILE, NODE_ENV, append_event, node_label
+from shoal.train.ft.events import EVENTS_FILE, NODE_ENV, append_event, finished_without, node_label, read_events
 from shoal.train.optim import LRSchedule, build_optimizer, scaled_lr
 from shoal.train.outputs import RunOutputs
 from shoal.train.trainer import TrainResult
@@ -147,7 +148,23 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
     lr = scaled_lr(cfg.lr, cfg.lr_scaling, data_world)  # the global batch is every process's batch together
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr, cfg.weight_decay)
     tally = ReplicaTally()
-    replicas = ctx.replicas(model, optimizer, state={"tally": tally})
+    try:
+        replicas = ctx.replicas(model, optimizer, state={"tally": tally})
+    except ShoalError:
+        # A restarted group that finds no lighthouse, because the other groups finished the job
+        # (node 0's launcher then stops serving it): nothing is left to train, and nothing failed.
+        done = finished_without(read_events(cfg.out), group) if where.starts > 1 else None
+        if done is None:
+            raise
+        if ctx.rank == 0:
+            ctx.print(
+                f"shoal: replica group {group} started again after group {done['group']} finished "
+                f"the job at step {done.get('step')}: nothing left to train"
+            )
+        ctx.shutdown()
+        return TrainResult(
+            run_dir=Path(cfg.out), metrics=RunOutputs(cfg.out).logged_epochs(), model_path=None, config=cfg
+        )
     checkpoints = CheckpointManager(
         Path(cfg.checkpoint_dir or Path(cfg.out) / "checkpoints"), every=cfg.cadence, sharded=cfg.strategy == "fsdp"
     )
