@@ -100,6 +100,31 @@ def test_closing_a_tracker_stuck_on_a_silent_server_is_bounded(run_job_here, bla
     assert set(tb_series(board, "train/loss")) == set(range(1, LAST + 1))
 
 
+def test_a_checkpoint_goes_on_past_a_tracker_stuck_on_its_server_and_says_which(run_job_here, black_hole, tmp_path):
+    uri, held, connected = black_hole
+    plan = {
+        "spec": "tensorboard,mlflow",
+        "mlflow_uri": uri,
+        "first_step": 1,
+        "last_step": LAST,
+        "epoch_steps": 4,
+        "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "save_at": 4,
+        "state_timeout": 2,
+        "close_timeout": 3,
+        "report_state": False,
+    }
+    proc, _, run_dir, _ = run_job_here(plan, env={"MLFLOW_HTTP_REQUEST_TIMEOUT": "300"}, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("shoal: tracker: ")]
+    assert said == [
+        "shoal: tracker: mlflow had not made step 4 durable within 2 s of the checkpoint; a job stopped right "
+        "after it may lose those steps there (create_tracker(state_timeout=...) waits longer)"
+    ], proc.stderr
+    assert len(list((tmp_path / "checkpoints").glob("ckpt-*.pt"))) == 1  # the checkpoint was not held up
+    assert set(tb_series(tensorboard(run_dir / "tensorboard"), "train/loss")) == set(range(1, LAST + 1))
+
+
 @pytest.fixture
 def run_job_here(tmp_path, tool_env):
     def run(plan, env=None, timeout=240):

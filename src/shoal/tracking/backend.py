@@ -27,6 +27,9 @@ class RunOptions:
     mlflow_uri: str | None = None
     init_timeout: float = 30.0
     """Seconds W&B may take to open an online run before shoal falls back to offline."""
+    flush_timeout: float = 10.0
+    """Seconds a flush may wait for a tracker to write what was logged (W&B's transaction log):
+    the tracker's ``state_timeout``, so a checkpoint's flush and its wait end together."""
 
 
 @dataclass(frozen=True)

@@ -118,11 +118,15 @@ class Tracker:
         """Make what was logged so far durable and wait (at most ``timeout``, default
         ``close_timeout``) until every backend has; False if one is still busy. After a flush, log
         at later steps only: W&B has written the step's row."""
+        return not self._flush_naming_busy(self.close_timeout if timeout is None else timeout)
+
+    def _flush_naming_busy(self, timeout: float) -> list[str]:
+        """:meth:`flush`, returning the names of the trackers still busy after ``timeout`` s."""
         if not self._started() or self._closed:
-            return True
+            return []
         self._fan_out("flush")
-        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
-        return all(sink.wait_idle(max(0.0, deadline - time.monotonic())) for sink in self._sinks or [])
+        deadline = time.monotonic() + timeout
+        return [s.name for s in self._sinks or [] if not s.wait_idle(max(0.0, deadline - time.monotonic()))]
 
     # -- resume -------------------------------------------------------------------------------
 
@@ -137,7 +141,13 @@ class Tracker:
         read back until it holds the last step, MLflow's requests returned. Call it once
         everything of that step is logged: what is logged later is not in the checkpoint's state,
         and a resumed job does not log it again."""
-        self.flush(self.state_timeout)
+        busy = self._flush_naming_busy(self.state_timeout)
+        if busy:  # never silent: the checkpoint's promise does not hold for these
+            _print(
+                f"shoal: tracker: {', '.join(busy)} had not made step {self._last_step} durable within "
+                f"{self.state_timeout:g} s of the checkpoint; a job stopped right after it may lose those steps there "
+                "(create_tracker(state_timeout=...) waits longer)"
+            )
         trackers = dict(self._resumed)
         for sink in self._sinks or []:
             if sink.backend.state_needs_open and not sink.wait_open(self.state_timeout):
@@ -253,6 +263,7 @@ def create_tracker(
     max_predictions: int = 64,
     init_timeout: float = 30.0,
     close_timeout: float = 30.0,
+    state_timeout: float = 10.0,
 ) -> Tracker:
     """A tracker for ``spec`` (``"wandb,tensorboard,mlflow"``, any subset; None/"" for none).
 
@@ -273,6 +284,9 @@ def create_tracker(
         max_predictions: rows kept per predictions table.
         init_timeout: seconds W&B may take to open an online run before logging offline instead.
         close_timeout: seconds :meth:`Tracker.close` waits for all trackers together.
+        state_timeout: seconds :meth:`Tracker.state_dict` (a checkpoint) waits for the trackers to
+            make what was logged durable; past it the checkpoint goes on, and a line says which
+            trackers were still busy.
 
     In a training loop (``ctx.tracker(...)`` passes the run's rank for you)::
 
@@ -293,6 +307,7 @@ def create_tracker(
         run_name=run_name or path.resolve().name,
         mlflow_uri=mlflow_uri,
         init_timeout=init_timeout,
+        flush_timeout=state_timeout,
     )
     is_main = (global_rank() if rank is None else rank) == 0
     return Tracker(
@@ -302,6 +317,7 @@ def create_tracker(
         state=state,
         max_predictions=max_predictions,
         close_timeout=close_timeout,
+        state_timeout=state_timeout,
     )
 
 

@@ -36,9 +36,6 @@ TRANSACTION_LOG_FLUSH_S = 0.2
 """How often wandb writes the run's transaction log (``x_transaction_log_flush_interval``, where the
 installed wandb has it): a killed job loses at most this much of its W&B data, and a flush waits
 about this long for it."""
-SETTLE_LIMIT_S = 10.0
-"""The most :meth:`WandbBackend.flush` waits for the transaction log (a stalled wandb-core must not
-stall the job; the tracker's own timeouts bound it too)."""
 
 
 class WandbBackend(Backend):
@@ -142,7 +139,8 @@ class WandbBackend(Backend):
 
         wandb-core writes the log in the background (every :data:`TRANSACTION_LOG_FLUSH_S`) and
         offers no call that waits for it, so the log is read back (:class:`TransactionLogTail`)
-        until it holds the committed step, at most :data:`SETTLE_LIMIT_S`."""
+        until it holds the committed step, at most ``options.flush_timeout`` (a stalled wandb-core must
+        not stall the job)."""
         self._commit()
         if not self.unwritten:
             return
@@ -153,10 +151,10 @@ class WandbBackend(Backend):
             return
         if self.log_tail is None or self.log_tail.path != path:
             self.log_tail = TransactionLogTail(path)
-        deadline = time.monotonic() + SETTLE_LIMIT_S
+        deadline = time.monotonic() + self.options.flush_timeout
         while self.log_tail.last_step() < (self.committed or 0):
             if time.monotonic() > deadline:
-                self.say(f"step {self.committed} was not in {path} after {SETTLE_LIMIT_S:.0f} s; going on")
+                self.say(f"step {self.committed} was not in {path} after {self.options.flush_timeout:g} s; going on")
                 return
             time.sleep(TRANSACTION_LOG_FLUSH_S / 4)
 

@@ -98,6 +98,9 @@ def main() -> None:
         mlflow_uri=plan.get("mlflow_uri"),
         init_timeout=plan.get("init_timeout", 30.0),
         close_timeout=plan.get("close_timeout", 60.0),
+        # The tests prove what a checkpoint makes durable, not how fast: on a loaded machine W&B's
+        # writer and MLflow's requests took longer than the default 10 s.
+        state_timeout=plan.get("state_timeout", 120.0),
     )
     checkpoints = CheckpointManager(plan["checkpoint_dir"]) if plan.get("checkpoint_dir") else None
     if checkpoints is not None and plan.get("resume"):
