@@ -20,14 +20,19 @@ from conftest import session_environ, shoal_cmd
 from procs import wait_for
 from shoal.launch.watchdog.processes import alive
 
+HANG_GUARD_S = 240
+"""How long a command here may take before the test calls it hung: a guard, not a speed bound (each
+starts an interpreter that imports torch, which took over 60 s on a 2-core machine at load 25).
+pytest's own timeout (300 s) stops the test beyond it."""
+
 pytestmark = pytest.mark.multiprocess
 
 
 def _both(args: list[str], env: dict[str, str], cwd) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
     cmd = shoal_cmd(*args)
     assert warm.starts_warm(cmd, env=env)
-    started = warm.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
-    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+    started = warm.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, env=env, cwd=cwd)
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, env=env, cwd=cwd)
     return started, fresh
 
 
@@ -77,9 +82,9 @@ def test_a_driver_script_opted_in_gives_the_same_result_warm_and_fresh(how, end,
         cmd, script=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env
     )
     assert isinstance(proc, warm.WarmProcess)  # warm at once: TMPDIR and HOME need no server of their own
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=HANG_GUARD_S)
     started = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=tmp_path, env=env)
     assert (started.returncode, started.stdout, started.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     seen = json.loads(started.stdout)
     assert started.returncode == {"3": 3, "boom": 1}[end] and seen["sum"] == 3.0
@@ -93,7 +98,7 @@ def test_a_variable_that_reports_on_imports_starts_the_command_fresh(tmp_path):
     assert not warm.starts_warm(cmd, env=env)
     proc = warm.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert isinstance(proc, subprocess.Popen)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
     assert "import time:" in err  # a real interpreter's start-up, not the server's
     assert not warm.starts_warm([sys.executable, "script.py"])
     assert not warm.starts_warm(cmd, stdin=subprocess.PIPE)
@@ -118,7 +123,7 @@ def test_a_warm_command_has_its_own_session_signals_and_timeout(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.5)
     os.killpg(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode != 0 and proc.poll() == proc.returncode, err
     with pytest.raises(subprocess.TimeoutExpired):
         warm.run(shoal_cmd("run", "--nproc", "1", str(script)), capture_output=True, text=True, timeout=3)
@@ -145,8 +150,8 @@ def test_a_warm_command_in_a_pod_runs_in_the_pods_namespaces(tmp_path):
     cmd = shoal_cmd("run", "--nproc", "1", str(script))
     with pod_network([PodSpec("w0")]) as net:
         pod = net["w0"]
-        started = pod.run(cmd, capture_output=True, text=True, timeout=60, env=env)
-        fresh = subprocess.run(pod.cmd(cmd), capture_output=True, text=True, timeout=60, env=env)
+        started = pod.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, env=env)
+        fresh = subprocess.run(pod.cmd(cmd), capture_output=True, text=True, timeout=HANG_GUARD_S, env=env)
     assert started.returncode == fresh.returncode == 0, started.stderr + fresh.stderr
     assert started.stdout.split() == fresh.stdout.split() == ["w0", pod.addr, "True"], started.stdout
     assert socket.gethostname() != "w0"
@@ -174,7 +179,7 @@ def test_the_console_script_in_a_pod_with_the_images_environment_starts_warm_as_
         for expected in [subprocess.Popen] * fresh + [warm.WarmProcess]:
             proc = net["w1"].popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert isinstance(proc, expected)
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=HANG_GUARD_S)
             assert proc.returncode == 0, err
             launcher = [  # the launcher's own lines, but for the free port each picked
                 re.sub(r":\d+ \(free port", ":PORT (free port", line)
@@ -198,8 +203,8 @@ def test_torchrun_starts_warm_and_its_worker_sees_what_it_sees_fresh(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(script)]
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_ENV"}
     assert warm.starts_warm(cmd, env=env)
-    started = warm.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    started = warm.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, env=env, cwd=tmp_path)
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, env=env, cwd=tmp_path)
     assert started.returncode == fresh.returncode == 0, started.stderr + fresh.stderr
     assert started.stdout == fresh.stdout == "who.py 0 1 1 True\n"
     # runpy warns (RuntimeWarning) when the module it runs was imported already, as the server had it
@@ -216,7 +221,7 @@ for line in sys.stdin:  # "run": a command, warm if it can, that prints its pare
         break
     proc = warm.popen([sys.executable, "-c", "import os; print(os.getppid())"], script=True,
                       stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=240)
     print(proc.returncode, out.strip(), type(proc).__name__, flush=True)
 """
 

@@ -341,6 +341,9 @@ def _in_cgroup(cgroup: str, strategy: str, out: Path) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+# Two launches of a 99.8 M-parameter model on 2 cores: CPU-bound work that took over 300 s (pytest's
+# default guard) at load 25; each launch has its own 900 s guard (memory_demo.train_large).
+@pytest.mark.timeout(1800)
 def test_the_large_model_trains_under_fsdp_where_ddp_is_killed_for_memory(memory_limit, tmp_path):
     """TinyGPT large (99.8 M parameters: 1.6 GB of parameters, gradients and Adam state per worker
     under DDP, 0.8 GB under FSDP at 2) at 2 workers in 2 x 1.125 GiB (+ the launcher's 640 MiB):

@@ -2,7 +2,7 @@
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's), SHOAL_PROGRESS_DIR, and
 HANG_RANK / HANG_STEP: that rank blocks forever in load_batch() at that step (its peers then wait in
-all_reduce); SLOW_RANK: that rank computes 3x longer; STEPS: stop after that many steps;
+all_reduce); SLOW_RANK: that rank computes SLOW_S seconds a step (default 0.03) where the others compute 0.01; STEPS: stop after that many steps;
 TERM_HANDLER=1: a Python SIGTERM handler (as shoal.preemption installs), which a rank blocked in a
 collective never runs.
 """
@@ -29,7 +29,7 @@ if os.environ.get("TERM_HANDLER") == "1":
 progress = ProgressWriter.from_env()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-compute_s = 0.03 if rank == int(os.environ.get("SLOW_RANK", -1)) else 0.01
+compute_s = float(os.environ.get("SLOW_S", 0.03)) if rank == int(os.environ.get("SLOW_RANK", -1)) else 0.01
 for step in range(int(os.environ.get("STEPS", 10**9))):
     start = time.perf_counter()
     progress.phase("data", step)
