@@ -80,18 +80,8 @@ def black_hole(tmp_path):
 
 def test_closing_a_tracker_stuck_on_a_silent_server_is_bounded(run_job_here, black_hole):
     uri, held, connected = black_hole
-    plan = {
-        "spec": "tensorboard,mlflow",
-        "mlflow_uri": uri,
-        "first_step": 1,
-        "last_step": LAST,
-        "epoch_steps": 4,
-        "close_timeout": 3,
-        "report_state": False,
-        "wait_for": str(connected),  # close only once MLflow is waiting on the server
-    }
-    # MLflow would wait 300 s for each answer (and retry): only shoal's bound ends this job.
-    proc, results, run_dir, _ = run_job_here(plan, env={"MLFLOW_HTTP_REQUEST_TIMEOUT": "300"}, timeout=200)
+    # close only once MLflow is waiting on the server
+    proc, run_dir = _with_mlflow_stuck(run_job_here, uri, wait_for=str(connected))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "loop finished" in proc.stdout and "closed" in proc.stdout
     assert held, "MLflow never reached the server"
@@ -101,28 +91,26 @@ def test_closing_a_tracker_stuck_on_a_silent_server_is_bounded(run_job_here, bla
 
 
 def test_a_checkpoint_goes_on_past_a_tracker_stuck_on_its_server_and_says_which(run_job_here, black_hole, tmp_path):
-    uri, held, connected = black_hole
-    plan = {
-        "spec": "tensorboard,mlflow",
-        "mlflow_uri": uri,
-        "first_step": 1,
-        "last_step": LAST,
-        "epoch_steps": 4,
-        "checkpoint_dir": str(tmp_path / "checkpoints"),
-        "save_at": 4,
-        "state_timeout": 2,
-        "close_timeout": 3,
-        "report_state": False,
-    }
-    proc, _, run_dir, _ = run_job_here(plan, env={"MLFLOW_HTTP_REQUEST_TIMEOUT": "300"}, timeout=200)
+    uri, _, _ = black_hole
+    checkpoints = tmp_path / "checkpoints"
+    proc, run_dir = _with_mlflow_stuck(run_job_here, uri, checkpoint_dir=str(checkpoints), save_at=4, state_timeout=2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     said = [line for line in proc.stderr.splitlines() if line.startswith("shoal: tracker: ")]
     assert said == [
         "shoal: tracker: mlflow had not made step 4 durable within 2 s of the checkpoint; a job stopped right "
         "after it may lose those steps there (create_tracker(state_timeout=...) waits longer)"
     ], proc.stderr
-    assert len(list((tmp_path / "checkpoints").glob("ckpt-*.pt"))) == 1  # the checkpoint was not held up
+    assert len(list(checkpoints.glob("ckpt-*.pt"))) == 1  # the checkpoint was not held up
     assert set(tb_series(tensorboard(run_dir / "tensorboard"), "train/loss")) == set(range(1, LAST + 1))
+
+
+def _with_mlflow_stuck(run_job_here, uri: str, **plan):
+    """The job with TensorBoard and an MLflow whose server never answers: ``(proc, run_dir)``. MLflow
+    would wait 300 s for each answer (and retry): only shoal's bounds end this job."""
+    plan = {"spec": "tensorboard,mlflow", "mlflow_uri": uri, "first_step": 1, "last_step": LAST, "epoch_steps": 4,
+            "close_timeout": 3, "report_state": False, **plan}  # fmt: skip
+    proc, _, run_dir, _ = run_job_here(plan, env={"MLFLOW_HTTP_REQUEST_TIMEOUT": "300"}, timeout=200)
+    return proc, run_dir
 
 
 @pytest.fixture
