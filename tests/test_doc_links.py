@@ -1,4 +1,4 @@
-"""Every relative link in README.md, CONTRIBUTING.md and docs/*.md resolves: the file exists and, for
+"""Every relative link in README.md, CONTRIBUTING.md and docs/ (docs/contributing/ too) resolves: the file exists and, for
 ``file.md#anchor``, the file has a heading with that anchor (GitHub's rule: lower case, punctuation
 dropped, spaces as hyphens). Plain mentions of ``docs/NAME.md`` and ``examples/NAME.py`` count too."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from conftest import ROOT
 
-PAGES = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
+PAGES = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-MENTION = re.compile(r"(?<![\w/.])((?:docs/[\w-]+\.md|examples/[\w-]+\.py))")
+MENTION = re.compile(r"(?<![\w/.])((?:docs/(?:[\w-]+/)?[\w-]+\.md|examples/[\w-]+\.py))")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
