@@ -88,7 +88,9 @@ def _lose_a_node_of(net, tmp_path: Path) -> None:
     for proc in procs[:2]:
         assert proc.wait(timeout=600) == 0, "\n".join(p.read_text() for p in logs)
     records = _finished_exactly(out, LOST_EPOCHS)
-    assert records[0]["world_size"] == 3 and records[-1]["world_size"] == 2
+    # The kill came after an epoch on 3 nodes (the wait above); the first epochs may have run on 2 when
+    # the third node's launcher came after the last call (a loaded machine), and it joined later.
+    assert 3 in {r["world_size"] for r in records} and records[-1]["world_size"] == 2, records
     for log in logs[:2]:
         text = log.read_text()
         assert f"node {lost.addr} left: the job goes on with 2 nodes (2 workers)" in text, text

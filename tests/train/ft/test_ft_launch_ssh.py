@@ -27,7 +27,11 @@ from listening import listening
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
-EPOCHS = 4
+EPOCHS = 12
+"""Enough steps after the kill for group 1's new process to come back before group 0 ends the job:
+groups on different hosts meet no gate before their first quorum, so group 0 may train half the job
+before group 1 first joins, and at EPOCHS = 4 a loaded machine (load 13) let group 0 finish the last
+1.5 s of steps before the restarted group had started."""
 BATCH = 4
 
 

@@ -43,7 +43,7 @@ def test_replicas_outside_a_replica_group_says_how_to_start_one():
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_shoal_run_recipe_two_groups_by_hand():
+def test_shoal_run_recipe_two_groups_by_hand(tmp_path):
     """docs/FAULT_TOLERANCE.md's recipe: a lighthouse, and each group its own ``shoal run --nproc 1``.
 
     Groups started by hand have no launcher to gather them before their first quorum: with
@@ -51,11 +51,13 @@ def test_shoal_run_recipe_two_groups_by_hand():
     other started would otherwise have trained alone)."""
     from shoal.train.ft.lighthouse import Lighthouse
 
+    ready = tmp_path / "ready"  # each group's file once it has started (scripts/run_group.py)
+    ready.mkdir()
     with Lighthouse(min_replicas=2) as lighthouse:
         started = [
             procs.start("run", "--nproc", "1", GROUP, env=procs.launcher_free_env(
                 SHOAL_REPLICA_GROUP=str(group), SHOAL_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse.url,
-                TORCHFT_QUORUM_RETRIES="10", RUST_LOG="warn"))
+                TORCHFT_QUORUM_RETRIES="10", RUST_LOG="warn", READY_DIR=str(ready)))
             for group in (0, 1)
         ]  # fmt: skip
         try:
