@@ -221,7 +221,7 @@ for line in sys.stdin:  # "run": a command, warm if it can, that prints its pare
         break
     proc = warm.popen([sys.executable, "-c", "import os; print(os.getppid())"], script=True,
                       stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate(timeout=240)
+    out, _ = proc.communicate(timeout={guard})
     print(proc.returncode, out.strip(), type(proc).__name__, flush=True)
 """
 
@@ -232,7 +232,7 @@ def test_processes_given_one_directory_share_a_server_that_lives_while_any_of_th
     does, and the directory then holds nothing that runs."""
     directory = tmp_path / "servers"
     directory.mkdir()
-    code = SHARER.format(tests=str(os.path.dirname(os.path.abspath(warm.__file__))))
+    code = SHARER.format(tests=str(os.path.dirname(os.path.abspath(warm.__file__))), guard=HANG_GUARD_S)
     env = session_environ()
     sharers = [
         subprocess.Popen(
