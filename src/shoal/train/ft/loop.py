@@ -156,11 +156,10 @@ def train_replica(cfg: TrainConfig, *, workload: Workload, **_: Any) -> TrainRes
         done = finished_without(read_events(cfg.out), group) if where.starts > 1 else None
         if done is None:
             raise
-        if ctx.rank == 0:
-            ctx.print(
-                f"shoal: replica group {group} started again after group {done['group']} finished "
-                f"the job at step {done.get('step')}: nothing left to train"
-            )
+        ctx.print(
+            f"shoal: replica group {group} started again after group {done['group']} finished "
+            f"the job at step {done.get('step')}: nothing left to train"
+        )
         ctx.shutdown()
         return TrainResult(
             run_dir=Path(cfg.out), metrics=RunOutputs(cfg.out).logged_epochs(), model_path=None, config=cfg
